@@ -1,0 +1,123 @@
+//! Typed errors of the core, one enum per concern.
+//!
+//! Every error is `Clone` (I/O sources sit behind an `Arc`) because one staging
+//! failure is handed to every caller that waited on that copy.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+/// A shared I/O error, so errors stay cloneable.
+pub type SharedIo = Arc<io::Error>;
+
+/// Failures reading the source tree (the slow, mirrored directory).
+#[derive(Debug, Clone, Error)]
+pub enum SourceError {
+    /// The path does not exist in the source.
+    #[error("{path}: not found in the source")]
+    NotFound {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// The path escapes the source root or is otherwise not a valid relative path.
+    #[error("{path}: not a path inside the source")]
+    OutsideRoot {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Any other I/O failure on the source.
+    #[error("{path}: reading the source failed: {source}")]
+    Io {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// The underlying error.
+        source: SharedIo,
+    },
+}
+
+impl SourceError {
+    pub(crate) fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
+        let path = path.into();
+        if err.kind() == io::ErrorKind::NotFound {
+            SourceError::NotFound { path }
+        } else {
+            SourceError::Io {
+                path,
+                source: Arc::new(err),
+            }
+        }
+    }
+}
+
+/// Failures of the on-disk cache store.
+#[derive(Debug, Clone, Error)]
+pub enum StoreError {
+    /// The cache volume has no room left for this file.
+    #[error("{path}: the cache disk is full")]
+    NoSpace {
+        /// The cache path being written.
+        path: PathBuf,
+    },
+    /// Another process holds the cache directory's lock.
+    #[error("{path}: the cache directory is in use by another stagefs process")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// Any other I/O failure in the cache directory.
+    #[error("{path}: cache I/O failed: {source}")]
+    Io {
+        /// The cache path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: SharedIo,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
+        let path = path.into();
+        if err.raw_os_error() == Some(libc::ENOSPC) {
+            StoreError::NoSpace { path }
+        } else {
+            StoreError::Io {
+                path,
+                source: Arc::new(err),
+            }
+        }
+    }
+}
+
+/// Failures of staging one file into the cache.
+#[derive(Debug, Clone, Error)]
+pub enum StageError {
+    /// Reading the source failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// Writing the cache failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The source file changed (size, mtime or length read) while it was being copied;
+    /// the copy was discarded.
+    #[error("{path}: the source file changed while it was being copied; the copy was discarded")]
+    SourceChanged {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// The path is not a regular file, so there is nothing to stage.
+    #[error("{path}: not a regular file")]
+    NotAFile {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// The worker running the copy died (panicked or was cancelled).
+    #[error("{path}: the staging worker failed: {reason}")]
+    Worker {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// What the runtime reported.
+        reason: String,
+    },
+}

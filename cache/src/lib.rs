@@ -1,0 +1,19 @@
+//! The core of stagefs, independent of FUSE.
+//!
+//! A [`source::SourceTree`] is the slow directory being mirrored; a [`store::Store`] is
+//! the local cache directory; a [`stage::Stager`] copies whole files from one to the
+//! other, one copy per file however many callers ask at once. Nothing here knows about
+//! inodes, replies or errno: the `fs` crate adapts these types to the kernel.
+
+pub mod control;
+pub mod error;
+pub mod metrics;
+pub mod source;
+pub mod stage;
+pub mod store;
+
+pub use error::{SourceError, StageError, StoreError};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use source::{SourceTree, Stamp};
+pub use stage::{Staged, Stager};
+pub use store::Store;

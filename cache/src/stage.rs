@@ -1,0 +1,367 @@
+//! Staging: copying a whole source file into the store before anyone reads it.
+//!
+//! Invariants:
+//! - one copy per file at a time (single flight): concurrent callers for the same path
+//!   share one copy and all receive its result or its error;
+//! - a copy runs on a worker thread, detached from whoever asked for it, so a caller
+//!   that goes away (a closed handle, an interrupted open) never leaves a partial file;
+//! - a copy is committed only if the source kept the same size and mtime from before
+//!   the first byte to after the last one, and exactly that many bytes were read;
+//! - a [`Staged`] carries an open descriptor of the verified copy, so later renames in
+//!   the store cannot change what its holder reads.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use tempfile::NamedTempFile;
+use tokio::runtime::Handle;
+use tracing::{info, warn};
+
+use crate::error::{SourceError, StageError, StoreError};
+use crate::metrics::Metrics;
+use crate::source::{SourceTree, Stamp};
+use crate::store::{Entry, Key, LAYOUT_VERSION, Store};
+
+/// Bytes read from the source per request while copying.
+const COPY_CHUNK: usize = 8 << 20;
+
+/// A complete, verified local copy of one source file.
+#[derive(Debug, Clone)]
+pub struct Staged {
+    /// The copy, open for reading.
+    pub file: Arc<File>,
+    /// Where the copy lives in the store.
+    pub path: PathBuf,
+    /// The source version it was copied from.
+    pub stamp: Stamp,
+    /// Whether this call copied the file (false: an existing copy was reused).
+    pub copied: bool,
+}
+
+type StageResult = Result<Staged, StageError>;
+type Flight = Shared<BoxFuture<'static, StageResult>>;
+
+/// Stages source files into a store, one copy per file at a time.
+#[derive(Debug, Clone)]
+pub struct Stager {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    source: SourceTree,
+    store: Store,
+    metrics: Arc<Metrics>,
+    runtime: Handle,
+    inflight: Mutex<HashMap<Key, Flight>>,
+}
+
+impl Stager {
+    /// A stager copying from `source` into `store`; copies run on `runtime`'s blocking pool.
+    pub fn new(source: SourceTree, store: Store, metrics: Arc<Metrics>, runtime: Handle) -> Self {
+        Stager {
+            inner: Arc::new(Inner {
+                source,
+                store,
+                metrics,
+                runtime,
+                inflight: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The mirrored source.
+    pub fn source(&self) -> &SourceTree {
+        &self.inner.source
+    }
+
+    /// The local store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The counters this stager updates.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Returns a complete local copy of the current version of source file `rel`,
+    /// copying it first unless an up-to-date copy is already stored.
+    pub async fn stage(&self, rel: &Path) -> StageResult {
+        self.flight_for(rel).await
+    }
+
+    fn flight_for(&self, rel: &Path) -> Flight {
+        let key = Key::for_source_path(rel);
+        let mut inflight = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        inflight
+            .entry(key.clone())
+            .or_insert_with(|| self.start_flight(rel.to_path_buf(), key))
+            .clone()
+    }
+
+    fn start_flight(&self, rel: PathBuf, key: Key) -> Flight {
+        let inner = Arc::clone(&self.inner);
+        let worker_rel = rel.clone();
+        let task = self.inner.runtime.spawn_blocking(move || {
+            let result = inner.stage_now(&worker_rel, &key);
+            // Later callers start afresh (and hit the store) once this copy is settled.
+            inner
+                .inflight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&key);
+            result
+        });
+        async move {
+            task.await.unwrap_or_else(|e| {
+                Err(StageError::Worker {
+                    path: rel,
+                    reason: e.to_string(),
+                })
+            })
+        }
+        .boxed()
+        .shared()
+    }
+}
+
+impl Inner {
+    fn stage_now(&self, rel: &Path, key: &Key) -> StageResult {
+        let meta = self.source.stat(rel)?;
+        if !meta.is_file() {
+            return Err(StageError::NotAFile {
+                path: rel.to_path_buf(),
+            });
+        }
+        let stamp = Stamp::of(&meta);
+        if let Some(staged) = self.reuse(key, stamp) {
+            Metrics::bump(&self.metrics.stage_hits);
+            return Ok(staged);
+        }
+        Metrics::bump(&self.metrics.stage_copies);
+        self.copy_and_commit(rel, key, stamp)
+    }
+
+    fn reuse(&self, key: &Key, stamp: Stamp) -> Option<Staged> {
+        let entry = self.store.lookup(key).filter(|e| e.stamp == stamp)?;
+        let path = self.store.data_path(key);
+        let file = File::open(&path).ok()?;
+        let still_complete = file.metadata().ok()?.len() == entry.stamp.size;
+        still_complete.then(|| Staged {
+            file: Arc::new(file),
+            path,
+            stamp,
+            copied: false,
+        })
+    }
+
+    fn copy_and_commit(&self, rel: &Path, key: &Key, stamp: Stamp) -> StageResult {
+        let started = Instant::now();
+        info!(path = %rel.display(), bytes = stamp.size, "staging");
+        let (tmp, blake3) = self.copy(rel, stamp).inspect_err(|e| {
+            warn!(path = %rel.display(), error = %e, "staging failed");
+        })?;
+        let entry = Entry {
+            version: LAYOUT_VERSION,
+            source: rel.to_path_buf(),
+            stamp,
+            blake3,
+        };
+        let path = self.store.commit(key, tmp, &entry)?;
+        let file = File::open(&path).map_err(|e| StoreError::io(&path, e))?;
+        let secs = started.elapsed().as_secs_f64();
+        info!(
+            path = %rel.display(),
+            bytes = stamp.size,
+            secs,
+            mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),
+            "staged"
+        );
+        Ok(Staged {
+            file: Arc::new(file),
+            path,
+            stamp,
+            copied: true,
+        })
+    }
+
+    /// Copies `rel` into a synced temp file, hashing as it goes, and checks that the
+    /// source did not change underneath.
+    fn copy(&self, rel: &Path, expected: Stamp) -> Result<(NamedTempFile, String), StageError> {
+        let mut src = self.source.open(rel)?;
+        let mut tmp = self.store.create_temp()?;
+        let tmp_path = tmp.path().to_path_buf();
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; COPY_CHUNK];
+        let mut copied = 0u64;
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(SourceError::io(rel, e).into()),
+            };
+            hasher.update(&buf[..n]);
+            tmp.write_all(&buf[..n])
+                .map_err(|e| StoreError::io(&tmp_path, e))?;
+            copied += n as u64;
+            self.metrics
+                .bytes_copied
+                .fetch_add(n as u64, Ordering::Relaxed);
+            if copied > expected.size {
+                break;
+            }
+        }
+        self.check_unchanged(rel, expected, copied)?;
+        tmp.as_file()
+            .sync_all()
+            .map_err(|e| StoreError::io(&tmp_path, e))?;
+        Ok((tmp, hasher.finalize().to_hex().to_string()))
+    }
+
+    fn check_unchanged(&self, rel: &Path, expected: Stamp, copied: u64) -> Result<(), StageError> {
+        let changed = || StageError::SourceChanged {
+            path: rel.to_path_buf(),
+        };
+        let now = match self.source.stat(rel) {
+            Ok(meta) => Stamp::of(&meta),
+            Err(SourceError::NotFound { .. }) => return Err(changed()),
+            Err(e) => return Err(e.into()),
+        };
+        if now != expected || copied != expected.size {
+            return Err(changed());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::io::{Read, Seek, SeekFrom};
+
+    use super::*;
+
+    struct Fixture {
+        src: tempfile::TempDir,
+        _cache: tempfile::TempDir,
+        stager: Stager,
+    }
+
+    fn fixture() -> Fixture {
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let source = SourceTree::new(src.path()).expect("source");
+        let store = Store::open(cache.path()).expect("store");
+        let stager = Stager::new(source, store, Arc::default(), Handle::current());
+        Fixture {
+            src,
+            _cache: cache,
+            stager,
+        }
+    }
+
+    fn contents(staged: &Staged) -> Vec<u8> {
+        let mut file = staged.file.as_ref();
+        let mut out = Vec::new();
+        file.seek(SeekFrom::Start(0)).expect("seek");
+        file.read_to_end(&mut out).expect("read");
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stages_once_then_reuses() {
+        let fx = fixture();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(fx.src.path().join("w.bin"), &data).expect("write");
+        let first = fx.stager.stage(Path::new("w.bin")).await.expect("stage");
+        assert!(first.copied);
+        assert_eq!(contents(&first), data);
+        let second = fx.stager.stage(Path::new("w.bin")).await.expect("stage");
+        assert!(!second.copied);
+        let m = fx.stager.metrics().snapshot();
+        assert_eq!((m.stage_copies, m.stage_hits), (1, 1));
+        assert_eq!(m.bytes_copied, data.len() as u64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_callers_share_one_copy() {
+        let fx = fixture();
+        fs::write(fx.src.path().join("w.bin"), vec![7u8; 20 << 20]).expect("write");
+        let calls = (0..16).map(|_| fx.stager.stage(Path::new("w.bin")));
+        let results = futures::future::join_all(calls).await;
+        assert!(
+            results
+                .iter()
+                .all(|r| r.as_ref().is_ok_and(|s| s.stamp.size == 20 << 20))
+        );
+        assert_eq!(fx.stager.metrics().snapshot().stage_copies, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changed_source_is_staged_again() {
+        let fx = fixture();
+        let path = fx.src.path().join("w.bin");
+        fs::write(&path, b"old contents").expect("write");
+        fx.stager.stage(Path::new("w.bin")).await.expect("stage");
+        fs::write(&path, b"new contents, longer").expect("write");
+        let staged = fx.stager.stage(Path::new("w.bin")).await.expect("stage");
+        assert!(staged.copied);
+        assert_eq!(contents(&staged), b"new contents, longer");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn missing_and_non_files_are_typed_errors() {
+        let fx = fixture();
+        fs::create_dir(fx.src.path().join("d")).expect("mkdir");
+        assert!(matches!(
+            fx.stager.stage(Path::new("nope")).await,
+            Err(StageError::Source(SourceError::NotFound { .. }))
+        ));
+        assert!(matches!(
+            fx.stager.stage(Path::new("d")).await,
+            Err(StageError::NotAFile { .. })
+        ));
+    }
+
+    #[test]
+    fn change_during_copy_is_detected() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        fs::write(src.path().join("f"), b"0123456789").expect("write");
+        let inner = Inner {
+            source: SourceTree::new(src.path()).expect("source"),
+            store: Store::open(cache.path()).expect("store"),
+            metrics: Arc::default(),
+            runtime: rt.handle().clone(),
+            inflight: Mutex::default(),
+        };
+        let stale = Stamp {
+            size: 10,
+            mtime_ns: 1,
+        };
+        assert!(matches!(
+            inner.copy(Path::new("f"), stale),
+            Err(StageError::SourceChanged { .. })
+        ));
+        assert_eq!(
+            fs::read_dir(cache.path().join("v1/tmp"))
+                .expect("ls")
+                .count(),
+            0
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! Running a mount: the serving process (foreground) and the launcher that starts it
+//! in the background and returns once the mount is live.
+
+use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use fuser::SessionUnmounter;
+use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, Store, StoreError};
+use stagefs_fs::{FsConfig, StageFs};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::control_server;
+
+/// Everything needed to start serving one mount.
+#[derive(Debug, Clone)]
+pub(crate) struct MountSpec {
+    pub(crate) source: PathBuf,
+    pub(crate) mountpoint: PathBuf,
+    pub(crate) cache_dir: PathBuf,
+    pub(crate) fs: FsConfig,
+}
+
+/// A live mount served by this process.
+pub(crate) struct Running {
+    runtime: Runtime,
+    unmounter: SessionUnmounter,
+    done: oneshot::Receiver<std::io::Result<()>>,
+    stager: Stager,
+    socket: PathBuf,
+}
+
+impl Running {
+    /// Mounts and starts serving; returns once the kernel has completed the handshake.
+    pub(crate) fn start(spec: &MountSpec) -> anyhow::Result<Running> {
+        validate(spec)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stagefs-worker")
+            .enable_all()
+            .build()
+            .context("starting the worker runtime")?;
+        let source = SourceTree::new(&spec.source)?;
+        let store = Store::open(&spec.cache_dir).map_err(|e| store_open_error(e, spec))?;
+        let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
+        let fs = StageFs::new(stager.clone(), spec.fs.clone(), runtime.handle().clone());
+        let mut session =
+            fuser::Session::new(fs, &spec.mountpoint, &spec.fs.session_config(&spec.source))
+                .with_context(|| format!("mounting at {}", spec.mountpoint.display()))?;
+        let unmounter = session.unmount_callable();
+        let (done_tx, done) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("stagefs-fuse".into())
+            .spawn(move || {
+                let _ = done_tx.send(session.run());
+            })
+            .context("starting the request loop")?;
+        let socket = stagefs_cache::control::socket_path(&spec.cache_dir);
+        let server = runtime.block_on(control_server::bind(
+            &socket,
+            spec,
+            stager.metrics().clone(),
+        ))?;
+        runtime.spawn(server.serve());
+        info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), "mounted");
+        Ok(Running {
+            runtime,
+            unmounter,
+            done,
+            stager,
+            socket,
+        })
+    }
+
+    /// The mount's counters so far.
+    pub(crate) fn metrics(&self) -> MetricsSnapshot {
+        self.stager.metrics().snapshot()
+    }
+
+    /// Serves until the mount goes away or the process is asked to stop (SIGINT, SIGTERM).
+    pub(crate) fn wait(mut self) -> anyhow::Result<()> {
+        let ended = self.runtime.block_on(async {
+            tokio::select! {
+                result = &mut self.done => Some(result),
+                () = shutdown_signal() => None,
+            }
+        });
+        match ended {
+            Some(result) => {
+                self.cleanup();
+                flatten(result)
+            }
+            None => self.stop(),
+        }
+    }
+
+    /// Unmounts and waits for the request loop to finish.
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
+        info!("unmounting");
+        if let Err(e) = self.unmounter.unmount() {
+            warn!(error = %e, "unmount failed");
+        }
+        let result = self.runtime.block_on(&mut self.done);
+        self.cleanup();
+        flatten(result)
+    }
+
+    fn cleanup(&self) {
+        let _ = fs::remove_file(&self.socket);
+        info!(metrics = ?self.metrics(), "stopped");
+    }
+}
+
+fn flatten(result: Result<std::io::Result<()>, oneshot::error::RecvError>) -> anyhow::Result<()> {
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(anyhow!(e).context("the FUSE session failed")),
+        Err(_) => Err(anyhow!("the FUSE request loop died")),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn store_open_error(e: StoreError, spec: &MountSpec) -> anyhow::Error {
+    match e {
+        StoreError::Locked { .. } => anyhow!(
+            "cache directory {} is already used by another stagefs mount; unmount it first or pass a different --cache-dir",
+            spec.cache_dir.display()
+        ),
+        other => anyhow!(other).context("opening the cache directory"),
+    }
+}
+
+fn validate(spec: &MountSpec) -> anyhow::Result<()> {
+    let source = fs::canonicalize(&spec.source)
+        .with_context(|| format!("source {} does not exist", spec.source.display()))?;
+    if !source.is_dir() {
+        bail!("source {} is not a directory", spec.source.display());
+    }
+    let mountpoint = fs::canonicalize(&spec.mountpoint)
+        .with_context(|| format!("mount point {} does not exist", spec.mountpoint.display()))?;
+    if !mountpoint.is_dir() {
+        bail!(
+            "mount point {} is not a directory",
+            spec.mountpoint.display()
+        );
+    }
+    if fs::read_dir(&mountpoint)?.next().is_some() {
+        bail!(
+            "mount point {} is not empty (or is already mounted)",
+            spec.mountpoint.display()
+        );
+    }
+    fs::create_dir_all(&spec.cache_dir)
+        .with_context(|| format!("creating cache directory {}", spec.cache_dir.display()))?;
+    let cache = fs::canonicalize(&spec.cache_dir)?;
+    if cache.starts_with(&source) || cache.starts_with(&mountpoint) {
+        bail!(
+            "cache directory {} must not be inside the source or the mount point",
+            spec.cache_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Serves `spec` in this process until unmounted; with `notify_ready`, tells the
+/// launcher on stdout whether the mount came up.
+pub(crate) fn serve_foreground(spec: &MountSpec, notify_ready: bool) -> anyhow::Result<()> {
+    let running = match Running::start(spec) {
+        Ok(running) => running,
+        Err(e) => {
+            if notify_ready {
+                println!("error: {e:#}");
+            }
+            return Err(e);
+        }
+    };
+    if notify_ready {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        detach_stdout();
+    }
+    running.wait()
+}
+
+// After the launcher has read "ready" it exits; later writes to stdout must not fail.
+fn detach_stdout() {
+    if let Ok(devnull) = OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: both descriptors are valid for the duration of the call.
+        unsafe { libc::dup2(devnull.as_raw_fd(), libc::STDOUT_FILENO) };
+    }
+}
+
+/// Starts this program again as a detached `mount --foreground` and returns once it
+/// reports the mount live; its log goes to `stagefs.log` in the cache directory.
+pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
+    fs::create_dir_all(&spec.cache_dir)
+        .with_context(|| format!("creating cache directory {}", spec.cache_dir.display()))?;
+    let log_path = spec.cache_dir.join("stagefs.log");
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&log_path)
+        .with_context(|| format!("opening log file {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("finding the stagefs executable")?;
+    let mut command = Command::new(exe);
+    command
+        .args(std::env::args_os().skip(1))
+        .args(["--foreground", "--notify-ready"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().context("starting the mount daemon")?;
+    let stdout = child.stdout.take().context("daemon stdout")?;
+    match first_line(stdout, Duration::from_secs(120)) {
+        Some(line) if line == "ready" => Ok(log_path),
+        Some(line) => bail!("{}", line.trim_start_matches("error: ")),
+        None => {
+            let _ = child.kill();
+            bail!(
+                "the mount daemon did not come up; see {}",
+                log_path.display()
+            )
+        }
+    }
+}
+
+fn first_line(stdout: impl std::io::Read + Send + 'static, timeout: Duration) -> Option<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(timeout).ok()?;
+    let line = line.trim_end().to_string();
+    (!line.is_empty()).then_some(line)
+}
+
+/// Shown after a successful background mount.
+pub(crate) fn describe(spec: &MountSpec, log: &Path) -> String {
+    format!(
+        "mounted {} at {} (cache {}, log {})",
+        spec.source.display(),
+        spec.mountpoint.display(),
+        spec.cache_dir.display(),
+        log.display()
+    )
+}

@@ -1,0 +1,90 @@
+//! `stagefs`: mount a slow HuggingFace cache and serve every opened weight file from a
+//! complete local copy.
+
+mod args;
+mod control_server;
+mod daemon;
+mod demo;
+mod hfgen;
+mod paths;
+mod units;
+mod unmount;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use crate::args::{Cli, Command, GenDemoArgs, MountArgs};
+use crate::daemon::MountSpec;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(default_log_filter(&cli.command));
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stagefs: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The daemon logs what it stages; interactive commands only warnings. `RUST_LOG` overrides.
+fn default_log_filter(command: &Command) -> &'static str {
+    match command {
+        Command::Mount(_) => "warn,fuser=error,stagefs=info,stagefs_cache=info,stagefs_fs=info",
+        _ => "warn,fuser=error",
+    }
+}
+
+fn init_logging(default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Mount(args) => mount(&args),
+        Command::Unmount(args) => unmount::unmount(&args.mountpoint, args.lazy),
+        Command::Demo(args) => demo::run(&args),
+        Command::GenDemo(args) => gen_demo(&args),
+    }
+}
+
+fn mount(args: &MountArgs) -> anyhow::Result<()> {
+    // Absolute paths: the daemon may outlive the caller's working directory.
+    let spec = MountSpec {
+        source: std::path::absolute(&args.source)?,
+        mountpoint: std::path::absolute(&args.mountpoint)?,
+        cache_dir: std::path::absolute(args.cache_dir()?)?,
+        fs: args.fs_config(),
+    };
+    if args.foreground {
+        daemon::serve_foreground(&spec, args.notify_ready)
+    } else {
+        let log = daemon::launch_background(&spec)?;
+        println!("{}", daemon::describe(&spec, &log));
+        Ok(())
+    }
+}
+
+fn gen_demo(args: &GenDemoArgs) -> anyhow::Result<()> {
+    let model = hfgen::generate(&args.dir, &args.repo, args.shards, args.shard_size)?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "repo_dir": model.repo_dir,
+            "commit": model.commit,
+            "snapshot": args.dir.join(model.snapshot_rel()),
+            "files": model.files.iter().map(|f| serde_json::json!({"name": f.name, "size": f.size})).collect::<Vec<_>>(),
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! Default locations.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+/// `$XDG_CACHE_HOME/stagefs` or `~/.cache/stagefs` on Linux, `~/Library/Caches/stagefs` on macOS.
+pub(crate) fn default_cache_dir() -> anyhow::Result<PathBuf> {
+    if cfg!(target_os = "macos") {
+        return Ok(home()?.join("Library/Caches/stagefs"));
+    }
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir).join("stagefs")),
+        _ => Ok(home()?.join(".cache/stagefs")),
+    }
+}
+
+fn home() -> anyhow::Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set; pass --cache-dir")?;
+    if home.is_empty() {
+        bail!("HOME is empty; pass --cache-dir");
+    }
+    Ok(PathBuf::from(home))
+}

@@ -1,0 +1,78 @@
+//! Human sizes: `4096`, `512K`, `64M`, `200G`, `1.5T` (binary multiples), and back.
+
+/// Parses a size; suffixes K, M, G, T (optionally followed by `B` or `iB`) are powers of 1024.
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, suffix) = t.split_at(split);
+    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => {
+            return Err(format!(
+                "'{text}': unknown size suffix '{other}' (use K, M, G or T)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (examples: 4096, 512K, 64M, 1.5T)"))?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("'{text}' is out of range"));
+    }
+    if shift == 0 && number.contains('.') {
+        return Err(format!("'{text}': a byte count must be whole"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Formats a byte count for people: `1.5 GiB`.
+pub(crate) fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_forms() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("200G"), Ok(200 << 30));
+        assert_eq!(parse_size("1.5T"), Ok(3 << 39));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1 g"), Ok(1 << 30));
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in ["", "M", "12X", "-1", "1.5", "1e3", "9999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_bytes(12), "12 B");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+    }
+}

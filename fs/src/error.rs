@@ -1,0 +1,118 @@
+//! The adapter's error type and the one place where errors become errno values.
+//!
+//! The matches below are exhaustive on purpose: a new core error variant does not
+//! compile until someone decides what the kernel should see for it.
+
+use std::io;
+
+use fuser::Errno;
+use stagefs_cache::{SourceError, StageError, StoreError};
+use thiserror::Error;
+
+/// Why a filesystem request failed.
+#[derive(Debug, Error)]
+pub enum FsError {
+    /// Reading the source failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// Staging the file failed.
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    /// Reading an open file failed.
+    #[error("reading an open file failed: {0}")]
+    Read(#[source] io::Error),
+    /// The kernel named an inode this mount never handed out.
+    #[error("unknown inode {0}")]
+    UnknownInode(u64),
+    /// The kernel named a file handle that is not open.
+    #[error("unknown file handle {0}")]
+    UnknownHandle(u64),
+    /// The inode describes an older version of the file than the source now has;
+    /// the kernel retries the path lookup on ESTALE and gets the new version.
+    #[error("the source file changed since it was looked up")]
+    Stale,
+    /// The mount is read-only.
+    #[error("stagefs mounts are read-only")]
+    ReadOnly,
+    /// The kernel asked for a directory operation on a non-directory or vice versa.
+    #[error("not a directory")]
+    NotADirectory,
+}
+
+impl FsError {
+    /// The errno the kernel passes on to the caller.
+    pub fn errno(&self) -> Errno {
+        match self {
+            FsError::Source(e) => source_errno(e),
+            FsError::Stage(e) => stage_errno(e),
+            FsError::Read(e) => io_errno(e),
+            FsError::UnknownInode(_) | FsError::UnknownHandle(_) | FsError::Stale => Errno::ESTALE,
+            FsError::ReadOnly => Errno::EROFS,
+            FsError::NotADirectory => Errno::ENOTDIR,
+        }
+    }
+
+    /// Whether this failure is an expected answer (a missing name) rather than a fault:
+    /// expected ones are logged at debug so lookups of absent files do not flood logs.
+    pub fn is_expected(&self) -> bool {
+        matches!(
+            self,
+            FsError::Source(SourceError::NotFound { .. }) | FsError::Stale | FsError::ReadOnly
+        )
+    }
+}
+
+fn source_errno(e: &SourceError) -> Errno {
+    match e {
+        SourceError::NotFound { .. } => Errno::ENOENT,
+        SourceError::OutsideRoot { .. } => Errno::EINVAL,
+        SourceError::Io { source, .. } => io_errno(source),
+    }
+}
+
+fn stage_errno(e: &StageError) -> Errno {
+    match e {
+        StageError::Source(e) => source_errno(e),
+        StageError::Store(StoreError::NoSpace { .. }) => Errno::ENOSPC,
+        // Whatever went wrong in our own cache directory, the caller sees an I/O error.
+        StageError::Store(StoreError::Io { .. } | StoreError::Locked { .. }) => Errno::EIO,
+        StageError::SourceChanged { .. } | StageError::Worker { .. } => Errno::EIO,
+        StageError::NotAFile { .. } => Errno::EISDIR,
+    }
+}
+
+// Source errors keep their errno (EACCES stays EACCES); anything without one is EIO.
+fn io_errno(e: &io::Error) -> Errno {
+    e.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn representative_mappings() {
+        let nf = FsError::Source(SourceError::NotFound {
+            path: PathBuf::from("x"),
+        });
+        assert_eq!(nf.errno(), Errno::ENOENT);
+        assert!(nf.is_expected());
+        let acces = FsError::Source(SourceError::Io {
+            path: PathBuf::from("x"),
+            source: Arc::new(io::Error::from_raw_os_error(libc::EACCES)),
+        });
+        assert_eq!(acces.errno(), Errno::EACCES);
+        let changed = FsError::Stage(StageError::SourceChanged {
+            path: PathBuf::from("x"),
+        });
+        assert_eq!(changed.errno(), Errno::EIO);
+        let full = FsError::Stage(StageError::Store(StoreError::NoSpace {
+            path: PathBuf::from("x"),
+        }));
+        assert_eq!(full.errno(), Errno::ENOSPC);
+        assert_eq!(FsError::ReadOnly.errno(), Errno::EROFS);
+    }
+}

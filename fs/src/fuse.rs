@@ -1,0 +1,442 @@
+//! The `fuser::Filesystem` implementation: each handler hands its work to the runtime
+//! and replies from there; errors become errno only through [`FsError::errno`].
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
+};
+use stagefs_cache::{Metrics, Stager, Stamp};
+use tokio::runtime::Handle;
+use tracing::{debug, warn};
+
+use crate::FsConfig;
+use crate::attr::{attr_of, kind_of};
+use crate::error::FsError;
+use crate::handles::{DirEntry, Handles, OpenFile};
+use crate::inodes::{Inodes, Node, ROOT_INO};
+use crate::passthrough::Passthrough;
+
+/// A mounted mirror of the stager's source.
+#[derive(Debug)]
+pub struct StageFs {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    stager: Stager,
+    config: FsConfig,
+    runtime: Handle,
+    inodes: Inodes,
+    files: Handles<OpenFile>,
+    dirs: Handles<Vec<DirEntry>>,
+    passthrough: Passthrough,
+}
+
+/// An open file ready to be handed to the kernel.
+struct Opened {
+    file: Arc<File>,
+    stamp: Stamp,
+    staged: bool,
+}
+
+impl StageFs {
+    /// A filesystem serving `stager`'s source; its work runs on `runtime`.
+    pub fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
+        StageFs {
+            shared: Arc::new(Shared {
+                stager,
+                config,
+                runtime,
+                inodes: Inodes::new(),
+                files: Handles::new(),
+                dirs: Handles::new(),
+                passthrough: Passthrough::new(),
+            }),
+        }
+    }
+
+    /// Runs blocking `work` on the runtime's blocking pool and passes its outcome to `respond`.
+    fn serve<T, W, R>(&self, op: &'static str, work: W, respond: R)
+    where
+        T: Send + 'static,
+        W: FnOnce(&Shared) -> Result<T, FsError> + Send + 'static,
+        R: FnOnce(Result<T, Errno>) + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        self.shared.runtime.spawn_blocking(move || {
+            respond(work(&shared).map_err(|e| errno_logged(op, &e)));
+        });
+    }
+}
+
+fn errno_logged(op: &'static str, e: &FsError) -> Errno {
+    if e.is_expected() {
+        debug!(op, error = %e);
+    } else {
+        warn!(op, error = %e);
+    }
+    e.errno()
+}
+
+impl Shared {
+    fn node(&self, ino: INodeNo) -> Result<Node, FsError> {
+        self.inodes.get(ino.0).ok_or(FsError::UnknownInode(ino.0))
+    }
+
+    fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<FileAttr, FsError> {
+        let path = self.node(parent)?.path.join(name);
+        let meta = self.stager.source().stat(&path)?;
+        let ino = self.inodes.intern(&path, &meta);
+        Ok(attr_of(
+            ino,
+            &meta,
+            meta.is_file().then(|| Stamp::of(&meta)),
+        ))
+    }
+
+    fn getattr(&self, ino: INodeNo) -> Result<FileAttr, FsError> {
+        let node = self.node(ino)?;
+        let meta = self.stager.source().stat(&node.path)?;
+        Ok(attr_of(ino.0, &meta, node.stamp))
+    }
+
+    fn readlink(&self, ino: INodeNo) -> Result<Vec<u8>, FsError> {
+        let node = self.node(ino)?;
+        let target = self.stager.source().read_link(&node.path)?;
+        Ok(target.as_os_str().as_bytes().to_vec())
+    }
+
+    fn list_dir(&self, ino: INodeNo) -> Result<Vec<DirEntry>, FsError> {
+        let node = self.node(ino)?;
+        if node.stamp.is_some() {
+            return Err(FsError::NotADirectory);
+        }
+        let parent_ino = node
+            .path
+            .parent()
+            .and_then(|p| self.inodes.dir_ino(p))
+            .unwrap_or(ROOT_INO);
+        let mut entries = vec![dot_entry(ino.0, "."), dot_entry(parent_ino, "..")];
+        for (name, meta) in self.stager.source().read_dir(&node.path)? {
+            let ino = self.inodes.intern(&node.path.join(&name), &meta);
+            entries.push(DirEntry {
+                ino,
+                kind: kind_of(&meta),
+                name,
+            });
+        }
+        Ok(entries)
+    }
+
+    /// Opens `node` for reading: small files straight from the source, large ones
+    /// from a complete staged copy (waiting for the copy if there is none yet).
+    async fn open(&self, node: &Node) -> Result<Opened, FsError> {
+        let version = node.stamp.ok_or(FsError::NotADirectory)?;
+        let opened = if version.size < self.config.min_stage_size {
+            self.open_source(&node.path).await?
+        } else {
+            let staged = self.stager.stage(&node.path).await?;
+            Opened {
+                stamp: staged.stamp,
+                file: staged.file,
+                staged: true,
+            }
+        };
+        // The inode promised `version`; a newer one must come through a fresh lookup.
+        if opened.stamp != version {
+            return Err(FsError::Stale);
+        }
+        Ok(opened)
+    }
+
+    async fn open_source(&self, path: &Path) -> Result<Opened, FsError> {
+        let source = self.stager.source().clone();
+        let path = path.to_path_buf();
+        let worker_path = path.clone();
+        let opened = self
+            .runtime
+            .spawn_blocking(move || -> Result<Opened, FsError> {
+                let file = source.open(&worker_path)?;
+                let meta = file.metadata().map_err(FsError::Read)?;
+                Ok(Opened {
+                    stamp: Stamp::of(&meta),
+                    file: Arc::new(file),
+                    staged: false,
+                })
+            });
+        opened
+            .await
+            .map_err(|e| FsError::Read(io::Error::other(e)))?
+    }
+
+    fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        Metrics::bump(&self.stager.metrics().daemon_reads);
+        let open = self.files.get(fh.0).ok_or(FsError::UnknownHandle(fh.0))?;
+        read_full(&open.file, offset, size as usize).map_err(FsError::Read)
+    }
+
+    fn statfs(&self) -> Result<libc::statvfs, FsError> {
+        statvfs(self.stager.source().root()).map_err(FsError::Read)
+    }
+
+    fn reply_opened(&self, ino: INodeNo, opened: Opened, reply: ReplyOpen) {
+        let metrics = self.stager.metrics();
+        let backing = if opened.staged && self.config.passthrough {
+            self.passthrough.backing(ino.0, &opened.file, &reply)
+        } else {
+            None
+        };
+        let counter = match (&backing, opened.staged) {
+            (Some(_), _) => &metrics.passthrough_opens,
+            (None, true) => &metrics.daemon_opens,
+            (None, false) => &metrics.source_opens,
+        };
+        Metrics::bump(counter);
+        let fh = self.files.insert(OpenFile {
+            file: opened.file,
+            _backing: backing.clone(),
+        });
+        match backing {
+            // The kernel refuses any other open flag with passthrough (the page cache
+            // is the backing file's own, kept across opens anyway).
+            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            // An inode is one immutable version, so its page cache stays valid across opens.
+            None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+        }
+    }
+}
+
+/// Reads up to `size` bytes at `offset`, short only at end of file.
+fn read_full(file: &File, offset: u64, size: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size];
+    let mut filled = 0;
+    while filled < size {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let mut out = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: c_path is NUL-terminated and out points to writable statvfs storage.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), out.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded, so it initialised `out`.
+    Ok(unsafe { out.assume_init() })
+}
+
+fn dot_entry(ino: u64, name: &str) -> DirEntry {
+    DirEntry {
+        ino,
+        kind: FileType::Directory,
+        name: name.into(),
+    }
+}
+
+impl Filesystem for StageFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        self.shared
+            .passthrough
+            .negotiate(self.shared.config.passthrough, config);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name.to_owned();
+        let ttl = self.shared.config.attr_ttl;
+        self.serve(
+            "lookup",
+            move |s| s.lookup(parent, &name),
+            move |r| match r {
+                Ok(attr) => reply.entry(&ttl, &attr, Generation(0)),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ttl = self.shared.config.attr_ttl;
+        self.serve(
+            "getattr",
+            move |s| s.getattr(ino),
+            move |r| match r {
+                Ok(attr) => reply.attr(&ttl, &attr),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.serve(
+            "readlink",
+            move |s| s.readlink(ino),
+            move |r| match r {
+                Ok(target) => reply.data(&target),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            reply.error(errno_logged("open", &FsError::ReadOnly));
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        self.shared.runtime.spawn(async move {
+            let opened = match shared.node(ino) {
+                Ok(node) => shared.open(&node).await,
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(opened) => shared.reply_opened(ino, opened, reply),
+                Err(e) => reply.error(errno_logged("open", &e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.serve(
+            "read",
+            move |s| s.read(fh, offset, size),
+            move |r| match r {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.shared.files.remove(fh.0);
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever written, so there is nothing to flush.
+        reply.ok();
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // Callers probe files with ioctls (isatty's TCGETS); a plain file answers ENOTTY.
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.serve(
+            "opendir",
+            move |s| s.list_dir(ino).map(|entries| s.dirs.insert(entries)),
+            move |r| match r {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(entries) = self.shared.dirs.get(fh.0) else {
+            reply.error(errno_logged("readdir", &FsError::UnknownHandle(fh.0)));
+            return;
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, entry) in entries.iter().enumerate().skip(start) {
+            if reply.add(INodeNo(entry.ino), i as u64 + 1, entry.kind, &entry.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.shared.dirs.remove(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.serve(
+            "statfs",
+            |s| s.statfs(),
+            move |r| match r {
+                Ok(st) => reply.statfs(
+                    st.f_blocks as u64,
+                    st.f_bfree as u64,
+                    st.f_bavail as u64,
+                    st.f_files as u64,
+                    st.f_ffree as u64,
+                    st.f_bsize as u32,
+                    st.f_namemax as u32,
+                    st.f_frsize as u32,
+                ),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+}

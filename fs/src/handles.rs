@@ -1,0 +1,62 @@
+//! Open file and directory handles.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use fuser::FileType;
+
+use crate::passthrough::Backing;
+
+/// What an open file handle reads from.
+#[derive(Debug)]
+pub(crate) struct OpenFile {
+    /// The staged copy, or the source file itself for small files.
+    pub(crate) file: Arc<File>,
+    /// Keeps the kernel's passthrough backing id alive while this handle is open.
+    pub(crate) _backing: Option<Backing>,
+}
+
+/// One entry of a directory listing snapshot.
+#[derive(Debug, Clone)]
+pub(crate) struct DirEntry {
+    pub(crate) ino: u64,
+    pub(crate) kind: FileType,
+    pub(crate) name: OsString,
+}
+
+/// A table of handles of type `T`, keyed by the numbers handed to the kernel.
+#[derive(Debug)]
+pub(crate) struct Handles<T> {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, Arc<T>>>,
+}
+
+impl<T> Handles<T> {
+    pub(crate) fn new() -> Self {
+        Handles {
+            next: AtomicU64::new(1),
+            open: Mutex::default(),
+        }
+    }
+
+    pub(crate) fn insert(&self, value: T) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(fh, Arc::new(value));
+        fh
+    }
+
+    pub(crate) fn get(&self, fh: u64) -> Option<Arc<T>> {
+        self.lock().get(&fh).cloned()
+    }
+
+    pub(crate) fn remove(&self, fh: u64) -> Option<Arc<T>> {
+        self.lock().remove(&fh)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<T>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,131 @@
+//! Inode numbers for source paths.
+//!
+//! A regular file gets one inode per version (path, size, mtime): when the source file
+//! changes, the next lookup hands out a new inode, so the kernel's page cache and any
+//! passthrough backing file of the old version can never be mixed with the new one,
+//! while handles already open on the old version keep reading what they opened.
+//! Directories and symlinks are identified by path alone.
+//!
+//! Entries are never forgotten: an HF cache holds thousands of paths, not millions.
+
+use std::collections::HashMap;
+use std::fs::Metadata;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use stagefs_cache::Stamp;
+
+/// The root directory's inode, as the kernel expects.
+pub(crate) const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum NodeKey {
+    Path(PathBuf),
+    Version(PathBuf, Stamp),
+}
+
+/// What an inode stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Node {
+    /// Path relative to the source root ("" for the root).
+    pub(crate) path: PathBuf,
+    /// For regular files, the version this inode was handed out for.
+    pub(crate) stamp: Option<Stamp>,
+}
+
+#[derive(Debug)]
+struct Table {
+    by_key: HashMap<NodeKey, u64>,
+    nodes: HashMap<u64, Node>,
+    next: u64,
+}
+
+/// Thread-safe map between inode numbers and source nodes.
+#[derive(Debug)]
+pub(crate) struct Inodes {
+    table: Mutex<Table>,
+}
+
+impl Inodes {
+    pub(crate) fn new() -> Self {
+        let root = Node {
+            path: PathBuf::new(),
+            stamp: None,
+        };
+        let table = Table {
+            by_key: HashMap::from([(NodeKey::Path(PathBuf::new()), ROOT_INO)]),
+            nodes: HashMap::from([(ROOT_INO, root)]),
+            next: ROOT_INO + 1,
+        };
+        Inodes {
+            table: Mutex::new(table),
+        }
+    }
+
+    /// The inode for `path` as described by `meta`, allocating one if needed.
+    pub(crate) fn intern(&self, path: &Path, meta: &Metadata) -> u64 {
+        let stamp = meta.is_file().then(|| Stamp::of(meta));
+        let key = match stamp {
+            Some(stamp) => NodeKey::Version(path.to_path_buf(), stamp),
+            None => NodeKey::Path(path.to_path_buf()),
+        };
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&ino) = table.by_key.get(&key) {
+            return ino;
+        }
+        let ino = table.next;
+        table.next += 1;
+        table.by_key.insert(key, ino);
+        let node = Node {
+            path: path.to_path_buf(),
+            stamp,
+        };
+        table.nodes.insert(ino, node);
+        ino
+    }
+
+    /// What `ino` stands for, if this mount handed it out.
+    pub(crate) fn get(&self, ino: u64) -> Option<Node> {
+        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        table.nodes.get(&ino).cloned()
+    }
+
+    /// The inode of directory `path` if it was handed out (used for "..").
+    pub(crate) fn dir_ino(&self, path: &Path) -> Option<u64> {
+        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        table
+            .by_key
+            .get(&NodeKey::Path(path.to_path_buf()))
+            .copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    #[test]
+    fn new_file_version_gets_new_inode() -> std::io::Result<()> {
+        let dir = tempfile_dir()?;
+        let file = dir.join("f");
+        fs::write(&file, b"one")?;
+        let inodes = Inodes::new();
+        let a = inodes.intern(Path::new("f"), &fs::metadata(&file)?);
+        assert_eq!(a, inodes.intern(Path::new("f"), &fs::metadata(&file)?));
+        fs::write(&file, b"three")?;
+        let b = inodes.intern(Path::new("f"), &fs::metadata(&file)?);
+        assert_ne!(a, b);
+        assert_eq!(inodes.get(a).map(|n| n.path), Some(PathBuf::from("f")));
+        let d = inodes.intern(Path::new("d"), &fs::metadata(&dir)?);
+        assert_eq!(inodes.dir_ino(Path::new("d")), Some(d));
+        fs::remove_dir_all(dir)
+    }
+
+    fn tempfile_dir() -> std::io::Result<PathBuf> {
+        let dir = std::env::temp_dir().join(format!("stagefs-inodes-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+}

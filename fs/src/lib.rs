@@ -1,0 +1,71 @@
+//! The FUSE adapter of stagefs: a read-only mirror of a source tree whose large files
+//! are staged into the local cache when opened.
+//!
+//! Handlers never do I/O on the request loop: source operations run on the runtime's
+//! blocking pool and opens await the stager, so a long copy never stalls `ls`, `stat`
+//! or reads of other files (macFUSE runs a single request loop and kills volumes whose
+//! requests outlive `daemon_timeout`).
+
+mod attr;
+mod error;
+mod fuse;
+mod handles;
+mod inodes;
+mod passthrough;
+mod platform;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fuser::{Config, MountOption, SessionACL};
+
+pub use error::FsError;
+pub use fuse::StageFs;
+
+/// How a mount behaves; built by the CLI from its flags.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    /// Files at least this large are staged on open; smaller ones are read from the source.
+    pub min_stage_size: u64,
+    /// Use kernel passthrough for staged files when the kernel allows it.
+    pub passthrough: bool,
+    /// How long the kernel may cache names and attributes.
+    pub attr_ttl: Duration,
+    /// Shown as the filesystem name in the mount table.
+    pub fs_name: String,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        FsConfig {
+            min_stage_size: 1 << 20,
+            passthrough: true,
+            attr_ttl: Duration::from_secs(1),
+            fs_name: "stagefs".into(),
+        }
+    }
+}
+
+impl FsConfig {
+    /// The fuser session configuration for a mount of `source`.
+    pub fn session_config(&self, source: &std::path::Path) -> Config {
+        let mut mount_options = vec![
+            MountOption::RO,
+            MountOption::FSName(fs_name_for(&self.fs_name, source)),
+            MountOption::Subtype("stagefs".into()),
+            MountOption::DefaultPermissions,
+            MountOption::NoAtime,
+        ];
+        mount_options.extend(platform::mount_options());
+        let mut config = Config::default();
+        config.mount_options = mount_options;
+        config.acl = SessionACL::Owner;
+        config
+    }
+}
+
+fn fs_name_for(name: &str, source: &std::path::Path) -> String {
+    // Commas would split the mount option string.
+    let source: PathBuf = source.into();
+    format!("{name}:{}", source.display()).replace(',', "_")
+}

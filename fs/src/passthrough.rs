@@ -1,0 +1,117 @@
+//! FUSE passthrough (Linux >= 6.9, CAP_SYS_ADMIN): the kernel reads a staged file's
+//! local copy directly, so reads and mmap faults never reach the daemon.
+//!
+//! The kernel requires every concurrent open of one inode to use the same backing
+//! file, so backing ids are shared per inode while any handle holds them.
+//! Elsewhere (macOS) this module compiles to a stand-in that never offers passthrough.
+
+#[cfg(target_os = "linux")]
+pub(crate) use linux::Passthrough;
+#[cfg(not(target_os = "linux"))]
+pub(crate) use other::Passthrough;
+
+/// The backing file reference a passthrough handle keeps alive.
+pub(crate) type Backing = std::sync::Arc<fuser::BackingId>;
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::collections::HashMap;
+    use std::fs::File;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+    use fuser::{BackingId, InitFlags, KernelConfig, ReplyOpen};
+    use tracing::{info, warn};
+
+    use super::Backing;
+
+    /// Backing ids shared per inode, and whether the kernel accepted passthrough.
+    #[derive(Debug)]
+    pub(crate) struct Passthrough {
+        active: AtomicBool,
+        by_inode: Mutex<HashMap<u64, Weak<BackingId>>>,
+    }
+
+    // The cache dir may itself sit on a stacked filesystem (overlayfs in containers).
+    const MAX_STACK_DEPTH: u32 = 2;
+
+    impl Passthrough {
+        pub(crate) fn new() -> Self {
+            Passthrough {
+                active: AtomicBool::new(false),
+                by_inode: Mutex::default(),
+            }
+        }
+
+        /// Asks the kernel for passthrough during `init`, if `wanted`.
+        pub(crate) fn negotiate(&self, wanted: bool, config: &mut KernelConfig) {
+            if !wanted {
+                info!("passthrough disabled by --no-passthrough; the daemon serves reads");
+                return;
+            }
+            let accepted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(MAX_STACK_DEPTH).is_ok();
+            if accepted {
+                info!("kernel passthrough enabled for staged files");
+            } else {
+                info!("this kernel does not offer FUSE passthrough; the daemon serves reads");
+            }
+            self.active.store(accepted, Ordering::Relaxed);
+        }
+
+        /// The backing id for `ino`'s staged copy `file`, or None to serve reads from the daemon.
+        pub(crate) fn backing(&self, ino: u64, file: &File, reply: &ReplyOpen) -> Option<Backing> {
+            let mut by_inode = self.by_inode.lock().unwrap_or_else(PoisonError::into_inner);
+            // An inode with live passthrough handles must keep using the same backing file.
+            if let Some(id) = by_inode.get(&ino).and_then(Weak::upgrade) {
+                return Some(id);
+            }
+            if !self.active.load(Ordering::Relaxed) {
+                return None;
+            }
+            match reply.open_backing(file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    by_inode.retain(|_, weak| weak.strong_count() > 0);
+                    by_inode.insert(ino, Arc::downgrade(&id));
+                    Some(id)
+                }
+                Err(e) => {
+                    warn!(error = %e, "registering a passthrough file failed (needs CAP_SYS_ADMIN); the daemon serves reads from now on");
+                    self.active.store(false, Ordering::Relaxed);
+                    None
+                }
+            }
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod other {
+    use std::fs::File;
+
+    use fuser::{KernelConfig, ReplyOpen};
+
+    use super::Backing;
+
+    /// Stand-in for platforms without FUSE passthrough.
+    #[derive(Debug)]
+    pub(crate) struct Passthrough;
+
+    impl Passthrough {
+        pub(crate) fn new() -> Self {
+            Passthrough
+        }
+
+        pub(crate) fn negotiate(&self, _wanted: bool, _config: &mut KernelConfig) {}
+
+        pub(crate) fn backing(
+            &self,
+            _ino: u64,
+            _file: &File,
+            _reply: &ReplyOpen,
+        ) -> Option<Backing> {
+            None
+        }
+    }
+}
