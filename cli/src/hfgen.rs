@@ -148,7 +148,7 @@ fn shard(layer: usize, size: u64) -> (Vec<u8>, Vec<String>) {
     });
     let mut header = header.to_string().into_bytes();
     // The data section must start 8-byte aligned; safetensors pads the header with spaces.
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let values = (rows + 1) * HIDDEN;

@@ -244,6 +244,21 @@ fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     Ok(unsafe { out.assume_init() })
 }
 
+// The statvfs field types differ per platform (u32 block counts on macOS).
+#[allow(clippy::unnecessary_cast)]
+fn reply_statfs(reply: ReplyStatfs, st: &libc::statvfs) {
+    reply.statfs(
+        st.f_blocks as u64,
+        st.f_bfree as u64,
+        st.f_bavail as u64,
+        st.f_files as u64,
+        st.f_ffree as u64,
+        st.f_bsize as u32,
+        st.f_namemax as u32,
+        st.f_frsize as u32,
+    );
+}
+
 fn dot_entry(ino: u64, name: &str) -> DirEntry {
     DirEntry {
         ino,
@@ -425,16 +440,7 @@ impl Filesystem for StageFs {
             "statfs",
             |s| s.statfs(),
             move |r| match r {
-                Ok(st) => reply.statfs(
-                    st.f_blocks as u64,
-                    st.f_bfree as u64,
-                    st.f_bavail as u64,
-                    st.f_files as u64,
-                    st.f_ffree as u64,
-                    st.f_bsize as u32,
-                    st.f_namemax as u32,
-                    st.f_frsize as u32,
-                ),
+                Ok(st) => reply_statfs(reply, &st),
                 Err(e) => reply.error(e),
             },
         );

@@ -1,1 +1,350 @@
-//! Test harness.
+//! Harness for the integration tests: generates HuggingFace caches, runs real
+//! `stagefs mount` processes (unmounted when dropped), talks to their control socket,
+//! and brings up a bandwidth-capped sshfs source in a private network namespace.
+//!
+//! The tests need the `stagefs` binary built first (`cargo build -p stagefs`), root
+//! (for FUSE and network namespaces), and for the Python client tests a venv at
+//! `.venv` with huggingface_hub, safetensors and numpy (`.ci/run` sets all of it up).
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stagefs_cache::MetricsSnapshot;
+use stagefs_cache::control::{self, Request, Response};
+use tempfile::TempDir;
+
+/// Root of the workspace.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The `stagefs` binary: `$STAGEFS_BIN`, or the one built next to this test binary.
+pub fn stagefs_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("STAGEFS_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("current test executable");
+    // target/<profile>/deps/<test> -> target/<profile>/stagefs
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("stagefs"))
+        .expect("target directory");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p stagefs` before the tests",
+        bin.display()
+    );
+    bin
+}
+
+/// The Python interpreter with huggingface_hub, safetensors and numpy.
+pub fn python() -> PathBuf {
+    let python = std::env::var_os("STAGEFS_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/python"));
+    assert!(
+        python.exists(),
+        "{} is missing: create it with `python3 -m venv .venv && .venv/bin/pip install -r tests/requirements.txt`",
+        python.display()
+    );
+    python
+}
+
+/// One file of a generated snapshot.
+#[derive(Debug, Clone)]
+pub struct ModelFile {
+    /// Name inside the snapshot.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// A generated model in a hub directory.
+#[derive(Debug, Clone)]
+pub struct Model {
+    /// Repository id, `org/name`.
+    pub repo: String,
+    /// Commit that `refs/main` names.
+    pub commit: String,
+    /// Snapshot directory relative to the hub directory.
+    pub snapshot_rel: PathBuf,
+    /// The snapshot's files.
+    pub files: Vec<ModelFile>,
+}
+
+impl Model {
+    /// Relative paths of the weight shards.
+    pub fn shards(&self) -> Vec<PathBuf> {
+        self.files
+            .iter()
+            .filter(|f| f.name.ends_with(".safetensors"))
+            .map(|f| self.snapshot_rel.join(&f.name))
+            .collect()
+    }
+
+    /// Relative path of the blob a snapshot file links to.
+    pub fn blob_of(&self, hub: &Path, name: &str) -> PathBuf {
+        let link = fs::read_link(hub.join(&self.snapshot_rel).join(name)).expect("snapshot link");
+        let blob = link.file_name().expect("blob name");
+        let repo_dir = self
+            .snapshot_rel
+            .parent()
+            .and_then(Path::parent)
+            .expect("repo dir");
+        repo_dir.join("blobs").join(blob)
+    }
+}
+
+/// Writes a synthetic HF cache with `shards` shards of `shard_size` bytes into `hub`.
+pub fn generate(hub: &Path, repo: &str, shards: usize, shard_size: &str) -> Model {
+    let out = Command::new(stagefs_bin())
+        .args(["gen-demo", "--repo", repo, "--shards", &shards.to_string()])
+        .args(["--shard-size", shard_size])
+        .arg(hub)
+        .output()
+        .expect("running stagefs gen-demo");
+    assert!(
+        out.status.success(),
+        "gen-demo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("gen-demo prints JSON");
+    let snapshot = PathBuf::from(v["snapshot"].as_str().expect("snapshot"));
+    Model {
+        repo: repo.to_string(),
+        commit: v["commit"].as_str().expect("commit").to_string(),
+        snapshot_rel: snapshot
+            .strip_prefix(hub)
+            .expect("snapshot in hub")
+            .to_path_buf(),
+        files: v["files"]
+            .as_array()
+            .expect("files")
+            .iter()
+            .map(|f| ModelFile {
+                name: f["name"].as_str().expect("name").to_string(),
+                size: f["size"].as_u64().expect("size"),
+            })
+            .collect(),
+    }
+}
+
+/// A scratch area with `hub/` (the source), `mnt/` and `cache/`.
+pub struct Scratch {
+    /// Keeps the directory alive.
+    pub dir: TempDir,
+    /// The source hub directory.
+    pub hub: PathBuf,
+    /// The mount point.
+    pub mnt: PathBuf,
+    /// The cache directory.
+    pub cache: PathBuf,
+}
+
+impl Scratch {
+    /// Creates the directories; `hub/` starts empty.
+    pub fn new() -> Scratch {
+        let dir = tempfile::Builder::new()
+            .prefix("stagefs-it-")
+            .tempdir()
+            .expect("tempdir");
+        let hub = dir.path().join("hub");
+        let mnt = dir.path().join("mnt");
+        let cache = dir.path().join("cache");
+        for d in [&hub, &mnt] {
+            fs::create_dir_all(d).expect("mkdir");
+        }
+        Scratch {
+            dir,
+            hub,
+            mnt,
+            cache,
+        }
+    }
+
+    /// Mounts `hub` at `mnt` with `extra` flags.
+    pub fn mount(&self, extra: &[&str]) -> Mount {
+        Mount::start(&self.hub, &self.mnt, &self.cache, extra)
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A running `stagefs mount --foreground`, unmounted and reaped when dropped.
+pub struct Mount {
+    child: Option<Child>,
+    /// The mount point.
+    pub mnt: PathBuf,
+    /// The cache directory.
+    pub cache: PathBuf,
+    /// The daemon's stderr (its log).
+    pub log: PathBuf,
+}
+
+static LOG_SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl Mount {
+    /// Starts the daemon and waits until the mount is live.
+    pub fn start(source: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        let log = cache.with_file_name(format!(
+            "daemon-{}.log",
+            LOG_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut child = Command::new(stagefs_bin())
+            .arg("mount")
+            .arg(source)
+            .arg(mnt)
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(["--foreground", "--notify-ready"])
+            .args(extra)
+            .env("RUST_LOG", "info,fuser=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("starting stagefs mount");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("reading readiness");
+        if line.trim() != "ready" {
+            let _ = child.wait();
+            panic!(
+                "mount did not come up: {line}\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        Mount {
+            child: Some(child),
+            mnt: mnt.to_path_buf(),
+            cache: cache.to_path_buf(),
+            log,
+        }
+    }
+
+    /// The daemon's counters, from its control socket.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let socket = control::socket_path(&self.cache);
+        match control::query(&socket, &Request::Stats).expect("control socket") {
+            Response::Stats { metrics, .. } => metrics,
+            other => panic!("unexpected control answer {other:?}"),
+        }
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Path of `rel` inside the mount.
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// Unmounts with `stagefs unmount` and waits for the daemon to exit.
+    pub fn unmount(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let status = Command::new(stagefs_bin())
+            .arg("unmount")
+            .arg(&self.mnt)
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            let _ = Command::new(stagefs_bin())
+                .args(["unmount", "--lazy"])
+                .arg(&self.mnt)
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The staged data files in a cache directory.
+pub fn staged_files(cache: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(cache.join("v1/data"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+static NETFS_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A directory served over sshfs from a private network namespace, capped at `rate`.
+pub struct NetFs {
+    id: u32,
+    /// Where the network filesystem is mounted on the host.
+    pub mnt: PathBuf,
+}
+
+impl NetFs {
+    /// Exports `dir` over sshfs at `mnt`, capped at `rate` (e.g. "40mbit").
+    pub fn up(dir: &Path, mnt: &Path, rate: &str) -> NetFs {
+        // Unique per process and per call, within 1..=250.
+        let id = (std::process::id() * 7 + NETFS_SEQ.fetch_add(1, Ordering::Relaxed)) % 250 + 1;
+        let script = workspace_root().join("tests/scripts/netfs.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["up", &id.to_string()])
+            .arg(dir)
+            .arg(mnt)
+            .arg(rate)
+            .output()
+            .expect("running netfs.sh");
+        assert!(
+            out.status.success(),
+            "netfs.sh up failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        NetFs {
+            id,
+            mnt: mnt.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for NetFs {
+    fn drop(&mut self) {
+        let script = workspace_root().join("tests/scripts/netfs.sh");
+        let _ = Command::new("bash")
+            .arg(&script)
+            .args(["down", &self.id.to_string()])
+            .arg(&self.mnt)
+            .status();
+    }
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A real, bandwidth-capped network filesystem for tests and benchmarks:
+# an sshd inside a private network namespace, reached over a veth pair and mounted
+# on the host with sshfs. tbf caps each direction (netem is not available here).
+#
+#   netfs.sh up   ID EXPORT_DIR MOUNTPOINT RATE   # RATE as tc understands it: 200mbit, 1gbit
+#   netfs.sh down ID MOUNTPOINT
+#
+# ID is a small number (1-250) that keeps concurrent instances apart; the namespace
+# is sfs-ID and its addresses are 10.231.ID.1 (host) and 10.231.ID.2 (server), which
+# exist only on the veth pair this script creates.
+set -euo pipefail
+
+cmd=${1:?usage: netfs.sh up|down ID ...}
+id=${2:?missing ID}
+ns="sfs-$id"
+host_if="sfs${id}h"
+peer_if="sfs${id}p"
+host_ip="10.231.$id.1"
+peer_ip="10.231.$id.2"
+state="/tmp/stagefs-netfs-$id"
+
+down() {
+    local mnt=$1
+    if mountpoint -q "$mnt" 2>/dev/null; then
+        fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+    fi
+    if [[ -f $state/sshd.pid ]]; then
+        kill "$(cat "$state/sshd.pid")" 2>/dev/null || true
+    fi
+    ip link del "$host_if" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$state"
+}
+
+up() {
+    local export_dir mnt rate
+    export_dir=$(realpath "$1")
+    mnt=$2
+    rate=$3
+    down "$mnt"
+    mkdir -p "$state" /run/sshd
+    chmod 700 "$state"
+
+    ip netns add "$ns"
+    ip link add "$host_if" type veth peer name "$peer_if"
+    ip link set "$peer_if" netns "$ns"
+    ip addr add "$host_ip/30" dev "$host_if"
+    ip link set "$host_if" up
+    ip netns exec "$ns" ip addr add "$peer_ip/30" dev "$peer_if"
+    ip netns exec "$ns" ip link set "$peer_if" up
+    ip netns exec "$ns" ip link set lo up
+    # Cap both directions: data flows server -> host, requests host -> server.
+    local burst=256kb
+    tc qdisc add dev "$host_if" root tbf rate "$rate" burst "$burst" latency 100ms
+    ip netns exec "$ns" tc qdisc add dev "$peer_if" root tbf rate "$rate" burst "$burst" latency 100ms
+
+    ssh-keygen -q -t ed25519 -N '' -f "$state/host_key"
+    ssh-keygen -q -t ed25519 -N '' -f "$state/client_key"
+    cp "$state/client_key.pub" "$state/authorized_keys"
+    cat >"$state/sshd_config" <<CFG
+ListenAddress $peer_ip
+HostKey $state/host_key
+AuthorizedKeysFile $state/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PidFile $state/sshd.pid
+Subsystem sftp internal-sftp
+CFG
+    ip netns exec "$ns" /usr/sbin/sshd -f "$state/sshd_config"
+
+    mkdir -p "$mnt"
+    # HF snapshots link to ../../blobs; newer sshfs refuses '..' links by default
+    # (contain_symlinks). The server here is our own, so keep links verbatim.
+    local links=""
+    if sshfs -h 2>&1 | grep -q contain_symlinks; then
+        links=",no_contain_symlinks"
+    fi
+    local tries=0
+    until sshfs "root@$peer_ip:$export_dir" "$mnt" \
+        -o "ro$links,IdentityFile=$state/client_key" \
+        -o StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR \
+        -o ConnectTimeout=5; do
+        tries=$((tries + 1))
+        if ((tries >= 10)); then
+            echo "netfs: sshfs could not reach $peer_ip" >&2
+            down "$mnt"
+            exit 1
+        fi
+        sleep 0.3
+    done
+}
+
+case "$cmd" in
+up) up "${3:?missing EXPORT_DIR}" "${4:?missing MOUNTPOINT}" "${5:?missing RATE}" ;;
+down) down "${3:?missing MOUNTPOINT}" ;;
+*) echo "usage: netfs.sh up|down ID ..." >&2; exit 2 ;;
+esac

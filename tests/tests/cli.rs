@@ -1,0 +1,130 @@
+//! The `stagefs` command as a user runs it: background mount, unmount, clear refusals.
+
+use std::fs;
+use std::process::{Command, Output};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use stagefs_tests::{Scratch, generate, stagefs_bin};
+
+fn stagefs(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(stagefs_bin())
+        .args(args)
+        .output()
+        .expect("run stagefs")
+}
+
+fn is_mounted(path: &std::path::Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let path = path.to_string_lossy();
+    mounts.lines().any(|l| l.split(' ').nth(1) == Some(&path))
+}
+
+#[test]
+fn background_mount_serves_until_unmounted() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/bg", 1, "2M");
+    let out = stagefs(&[
+        "mount".as_ref(),
+        s.hub.as_os_str(),
+        s.mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mounted"));
+    assert!(is_mounted(&s.mnt), "live when mount returns");
+    let shard = model.shards().remove(0);
+    assert!(
+        fs::read(s.mnt.join(&shard)).expect("read") == fs::read(s.hub.join(&shard)).expect("src")
+    );
+
+    let out = stagefs(&["unmount".as_ref(), s.mnt.as_os_str()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&s.mnt));
+    // The daemon exits and removes its control socket.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.cache.join("control.sock").exists() && Instant::now() < deadline {
+        sleep(Duration::from_millis(20));
+    }
+    assert!(!s.cache.join("control.sock").exists(), "daemon exited");
+    assert!(
+        fs::read_to_string(s.cache.join("stagefs.log"))
+            .expect("log")
+            .contains("staged")
+    );
+}
+
+#[test]
+fn a_second_mount_on_the_same_cache_dir_is_refused() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/lock", 1, "2M");
+    let _first = s.mount(&[]);
+    let other = s.dir.path().join("mnt2");
+    fs::create_dir(&other).expect("mkdir");
+    let out = stagefs(&[
+        "mount".as_ref(),
+        s.hub.as_os_str(),
+        other.as_os_str(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already used by another stagefs mount"),
+        "{err}"
+    );
+    assert!(!is_mounted(&other));
+}
+
+#[test]
+fn bad_input_is_refused_with_one_clear_line() {
+    let s = Scratch::new();
+    let missing = s.dir.path().join("missing");
+    let cases: Vec<(Vec<&std::ffi::OsStr>, &str)> = vec![
+        (
+            vec!["mount".as_ref(), missing.as_os_str(), s.mnt.as_os_str()],
+            "does not exist",
+        ),
+        (
+            vec!["mount".as_ref(), s.hub.as_os_str(), missing.as_os_str()],
+            "does not exist",
+        ),
+        (
+            vec![
+                "mount".as_ref(),
+                s.hub.as_os_str(),
+                s.mnt.as_os_str(),
+                "--min-stage-size".as_ref(),
+                "12X".as_ref(),
+            ],
+            "unknown size suffix",
+        ),
+        (
+            vec!["unmount".as_ref(), s.mnt.as_os_str()],
+            "not a mount point",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut args = args;
+        args.extend(
+            ["--cache-dir".as_ref(), s.cache.as_os_str()]
+                .iter()
+                .take(if args[0] == "mount" { 2 } else { 0 }),
+        );
+        let out = stagefs(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(!is_mounted(&s.mnt));
+    }
+}
