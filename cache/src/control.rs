@@ -7,7 +7,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::admin::{
+    self, AdminError, EvictReport, EvictSelector, Live, StatusReport, VerifyReport,
+};
+use crate::budget::Budget;
 use crate::metrics::MetricsSnapshot;
+use crate::source::SourceTree;
+use crate::store::Store;
 
 /// File name of the control socket inside the cache directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -17,12 +23,57 @@ pub fn socket_path(cache_dir: &Path) -> PathBuf {
     cache_dir.join(SOCKET_NAME)
 }
 
-/// A request to a running mount.
+/// What the last mount of a cache directory used, kept in `mount.json` so commands
+/// run without a mount still know the source and the budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountRecord {
+    /// The mirrored source.
+    pub source: PathBuf,
+    /// The mount point.
+    pub mountpoint: PathBuf,
+    /// The budget in force.
+    pub budget: Budget,
+}
+
+impl MountRecord {
+    fn path(cache_dir: &Path) -> PathBuf {
+        cache_dir.join("mount.json")
+    }
+
+    /// Records this mount in `cache_dir`.
+    pub fn write(&self, cache_dir: &Path) -> io::Result<()> {
+        std::fs::write(Self::path(cache_dir), serde_json::to_vec_pretty(self)?)
+    }
+
+    /// The last mount of `cache_dir`, if one was recorded.
+    pub fn read(cache_dir: &Path) -> Option<MountRecord> {
+        let bytes = std::fs::read(Self::path(cache_dir)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+}
+
+/// A request to a running mount (or, for all but `Stats`, to a cache directory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// The mount's counters.
     Stats,
+    /// Usage, models, counters and copies in flight.
+    Status,
+    /// Drop copies.
+    Evict {
+        /// Which.
+        selector: EvictSelector,
+        /// Only report what would be dropped.
+        dry_run: bool,
+    },
+    /// Re-hash copies.
+    Verify {
+        /// Only this model (`org/name`).
+        model: Option<String>,
+        /// Drop mismatches.
+        repair: bool,
+    },
 }
 
 /// A running mount's answer.
@@ -38,11 +89,61 @@ pub enum Response {
         /// What it mirrors.
         source: PathBuf,
     },
+    /// Answer to [`Request::Status`].
+    Status {
+        /// The report.
+        report: Box<StatusReport>,
+    },
+    /// Answer to [`Request::Evict`].
+    Evicted {
+        /// The report.
+        report: EvictReport,
+    },
+    /// Answer to [`Request::Verify`].
+    Verified {
+        /// The report.
+        report: VerifyReport,
+    },
     /// The request could not be served.
     Error {
         /// Why.
         message: String,
     },
+}
+
+/// Serves `request` against `store`; `live` carries what only a running mount knows.
+pub fn answer(
+    request: Request,
+    store: &Store,
+    source: Option<&SourceTree>,
+    live: Live,
+) -> Response {
+    let result = match request {
+        Request::Stats => match (live.metrics, live.mountpoint, source) {
+            (Some(metrics), Some(mountpoint), Some(source)) => Ok(Response::Stats {
+                metrics,
+                mountpoint,
+                source: source.root().to_path_buf(),
+            }),
+            _ => Err(AdminError::BadRequest("no mount is running".into())),
+        },
+        Request::Status => admin::status(store, source, live).map(|report| Response::Status {
+            report: Box::new(report),
+        }),
+        Request::Evict { selector, dry_run } => admin::evict(store, &selector, dry_run, now_secs())
+            .map(|report| Response::Evicted { report }),
+        Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)
+            .map(|report| Response::Verified { report }),
+    };
+    result.unwrap_or_else(|e| Response::Error {
+        message: e.to_string(),
+    })
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Sends one request to the mount listening on `socket` and waits for its answer.

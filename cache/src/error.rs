@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::budget::Budget;
+
 /// A shared I/O error, so errors stay cloneable.
 pub type SharedIo = Arc<io::Error>;
 
@@ -60,11 +62,37 @@ pub enum StoreError {
         /// The cache path being written.
         path: PathBuf,
     },
+    /// The cache budget cannot make room for this file, even after evicting every
+    /// copy not in use.
+    #[error(
+        "{path}: needs {needed} bytes but the cache cannot make room ({budget_text}; {in_use} bytes in use, {available} bytes free on the volume); raise --max-size, lower --min-free, free disk space, or close models in use",
+        budget_text = describe_budget(budget)
+    )]
+    NoRoom {
+        /// The source file that did not fit.
+        path: PathBuf,
+        /// Its size.
+        needed: u64,
+        /// The limits in force.
+        budget: Budget,
+        /// Bytes that could not be evicted because they are open or being staged.
+        in_use: u64,
+        /// Free bytes on the cache volume.
+        available: u64,
+    },
+    /// The copy is open or being staged, so it cannot be removed.
+    #[error("{path}: in use (open or being staged)")]
+    InUse {
+        /// The source path of the copy.
+        path: PathBuf,
+    },
     /// Another process holds the cache directory's lock.
-    #[error("{path}: the cache directory is in use by another stagefs process")]
+    #[error("{path}: the cache directory is in use by another stagefs process{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     Locked {
         /// The lock file.
         path: PathBuf,
+        /// The holder, if it recorded itself.
+        pid: Option<u32>,
     },
     /// Any other I/O failure in the cache directory.
     #[error("{path}: cache I/O failed: {source}")]
@@ -120,4 +148,14 @@ pub enum StageError {
         /// What the runtime reported.
         reason: String,
     },
+}
+
+fn describe_budget(budget: &Budget) -> String {
+    let max = budget
+        .max_size
+        .map_or("no max-size".to_string(), |m| format!("max-size {m} bytes"));
+    let free = budget
+        .min_free
+        .map_or("no min-free".to_string(), |m| format!("min-free {m} bytes"));
+    format!("{max}, {free}")
 }

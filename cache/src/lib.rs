@@ -5,15 +5,23 @@
 //! other, one copy per file however many callers ask at once. Nothing here knows about
 //! inodes, replies or errno: the `fs` crate adapts these types to the kernel.
 
+pub mod admin;
+pub mod budget;
 pub mod control;
 pub mod error;
+pub mod index;
+pub mod key;
 pub mod metrics;
 pub mod source;
 pub mod stage;
 pub mod store;
+pub mod sys;
 
+pub use budget::Budget;
 pub use error::{SourceError, StageError, StoreError};
+pub use index::Entry;
+pub use key::Key;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use source::{SourceTree, Stamp};
-pub use stage::{Staged, Stager};
+pub use stage::{InFlight, Staged, Stager};
 pub use store::Store;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -24,10 +24,14 @@ use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
 use tracing::{info, warn};
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::{SourceError, StageError, StoreError};
+use crate::index::Entry;
+use crate::key::Key;
 use crate::metrics::Metrics;
 use crate::source::{SourceTree, Stamp};
-use crate::store::{Entry, Key, LAYOUT_VERSION, Store};
+use crate::store::{Hit, Pin, Store};
 
 /// Bytes read from the source per request while copying.
 const COPY_CHUNK: usize = 8 << 20;
@@ -39,14 +43,39 @@ pub struct Staged {
     pub file: Arc<File>,
     /// Where the copy lives in the store.
     pub path: PathBuf,
-    /// The source version it was copied from.
+    /// The current source version, which the copy's bytes are.
     pub stamp: Stamp,
     /// Whether this call copied the file (false: an existing copy was reused).
     pub copied: bool,
+    /// Keeps the copy from being evicted while any clone of this is held.
+    pub pin: Arc<Pin>,
+}
+
+/// A copy in progress, as reported by [`Stager::in_flight`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// Source path, relative to the source root.
+    pub path: PathBuf,
+    /// Bytes copied so far.
+    pub copied: u64,
+    /// Bytes to copy (0 until the source has been looked at).
+    pub total: u64,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    copied: AtomicU64,
+    total: AtomicU64,
 }
 
 type StageResult = Result<Staged, StageError>;
-type Flight = Shared<BoxFuture<'static, StageResult>>;
+
+#[derive(Debug, Clone)]
+struct Flight {
+    path: PathBuf,
+    progress: Arc<Progress>,
+    result: Shared<BoxFuture<'static, StageResult>>,
+}
 
 /// Stages source files into a store, one copy per file at a time.
 #[derive(Debug, Clone)]
@@ -95,7 +124,26 @@ impl Stager {
     /// Returns a complete local copy of the current version of source file `rel`,
     /// copying it first unless an up-to-date copy is already stored.
     pub async fn stage(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel).await
+        self.flight_for(rel).result.await
+    }
+
+    /// Copies in progress.
+    pub fn in_flight(&self) -> Vec<InFlight> {
+        let inflight = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut list: Vec<InFlight> = inflight
+            .values()
+            .map(|f| InFlight {
+                path: f.path.clone(),
+                copied: f.progress.copied.load(Ordering::Relaxed),
+                total: f.progress.total.load(Ordering::Relaxed),
+            })
+            .collect();
+        list.sort_by(|a, b| a.path.cmp(&b.path));
+        list
     }
 
     fn flight_for(&self, rel: &Path) -> Flight {
@@ -114,8 +162,10 @@ impl Stager {
     fn start_flight(&self, rel: PathBuf, key: Key) -> Flight {
         let inner = Arc::clone(&self.inner);
         let worker_rel = rel.clone();
+        let progress = Arc::new(Progress::default());
+        let worker_progress = Arc::clone(&progress);
         let task = self.inner.runtime.spawn_blocking(move || {
-            let result = inner.stage_now(&worker_rel, &key);
+            let result = inner.stage_now(&worker_rel, &key, &worker_progress);
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner
                 .inflight
@@ -124,7 +174,8 @@ impl Stager {
                 .remove(&key);
             result
         });
-        async move {
+        let path = rel.clone();
+        let result = async move {
             task.await.unwrap_or_else(|e| {
                 Err(StageError::Worker {
                     path: rel,
@@ -133,12 +184,17 @@ impl Stager {
             })
         }
         .boxed()
-        .shared()
+        .shared();
+        Flight {
+            path,
+            progress,
+            result,
+        }
     }
 }
 
 impl Inner {
-    fn stage_now(&self, rel: &Path, key: &Key) -> StageResult {
+    fn stage_now(&self, rel: &Path, key: &Key, progress: &Progress) -> StageResult {
         let meta = self.source.stat(rel)?;
         if !meta.is_file() {
             return Err(StageError::NotAFile {
@@ -146,41 +202,26 @@ impl Inner {
             });
         }
         let stamp = Stamp::of(&meta);
-        if let Some(staged) = self.reuse(key, stamp) {
+        progress.total.store(stamp.size, Ordering::Relaxed);
+        if let Some(hit) = self.store.lookup(key, |e| reusable(e, key, rel, stamp)) {
             Metrics::bump(&self.metrics.stage_hits);
-            return Ok(staged);
+            progress.copied.store(stamp.size, Ordering::Relaxed);
+            return Ok(staged(hit, stamp, false));
         }
+        let reservation = self.store.reserve(key, stamp.size, rel)?;
         Metrics::bump(&self.metrics.stage_copies);
-        self.copy_and_commit(rel, key, stamp)
-    }
-
-    fn reuse(&self, key: &Key, stamp: Stamp) -> Option<Staged> {
-        let entry = self.store.lookup(key).filter(|e| e.stamp == stamp)?;
-        let path = self.store.data_path(key);
-        let file = File::open(&path).ok()?;
-        let still_complete = file.metadata().ok()?.len() == entry.stamp.size;
-        still_complete.then(|| Staged {
-            file: Arc::new(file),
-            path,
-            stamp,
-            copied: false,
-        })
-    }
-
-    fn copy_and_commit(&self, rel: &Path, key: &Key, stamp: Stamp) -> StageResult {
         let started = Instant::now();
         info!(path = %rel.display(), bytes = stamp.size, "staging");
-        let (tmp, blake3) = self.copy(rel, stamp).inspect_err(|e| {
+        let (tmp, blake3) = self.copy(rel, stamp, progress).inspect_err(|e| {
             warn!(path = %rel.display(), error = %e, "staging failed");
         })?;
         let entry = Entry {
-            version: LAYOUT_VERSION,
             source: rel.to_path_buf(),
             stamp,
             blake3,
+            last_use: now_secs(),
         };
-        let path = self.store.commit(key, tmp, &entry)?;
-        let file = File::open(&path).map_err(|e| StoreError::io(&path, e))?;
+        let hit = self.store.commit(key, tmp, entry, reservation)?;
         let secs = started.elapsed().as_secs_f64();
         info!(
             path = %rel.display(),
@@ -189,17 +230,17 @@ impl Inner {
             mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),
             "staged"
         );
-        Ok(Staged {
-            file: Arc::new(file),
-            path,
-            stamp,
-            copied: true,
-        })
+        Ok(staged(hit, stamp, true))
     }
 
     /// Copies `rel` into a synced temp file, hashing as it goes, and checks that the
     /// source did not change underneath.
-    fn copy(&self, rel: &Path, expected: Stamp) -> Result<(NamedTempFile, String), StageError> {
+    fn copy(
+        &self,
+        rel: &Path,
+        expected: Stamp,
+        progress: &Progress,
+    ) -> Result<(NamedTempFile, String), StageError> {
         let mut src = self.source.open(rel)?;
         let mut tmp = self.store.create_temp()?;
         let tmp_path = tmp.path().to_path_buf();
@@ -217,6 +258,7 @@ impl Inner {
             tmp.write_all(&buf[..n])
                 .map_err(|e| StoreError::io(&tmp_path, e))?;
             copied += n as u64;
+            progress.copied.store(copied, Ordering::Relaxed);
             self.metrics
                 .bytes_copied
                 .fetch_add(n as u64, Ordering::Relaxed);
@@ -247,12 +289,40 @@ impl Inner {
     }
 }
 
+/// Whether a stored copy may serve source file `rel` at version `stamp`: the same
+/// version of the same file, or, for an LFS blob (named by its sha256), any copy of
+/// that blob of the right size staged from another repository's path.
+fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
+    if entry.source == rel {
+        entry.stamp == stamp
+    } else {
+        key.content_sha256().is_some() && entry.stamp.size == stamp.size
+    }
+}
+
+fn staged(hit: Hit, stamp: Stamp, copied: bool) -> Staged {
+    Staged {
+        file: Arc::new(hit.file),
+        path: hit.path,
+        stamp,
+        copied,
+        pin: Arc::new(hit.pin),
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
     use std::io::{Read, Seek, SeekFrom};
 
     use super::*;
+    use crate::budget::Budget;
 
     struct Fixture {
         src: tempfile::TempDir,
@@ -264,7 +334,7 @@ mod tests {
         let src = tempfile::tempdir().expect("tempdir");
         let cache = tempfile::tempdir().expect("tempdir");
         let source = SourceTree::new(src.path()).expect("source");
-        let store = Store::open(cache.path()).expect("store");
+        let store = Store::open(cache.path(), Budget::default()).expect("store");
         let stager = Stager::new(source, store, Arc::default(), Handle::current());
         Fixture {
             src,
@@ -344,7 +414,7 @@ mod tests {
         fs::write(src.path().join("f"), b"0123456789").expect("write");
         let inner = Inner {
             source: SourceTree::new(src.path()).expect("source"),
-            store: Store::open(cache.path()).expect("store"),
+            store: Store::open(cache.path(), Budget::default()).expect("store"),
             metrics: Arc::default(),
             runtime: rt.handle().clone(),
             inflight: Mutex::default(),
@@ -354,7 +424,7 @@ mod tests {
             mtime_ns: 1,
         };
         assert!(matches!(
-            inner.copy(Path::new("f"), stale),
+            inner.copy(Path::new("f"), stale, &Progress::default()),
             Err(StageError::SourceChanged { .. })
         ));
         assert_eq!(

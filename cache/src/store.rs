@@ -1,89 +1,153 @@
 //! The on-disk cache store.
 //!
 //! Layout under the cache directory:
-//! - `lock`: held (flock) by the one process that owns the store;
+//! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
+//! - `v1/index.jsonl`: the [`Index`] journal;
 //! - `v1/data/<key>`: complete staged copies, only ever created by rename;
-//! - `v1/meta/<key>.json`: the [`Entry`] describing a data file;
 //! - `v1/tmp/`: copies in progress, removed at startup.
 //!
-//! Invariant: a meta file exists only while its data file is complete and matches it.
-//! Commit removes the old meta, renames the data into place, then writes the new
-//! meta, so a crash at any point leaves at worst a data file without meta (a miss).
+//! Invariants:
+//! - the index names a data file only once it is complete and synced: commit journals
+//!   the removal of any old entry, renames the new data into place, then journals the
+//!   new entry; startup drops entries whose data is missing or the wrong size and
+//!   deletes data files the index does not name;
+//! - a pinned copy (open, or being staged) is never evicted or removed;
+//! - space is reserved before a copy starts, evicting least-recently-used unpinned
+//!   copies to make room, so the budget holds even with copies in flight;
+//! - a copy from before this process started is re-hashed before it is first served;
+//!   a mismatch is dropped and staged again, never served.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File, TryLockError};
 use std::io::{self, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
-use tracing::{debug, warn};
+use tracing::{info, warn};
 
+use crate::budget::{Budget, VolumeSpace, volume_space};
 use crate::error::StoreError;
-use crate::source::Stamp;
+use crate::index::{Entry, Index};
+use crate::key::Key;
 
-/// Version of the on-disk layout; bumped whenever [`Entry`] or the layout changes.
-pub const LAYOUT_VERSION: u32 = 1;
-
-/// Identifies one staged file in the store.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Key(String);
-
-impl Key {
-    /// The key of a source file, derived from its path relative to the source root.
-    pub fn for_source_path(rel: &Path) -> Key {
-        Key(blake3::hash(rel.as_os_str().as_encoded_bytes())
-            .to_hex()
-            .to_string())
-    }
-
-    /// The key as it appears in file names.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// What the store records about one staged file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
-    /// Layout version that wrote this entry.
-    pub version: u32,
-    /// Source path, relative to the source root.
-    pub source: PathBuf,
-    /// The source version that was copied.
-    pub stamp: Stamp,
-    /// blake3 of the copied bytes, hex.
-    pub blake3: String,
-}
+/// Name of the layout directory; a new layout gets a new name.
+pub const LAYOUT_DIR: &str = "v1";
 
 /// The cache directory, locked for the lifetime of this value.
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
     layout: PathBuf,
+    budget: Budget,
+    state: Arc<Mutex<State>>,
     _lock: File,
 }
 
+#[derive(Debug)]
+struct State {
+    index: Index,
+    pins: HashMap<Key, usize>,
+    reserved: u64,
+    verified: HashSet<Key>,
+}
+
+/// Keeps one staged copy from being evicted or removed while held.
+#[derive(Debug)]
+pub struct Pin {
+    key: Key,
+    state: Arc<Mutex<State>>,
+}
+
+/// Space promised to a copy in progress; given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    bytes: u64,
+    state: Arc<Mutex<State>>,
+    _pin: Pin,
+}
+
+/// A usable staged copy.
+#[derive(Debug)]
+pub struct Hit {
+    /// Its description.
+    pub entry: Entry,
+    /// The copy, open for reading.
+    pub file: File,
+    /// Where it lives.
+    pub path: PathBuf,
+    /// Keeps it in the cache while held.
+    pub pin: Pin,
+}
+
+/// One entry as listed by [`Store::entries`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryInfo {
+    /// Store key.
+    pub key: String,
+    /// What the index records.
+    pub entry: Entry,
+    /// Whether it is open or being staged right now.
+    pub in_use: bool,
+}
+
+/// How full the cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Bytes of staged copies.
+    pub used: u64,
+    /// Number of staged copies.
+    pub entries: usize,
+    /// Bytes reserved by copies in progress.
+    pub reserved: u64,
+    /// The limits.
+    pub budget: Budget,
+    /// The cache volume.
+    pub volume: VolumeSpace,
+}
+
+fn lock_state(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 impl Store {
-    /// Opens (creating if needed) the store in `dir`, takes its lock and removes copies
-    /// left over by a crash.
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Store, StoreError> {
+    /// Opens (creating if needed) the store in `dir`, takes its lock, removes copies
+    /// left over by a crash and reconciles the index with the data files.
+    pub fn open(dir: impl Into<PathBuf>, budget: Budget) -> Result<Store, StoreError> {
         let dir = dir.into();
-        let layout = dir.join(format!("v{LAYOUT_VERSION}"));
-        for sub in ["data", "meta", "tmp"] {
+        let layout = dir.join(LAYOUT_DIR);
+        for sub in ["data", "tmp"] {
             let path = layout.join(sub);
             private_dir_builder()
                 .create(&path)
                 .map_err(|e| StoreError::io(&path, e))?;
         }
         let lock = take_lock(&dir.join("lock"))?;
-        let store = Store {
+        remove_all_in(&layout.join("tmp"))?;
+        let index_path = layout.join("index.jsonl");
+        let mut index = Index::load(&index_path).map_err(|e| StoreError::io(&index_path, e))?;
+        reconcile(&mut index, &layout.join("data"))?;
+        Ok(Store {
             dir,
             layout,
+            budget,
+            state: Arc::new(Mutex::new(State {
+                index,
+                pins: HashMap::new(),
+                reserved: 0,
+                verified: HashSet::new(),
+            })),
             _lock: lock,
-        };
-        store.remove_leftover_temps()?;
-        Ok(store)
+        })
     }
 
     /// The cache directory.
@@ -91,88 +155,300 @@ impl Store {
         &self.dir
     }
 
-    /// Where the complete copy for `key` lives.
+    /// Where the copy for `key` lives.
     pub fn data_path(&self, key: &Key) -> PathBuf {
         self.layout.join("data").join(key.as_str())
     }
 
-    fn meta_path(&self, key: &Key) -> PathBuf {
-        self.layout
-            .join("meta")
-            .join(format!("{}.json", key.as_str()))
-    }
-
-    /// The entry for `key` if its data file is present and has the recorded size.
-    /// Anything unreadable is a miss, never an error: the file will simply be staged again.
-    pub fn lookup(&self, key: &Key) -> Option<Entry> {
-        let meta_path = self.meta_path(key);
-        let bytes = fs::read(&meta_path).ok()?;
-        let entry: Entry = match serde_json::from_slice(&bytes) {
-            Ok(entry) => entry,
-            Err(e) => {
-                warn!(path = %meta_path.display(), error = %e, "unreadable cache entry, treating as a miss");
+    /// The usable copy for `key`, if one exists and `accept`s its entry. The copy is
+    /// checked for completeness and, the first time this process serves it, re-hashed;
+    /// a damaged copy is dropped (a miss), never returned.
+    pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
+        let (entry, pin, verified) = {
+            let mut state = lock_state(&self.state);
+            let entry = state.index.get(key).filter(|e| accept(e))?.clone();
+            let verified = state.verified.contains(key);
+            (entry, self.pin_locked(&mut state, key), verified)
+        };
+        let path = self.data_path(key);
+        let file = match self.check_copy(&path, &entry, verified) {
+            Ok(file) => file,
+            Err(reason) => {
+                warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
+                drop(pin);
+                let _ = self.remove(key);
                 return None;
             }
         };
-        if entry.version != LAYOUT_VERSION {
-            return None;
+        let mut state = lock_state(&self.state);
+        state.verified.insert(key.clone());
+        state.index.touch(key, now_secs());
+        Some(Hit {
+            entry,
+            file,
+            path,
+            pin,
+        })
+    }
+
+    fn check_copy(&self, path: &Path, entry: &Entry, verified: bool) -> Result<File, &'static str> {
+        let file = File::open(path).map_err(|_| "the copy is missing")?;
+        let len = file.metadata().map_err(|_| "the copy is unreadable")?.len();
+        if len != entry.stamp.size {
+            return Err("the copy has the wrong size");
         }
-        match fs::metadata(self.data_path(key)) {
-            Ok(meta) if meta.len() == entry.stamp.size => Some(entry),
-            Ok(_) | Err(_) => {
-                debug!(
-                    key = key.as_str(),
-                    "cache data missing or wrong size, treating as a miss"
-                );
-                None
+        if !verified && hash_file(path).map_err(|_| "the copy is unreadable")? != entry.blake3 {
+            return Err("the copy's blake3 does not match the index");
+        }
+        Ok(file)
+    }
+
+    /// Promises `bytes` of space to a new copy for `key`, evicting least-recently-used
+    /// unpinned copies if the budget needs it. Fails without evicting anything when
+    /// the copy could not fit even with every evictable copy gone.
+    pub fn reserve(&self, key: &Key, bytes: u64, source: &Path) -> Result<Reservation, StoreError> {
+        let mut state = lock_state(&self.state);
+        let pin = self.pin_locked(&mut state, key);
+        let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+        let replaced = state.index.get(key).map_or(0, |e| e.stamp.size);
+        let used = |s: &State| s.index.bytes() + s.reserved - replaced;
+        let evictable: u64 = state
+            .index
+            .iter_lru()
+            .filter(|(k, _)| !state.pins.contains_key(*k))
+            .map(|(_, e)| e.stamp.size)
+            .sum();
+        let best_case = VolumeSpace {
+            available: volume.available + evictable,
+            ..volume
+        };
+        if !self.budget.fits(
+            used(&state).saturating_sub(evictable),
+            state.reserved,
+            bytes,
+            best_case,
+        ) {
+            return Err(self.no_room(&state, source, bytes, volume));
+        }
+        loop {
+            let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+            if self
+                .budget
+                .fits(used(&state), state.reserved, bytes, volume)
+            {
+                state.reserved += bytes;
+                return Ok(Reservation {
+                    bytes,
+                    state: Arc::clone(&self.state),
+                    _pin: pin,
+                });
+            }
+            let victim = state
+                .index
+                .iter_lru()
+                .map(|(k, _)| k)
+                .find(|k| !state.pins.contains_key(*k))
+                .cloned();
+            match victim {
+                Some(victim) => self.evict_locked(&mut state, &victim, "to make room")?,
+                None => return Err(self.no_room(&state, source, bytes, volume)),
             }
         }
     }
 
-    /// A new private temp file for a copy in progress. It is deleted if dropped
-    /// without [`Store::commit`].
+    fn no_room(
+        &self,
+        state: &State,
+        source: &Path,
+        needed: u64,
+        volume: VolumeSpace,
+    ) -> StoreError {
+        StoreError::NoRoom {
+            path: source.to_path_buf(),
+            needed,
+            budget: self.budget,
+            in_use: state
+                .index
+                .iter_lru()
+                .filter(|(k, _)| state.pins.contains_key(*k))
+                .map(|(_, e)| e.stamp.size)
+                .sum::<u64>()
+                + state.reserved,
+            available: volume.available,
+        }
+    }
+
+    /// A new private temp file for a copy in progress, deleted if dropped uncommitted.
     pub fn create_temp(&self) -> Result<NamedTempFile, StoreError> {
         let tmp_dir = self.layout.join("tmp");
         NamedTempFile::new_in(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))
     }
 
-    /// Makes a fully written and synced temp file the copy for `key`, described by `entry`.
+    /// Makes a fully written and synced temp file the copy for `key`.
     pub fn commit(
         &self,
         key: &Key,
         tmp: NamedTempFile,
-        entry: &Entry,
-    ) -> Result<PathBuf, StoreError> {
-        let meta_path = self.meta_path(key);
-        remove_if_present(&meta_path)?;
+        entry: Entry,
+        reservation: Reservation,
+    ) -> Result<Hit, StoreError> {
         let data_path = self.data_path(key);
+        let index_path = self.layout.join("index.jsonl");
+        let mut state = lock_state(&self.state);
+        state
+            .index
+            .remove(key)
+            .map_err(|e| StoreError::io(&index_path, e))?;
         tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
         sync_dir(&self.layout.join("data"))?;
-        self.write_meta(&meta_path, entry)?;
-        Ok(data_path)
+        state
+            .index
+            .put(key.clone(), entry.clone())
+            .map_err(|e| StoreError::io(&index_path, e))?;
+        state.verified.insert(key.clone());
+        let pin = self.pin_locked(&mut state, key);
+        drop(state);
+        // The copy now counts as used space; its reservation can go.
+        drop(reservation);
+        let file = File::open(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
+        Ok(Hit {
+            entry,
+            file,
+            path: data_path,
+            pin,
+        })
     }
 
-    fn write_meta(&self, meta_path: &Path, entry: &Entry) -> Result<(), StoreError> {
-        let mut tmp = self.create_temp()?;
-        let json = serde_json::to_vec(entry).map_err(|e| StoreError::io(meta_path, e.into()))?;
-        tmp.write_all(&json)
-            .and_then(|()| tmp.as_file().sync_all())
-            .map_err(|e| StoreError::io(meta_path, e))?;
-        tmp.persist(meta_path)
-            .map_err(|e| StoreError::io(meta_path, e.error))?;
-        sync_dir(&self.layout.join("meta"))
+    /// Removes the copy for `key`; refuses if it is in use.
+    pub fn remove(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        let mut state = lock_state(&self.state);
+        let Some(entry) = state.index.get(key).cloned() else {
+            return Ok(None);
+        };
+        if state.pins.contains_key(key) {
+            return Err(StoreError::InUse { path: entry.source });
+        }
+        self.evict_locked(&mut state, key, "on request")?;
+        Ok(Some(entry))
     }
 
-    fn remove_leftover_temps(&self) -> Result<(), StoreError> {
-        let tmp_dir = self.layout.join("tmp");
-        let entries = fs::read_dir(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))?;
-        for entry in entries.flatten() {
-            debug!(path = %entry.path().display(), "removing an interrupted copy");
-            remove_if_present(&entry.path())?;
+    fn evict_locked(&self, state: &mut State, key: &Key, why: &str) -> Result<(), StoreError> {
+        let index_path = self.layout.join("index.jsonl");
+        let entry = state
+            .index
+            .remove(key)
+            .map_err(|e| StoreError::io(&index_path, e))?;
+        state.verified.remove(key);
+        let data = self.data_path(key);
+        remove_if_present(&data)?;
+        if let Some(entry) = entry {
+            info!(path = %entry.source.display(), bytes = entry.stamp.size, why, "evicted");
         }
         Ok(())
     }
+
+    fn pin_locked(&self, state: &mut State, key: &Key) -> Pin {
+        *state.pins.entry(key.clone()).or_insert(0) += 1;
+        Pin {
+            key: key.clone(),
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Whether a copy for `key` is stored.
+    pub fn contains(&self, key: &Key) -> bool {
+        lock_state(&self.state).index.get(key).is_some()
+    }
+
+    /// Every entry, least recently used first.
+    pub fn entries(&self) -> Vec<EntryInfo> {
+        let state = lock_state(&self.state);
+        state
+            .index
+            .iter_lru()
+            .map(|(k, e)| EntryInfo {
+                key: k.as_str().to_string(),
+                entry: e.clone(),
+                in_use: state.pins.contains_key(k),
+            })
+            .collect()
+    }
+
+    /// How full the cache is.
+    pub fn usage(&self) -> Result<Usage, StoreError> {
+        let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+        let state = lock_state(&self.state);
+        Ok(Usage {
+            used: state.index.bytes(),
+            entries: state.index.len(),
+            reserved: state.reserved,
+            budget: self.budget,
+            volume,
+        })
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut state = lock_state(&self.state);
+        if let Some(count) = state.pins.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                state.pins.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        lock_state(&self.state).reserved -= self.bytes;
+    }
+}
+
+/// blake3 of a whole file, hex.
+pub fn hash_file(path: &Path) -> io::Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_mmap_rayon(path)?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// Drops entries whose data is missing or the wrong size, and data files the index
+/// does not name (a crash between rename and journal).
+fn reconcile(index: &mut Index, data_dir: &Path) -> Result<(), StoreError> {
+    let mut on_disk = HashMap::new();
+    for entry in fs::read_dir(data_dir).map_err(|e| StoreError::io(data_dir, e))? {
+        let entry = entry.map_err(|e| StoreError::io(data_dir, e))?;
+        let len = entry.metadata().map(|m| m.len()).ok();
+        on_disk.insert(entry.file_name(), (entry.path(), len));
+    }
+    let stale: Vec<Key> = index
+        .iter_lru()
+        .filter(|(k, e)| {
+            on_disk
+                .get(std::ffi::OsStr::new(k.as_str()))
+                .is_none_or(|(_, len)| *len != Some(e.stamp.size))
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in stale {
+        warn!(key = %key, "dropping an index entry whose copy is missing or incomplete");
+        index
+            .remove(&key)
+            .map_err(|e| StoreError::io(data_dir, e))?;
+    }
+    for (name, (path, _)) in on_disk {
+        let named = name
+            .to_str()
+            .and_then(Key::parse)
+            .is_some_and(|k| index.get(&k).is_some());
+        if !named {
+            warn!(path = %path.display(), "removing a copy the index does not name");
+            remove_if_present(&path)?;
+        }
+    }
+    Ok(())
 }
 
 fn private_dir_builder() -> DirBuilder {
@@ -182,19 +458,39 @@ fn private_dir_builder() -> DirBuilder {
 }
 
 fn take_lock(path: &Path) -> Result<File, StoreError> {
-    let file = File::options()
+    let mut file = File::options()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(path)
         .map_err(|e| StoreError::io(path, e))?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
-            path: path.to_path_buf(),
-        }),
-        Err(TryLockError::Error(e)) => Err(StoreError::io(path, e)),
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let holder = fs::read_to_string(path).unwrap_or_default();
+            return Err(StoreError::Locked {
+                path: path.to_path_buf(),
+                pid: holder.trim().parse().ok(),
+            });
+        }
+        Err(TryLockError::Error(e)) => return Err(StoreError::io(path, e)),
     }
+    // Best effort: tells a refused second process who holds the cache.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| write!(file, "{}", std::process::id()));
+    Ok(file)
+}
+
+fn remove_all_in(dir: &Path) -> Result<(), StoreError> {
+    for entry in fs::read_dir(dir)
+        .map_err(|e| StoreError::io(dir, e))?
+        .flatten()
+    {
+        remove_if_present(&entry.path())?;
+    }
+    Ok(())
 }
 
 fn remove_if_present(path: &Path) -> Result<(), StoreError> {
@@ -209,60 +505,4 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| StoreError::io(dir, e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(size: u64) -> Entry {
-        Entry {
-            version: LAYOUT_VERSION,
-            source: PathBuf::from("a/b"),
-            stamp: Stamp { size, mtime_ns: 7 },
-            blake3: "00".into(),
-        }
-    }
-
-    #[test]
-    fn commit_then_lookup() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let store = Store::open(dir.path())?;
-        let key = Key::for_source_path(Path::new("a/b"));
-        assert_eq!(store.lookup(&key), None);
-        let mut tmp = store.create_temp()?;
-        tmp.write_all(b"hello")?;
-        let path = store.commit(&key, tmp, &entry(5))?;
-        assert_eq!(fs::read(path)?, b"hello");
-        assert_eq!(store.lookup(&key), Some(entry(5)));
-        Ok(())
-    }
-
-    #[test]
-    fn wrong_size_data_is_a_miss() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let store = Store::open(dir.path())?;
-        let key = Key::for_source_path(Path::new("a/b"));
-        let mut tmp = store.create_temp()?;
-        tmp.write_all(b"hello")?;
-        let path = store.commit(&key, tmp, &entry(5))?;
-        fs::write(path, b"hell")?;
-        assert_eq!(store.lookup(&key), None);
-        Ok(())
-    }
-
-    #[test]
-    fn second_open_is_refused_and_temps_are_cleared() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let store = Store::open(dir.path())?;
-        assert!(matches!(
-            Store::open(dir.path()),
-            Err(StoreError::Locked { .. })
-        ));
-        let leftover = store.create_temp()?.keep()?.1;
-        drop(store);
-        Store::open(dir.path())?;
-        assert!(!leftover.exists());
-        Ok(())
-    }
 }

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use stagefs_fs::FsConfig;
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use stagefs_fs::{FsConfig, OnFull};
 
-use crate::units::parse_size;
+use crate::units::{parse_duration, parse_size};
 
 /// Mount a slow HuggingFace cache and serve every opened weight file from a complete
 /// local copy.
@@ -24,6 +24,12 @@ pub(crate) enum Command {
     Mount(MountArgs),
     /// Unmount a stagefs mount.
     Unmount(UnmountArgs),
+    /// Show cache usage, models, and a running mount's activity.
+    Status(StatusArgs),
+    /// Drop staged copies to free space.
+    Evict(EvictArgs),
+    /// Re-hash staged copies and report (or repair) any that do not match.
+    Verify(VerifyArgs),
     /// Generate a small model, mount it, load it through the mount and report.
     Demo(DemoArgs),
     /// Write a synthetic HuggingFace cache (sharded safetensors model) into DIR.
@@ -50,9 +56,87 @@ pub(crate) struct MountArgs {
     /// Serve reads of staged files from the daemon instead of kernel passthrough.
     #[arg(long)]
     pub(crate) no_passthrough: bool,
+    /// Most bytes of staged copies to keep [default: no limit besides --min-free].
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) max_size: Option<u64>,
+    /// Free space to leave on the cache volume [default: 10% of the volume, at most 50G].
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) min_free: Option<u64>,
+    /// When a file cannot fit in the cache: fail the open with ENOSPC, or serve it
+    /// straight from the source with a warning.
+    #[arg(long, value_enum, default_value_t = OnFullArg::Fail)]
+    pub(crate) on_full: OnFullArg,
     /// Internal: report readiness on stdout (used when daemonizing).
     #[arg(long, hide = true)]
     pub(crate) notify_ready: bool,
+}
+
+/// `--on-full` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OnFullArg {
+    /// Fail the open with ENOSPC.
+    Fail,
+    /// Read the file from the source.
+    Passthrough,
+}
+
+/// Where the cache is, for commands that work on it.
+#[derive(Debug, Args)]
+pub(crate) struct CacheDirArg {
+    /// Cache directory [default: as for `mount`].
+    #[arg(long)]
+    pub(crate) cache_dir: Option<PathBuf>,
+}
+
+impl CacheDirArg {
+    /// The cache directory: the flag, or the platform default.
+    pub(crate) fn resolve(&self) -> anyhow::Result<PathBuf> {
+        match &self.cache_dir {
+            Some(dir) => Ok(std::path::absolute(dir)?),
+            None => crate::paths::default_cache_dir(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["target", "all", "older_than", "to_size"])))]
+pub(crate) struct EvictArgs {
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
+    /// A model id (org/name) or a file path inside the mount or the source.
+    pub(crate) target: Option<String>,
+    /// Every staged copy.
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// Copies not used for this long (45s, 90m, 12h, 30d, 2w).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) older_than: Option<u64>,
+    /// Least recently used copies until the cache holds at most SIZE.
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) to_size: Option<u64>,
+    /// Show what would be dropped without dropping it.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct VerifyArgs {
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
+    /// Only this model (org/name).
+    pub(crate) model: Option<String>,
+    /// Drop copies that do not match, so they are staged again on the next open.
+    #[arg(long)]
+    pub(crate) repair: bool,
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +180,10 @@ impl MountArgs {
             min_stage_size: self.min_stage_size,
             passthrough: !self.no_passthrough,
             attr_ttl: Duration::from_secs(1),
+            on_full: match self.on_full {
+                OnFullArg::Fail => OnFull::Fail,
+                OnFullArg::Passthrough => OnFull::ReadSource,
+            },
             ..FsConfig::default()
         }
     }

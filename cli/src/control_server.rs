@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use stagefs_cache::Metrics;
-use stagefs_cache::control::{Request, Response};
+use stagefs_cache::Stager;
+use stagefs_cache::admin::Live;
+use stagefs_cache::control::{self, Request, Response};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::debug;
@@ -18,9 +19,8 @@ use crate::daemon::MountSpec;
 /// A bound control socket, not yet serving.
 pub(crate) struct ControlServer {
     listener: UnixListener,
-    metrics: Arc<Metrics>,
+    stager: Stager,
     mountpoint: PathBuf,
-    source: PathBuf,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -28,7 +28,7 @@ pub(crate) struct ControlServer {
 pub(crate) async fn bind(
     path: &Path,
     spec: &MountSpec,
-    metrics: Arc<Metrics>,
+    stager: Stager,
 ) -> anyhow::Result<ControlServer> {
     let _ = fs::remove_file(path);
     let listener = UnixListener::bind(path)
@@ -36,9 +36,8 @@ pub(crate) async fn bind(
     fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
     Ok(ControlServer {
         listener,
-        metrics,
+        stager,
         mountpoint: spec.mountpoint.clone(),
-        source: spec.source.clone(),
     })
 }
 
@@ -62,7 +61,7 @@ impl ControlServer {
         let mut lines = BufReader::new(read).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             let response = match serde_json::from_str::<Request>(&line) {
-                Ok(request) => self.handle(request),
+                Ok(request) => self.handle(request).await,
                 Err(e) => Response::Error {
                     message: format!("bad request: {e}"),
                 },
@@ -77,13 +76,21 @@ impl ControlServer {
         }
     }
 
-    fn handle(&self, request: Request) -> Response {
-        match request {
-            Request::Stats => Response::Stats {
-                metrics: self.metrics.snapshot(),
-                mountpoint: self.mountpoint.clone(),
-                source: self.source.clone(),
-            },
-        }
+    // Verify and status read the disk, so they run on the blocking pool.
+    async fn handle(&self, request: Request) -> Response {
+        let stager = self.stager.clone();
+        let mountpoint = self.mountpoint.clone();
+        let answered = tokio::task::spawn_blocking(move || {
+            let live = Live {
+                metrics: Some(stager.metrics().snapshot()),
+                in_flight: stager.in_flight(),
+                mountpoint: Some(mountpoint),
+            };
+            control::answer(request, stager.store(), Some(stager.source()), live)
+        })
+        .await;
+        answered.unwrap_or_else(|e| Response::Error {
+            message: format!("the request failed: {e}"),
+        })
     }
 }

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use fuser::SessionUnmounter;
-use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, Store, StoreError};
+use stagefs_cache::budget::volume_space;
+use stagefs_cache::control::MountRecord;
+use stagefs_cache::{Budget, MetricsSnapshot, SourceTree, Stager, Store, StoreError};
 use stagefs_fs::{FsConfig, StageFs};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -28,6 +30,23 @@ pub(crate) struct MountSpec {
     pub(crate) mountpoint: PathBuf,
     pub(crate) cache_dir: PathBuf,
     pub(crate) fs: FsConfig,
+    pub(crate) max_size: Option<u64>,
+    /// None: the default share of the cache volume.
+    pub(crate) min_free: Option<u64>,
+}
+
+impl MountSpec {
+    /// The budget, with defaults resolved against the cache volume.
+    fn budget(&self) -> anyhow::Result<Budget> {
+        let min_free = match self.min_free {
+            Some(bytes) => bytes,
+            None => Budget::default_min_free(volume_space(&self.cache_dir)?),
+        };
+        Ok(Budget {
+            max_size: self.max_size,
+            min_free: Some(min_free),
+        })
+    }
 }
 
 /// A live mount served by this process.
@@ -50,7 +69,16 @@ impl Running {
             .build()
             .context("starting the worker runtime")?;
         let source = SourceTree::new(&spec.source)?;
-        let store = Store::open(&spec.cache_dir).map_err(|e| store_open_error(e, spec))?;
+        let budget = spec.budget()?;
+        let store = Store::open(&spec.cache_dir, budget).map_err(|e| store_open_error(e, spec))?;
+        let record = MountRecord {
+            source: spec.source.clone(),
+            mountpoint: spec.mountpoint.clone(),
+            budget,
+        };
+        record
+            .write(&spec.cache_dir)
+            .context("recording the mount in the cache directory")?;
         let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
         let fs = StageFs::new(stager.clone(), spec.fs.clone(), runtime.handle().clone());
         let mut session =
@@ -65,11 +93,7 @@ impl Running {
             })
             .context("starting the request loop")?;
         let socket = stagefs_cache::control::socket_path(&spec.cache_dir);
-        let server = runtime.block_on(control_server::bind(
-            &socket,
-            spec,
-            stager.metrics().clone(),
-        ))?;
+        let server = runtime.block_on(control_server::bind(&socket, spec, stager.clone()))?;
         runtime.spawn(server.serve());
         info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), "mounted");
         Ok(Running {

@@ -26,6 +26,8 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         mountpoint: work.path().join("mnt"),
         cache_dir: work.path().join("cache"),
         fs: FsConfig::default(),
+        max_size: None,
+        min_free: None,
     };
     fs::create_dir_all(&spec.mountpoint)?;
     println!(

@@ -6,6 +6,7 @@ mod control_server;
 mod daemon;
 mod demo;
 mod hfgen;
+mod manage;
 mod paths;
 mod units;
 mod unmount;
@@ -53,6 +54,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Mount(args) => mount(&args),
         Command::Unmount(args) => unmount::unmount(&args.mountpoint, args.lazy),
+        Command::Status(args) => manage::status(&args),
+        Command::Evict(args) => manage::evict(&args),
+        Command::Verify(args) => manage::verify(&args),
         Command::Demo(args) => demo::run(&args),
         Command::GenDemo(args) => gen_demo(&args),
     }
@@ -65,6 +69,8 @@ fn mount(args: &MountArgs) -> anyhow::Result<()> {
         mountpoint: std::path::absolute(&args.mountpoint)?,
         cache_dir: std::path::absolute(args.cache_dir()?)?,
         fs: args.fs_config(),
+        max_size: args.max_size,
+        min_free: args.min_free,
     };
     if args.foreground {
         daemon::serve_foreground(&spec, args.notify_ready)

@@ -32,6 +32,25 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// Parses a duration: a whole number with `s`, `m`, `h`, `d` or `w` (`90m`, `30d`).
+pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let bad = || format!("'{text}' is not a duration (examples: 45s, 90m, 12h, 30d, 2w)");
+    let unit = t.chars().last().ok_or_else(bad)?;
+    let scale = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        'w' => 604_800,
+        _ => return Err(bad()),
+    };
+    let number: u64 = t[..t.len() - 1].parse().map_err(|_| bad())?;
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("'{text}' is out of range"))
+}
+
 /// Formats a byte count for people: `1.5 GiB`.
 pub(crate) fn format_bytes(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -67,6 +86,16 @@ mod tests {
     fn rejects_garbage() {
         for bad in ["", "M", "12X", "-1", "1.5", "1e3", "9999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("45s"), Ok(45));
+        assert_eq!(parse_duration("90m"), Ok(5400));
+        assert_eq!(parse_duration("30d"), Ok(30 * 86_400));
+        for bad in ["", "d", "10", "1.5h", "-3d", "10y", "99999999999999999999w"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 

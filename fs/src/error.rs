@@ -73,7 +73,8 @@ fn source_errno(e: &SourceError) -> Errno {
 fn stage_errno(e: &StageError) -> Errno {
     match e {
         StageError::Source(e) => source_errno(e),
-        StageError::Store(StoreError::NoSpace { .. }) => Errno::ENOSPC,
+        StageError::Store(StoreError::NoSpace { .. } | StoreError::NoRoom { .. }) => Errno::ENOSPC,
+        StageError::Store(StoreError::InUse { .. }) => Errno::EBUSY,
         // Whatever went wrong in our own cache directory, the caller sees an I/O error.
         StageError::Store(StoreError::Io { .. } | StoreError::Locked { .. }) => Errno::EIO,
         StageError::SourceChanged { .. } | StageError::Worker { .. } => Errno::EIO,

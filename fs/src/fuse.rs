@@ -1,7 +1,7 @@
 //! The `fuser::Filesystem` implementation: each handler hands its work to the runtime
 //! and replies from there; errors become errno only through [`FsError::errno`].
 
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -14,16 +14,17 @@ use fuser::{
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
-use stagefs_cache::{Metrics, Stager, Stamp};
+use stagefs_cache::store::Pin;
+use stagefs_cache::{Metrics, StageError, Stager, Stamp, StoreError};
 use tokio::runtime::Handle;
 use tracing::{debug, warn};
 
-use crate::FsConfig;
 use crate::attr::{attr_of, kind_of};
 use crate::error::FsError;
 use crate::handles::{DirEntry, Handles, OpenFile};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::passthrough::Passthrough;
+use crate::{FsConfig, OnFull};
 
 /// A mounted mirror of the stager's source.
 #[derive(Debug)]
@@ -46,7 +47,8 @@ struct Shared {
 struct Opened {
     file: Arc<File>,
     stamp: Stamp,
-    staged: bool,
+    /// Present for staged copies, absent for files read from the source.
+    pin: Option<Arc<Pin>>,
 }
 
 impl StageFs {
@@ -145,11 +147,19 @@ impl Shared {
         let opened = if version.size < self.config.min_stage_size {
             self.open_source(&node.path).await?
         } else {
-            let staged = self.stager.stage(&node.path).await?;
-            Opened {
-                stamp: staged.stamp,
-                file: staged.file,
-                staged: true,
+            match self.stager.stage(&node.path).await {
+                Ok(staged) => Opened {
+                    stamp: staged.stamp,
+                    file: staged.file,
+                    pin: Some(staged.pin),
+                },
+                Err(e @ StageError::Store(StoreError::NoRoom { .. }))
+                    if self.config.on_full == OnFull::ReadSource =>
+                {
+                    warn!(error = %e, "serving the file from the source (--on-full passthrough)");
+                    self.open_source(&node.path).await?
+                }
+                Err(e) => return Err(e.into()),
             }
         };
         // The inode promised `version`; a newer one must come through a fresh lookup.
@@ -171,7 +181,7 @@ impl Shared {
                 Ok(Opened {
                     stamp: Stamp::of(&meta),
                     file: Arc::new(file),
-                    staged: false,
+                    pin: None,
                 })
             });
         opened
@@ -186,17 +196,18 @@ impl Shared {
     }
 
     fn statfs(&self) -> Result<libc::statvfs, FsError> {
-        statvfs(self.stager.source().root()).map_err(FsError::Read)
+        stagefs_cache::sys::statvfs(self.stager.source().root()).map_err(FsError::Read)
     }
 
     fn reply_opened(&self, ino: INodeNo, opened: Opened, reply: ReplyOpen) {
         let metrics = self.stager.metrics();
-        let backing = if opened.staged && self.config.passthrough {
+        let staged = opened.pin.is_some();
+        let backing = if staged && self.config.passthrough {
             self.passthrough.backing(ino.0, &opened.file, &reply)
         } else {
             None
         };
-        let counter = match (&backing, opened.staged) {
+        let counter = match (&backing, staged) {
             (Some(_), _) => &metrics.passthrough_opens,
             (None, true) => &metrics.daemon_opens,
             (None, false) => &metrics.source_opens,
@@ -205,6 +216,7 @@ impl Shared {
         let fh = self.files.insert(OpenFile {
             file: opened.file,
             _backing: backing.clone(),
+            _pin: opened.pin,
         });
         match backing {
             // The kernel refuses any other open flag with passthrough (the page cache
@@ -230,18 +242,6 @@ fn read_full(file: &File, offset: u64, size: usize) -> io::Result<Vec<u8>> {
     }
     buf.truncate(filled);
     Ok(buf)
-}
-
-fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let mut out = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: c_path is NUL-terminated and out points to writable statvfs storage.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), out.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statvfs succeeded, so it initialised `out`.
-    Ok(unsafe { out.assume_init() })
 }
 
 // The statvfs field types differ per platform (u32 block counts on macOS).

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use fuser::FileType;
 
+use stagefs_cache::store::Pin;
+
 use crate::passthrough::Backing;
 
 /// What an open file handle reads from.
@@ -17,6 +19,8 @@ pub(crate) struct OpenFile {
     pub(crate) file: Arc<File>,
     /// Keeps the kernel's passthrough backing id alive while this handle is open.
     pub(crate) _backing: Option<Backing>,
+    /// Keeps the staged copy from being evicted while this handle is open.
+    pub(crate) _pin: Option<Arc<Pin>>,
 }
 
 /// One entry of a directory listing snapshot.

@@ -33,6 +33,18 @@ pub struct FsConfig {
     pub attr_ttl: Duration,
     /// Shown as the filesystem name in the mount table.
     pub fs_name: String,
+    /// What to do with a file the cache cannot make room for.
+    pub on_full: OnFull,
+}
+
+/// What an open does when the cache budget cannot make room for the file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnFull {
+    /// Fail the open with ENOSPC.
+    #[default]
+    Fail,
+    /// Serve the file straight from the source, with a warning.
+    ReadSource,
 }
 
 impl Default for FsConfig {
@@ -42,6 +54,7 @@ impl Default for FsConfig {
             passthrough: true,
             attr_ttl: Duration::from_secs(1),
             fs_name: "stagefs".into(),
+            on_full: OnFull::Fail,
         }
     }
 }

@@ -1,0 +1,82 @@
+//! How much the cache may hold: an upper bound on its size and free space to leave on
+//! its volume. Both hold at once; either may be off.
+
+use std::io;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The cache's limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Most bytes of staged copies the cache may hold.
+    pub max_size: Option<u64>,
+    /// Bytes to leave free on the cache volume.
+    pub min_free: Option<u64>,
+}
+
+/// Space on the volume holding a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSpace {
+    /// Size of the volume.
+    pub total: u64,
+    /// Bytes an unprivileged user may still write.
+    pub available: u64,
+}
+
+impl Budget {
+    /// The default free-space reserve: a tenth of the volume, at most 50 GiB, so the
+    /// OS (swap, updates) never runs out because of model weights.
+    pub fn default_min_free(volume: VolumeSpace) -> u64 {
+        (volume.total / 10).min(50 << 30)
+    }
+
+    /// Whether `incoming` more bytes fit when the cache holds `used` bytes
+    /// (staged plus reserved) and the volume has `volume.available` bytes free of
+    /// which `pending` are already promised to copies in progress.
+    pub fn fits(&self, used: u64, pending: u64, incoming: u64, volume: VolumeSpace) -> bool {
+        let under_max = self
+            .max_size
+            .is_none_or(|max| used.saturating_add(incoming) <= max);
+        let keeps_free = self.min_free.is_none_or(|min| {
+            volume
+                .available
+                .checked_sub(pending.saturating_add(incoming))
+                .is_some_and(|left| left >= min)
+        });
+        under_max && keeps_free
+    }
+}
+
+/// Space on the volume holding `dir`.
+pub fn volume_space(dir: &Path) -> io::Result<VolumeSpace> {
+    let st = crate::sys::statvfs(dir)?;
+    #[allow(clippy::unnecessary_cast)] // the field types differ per platform
+    let (blocks, avail, frsize) = (st.f_blocks as u64, st.f_bavail as u64, st.f_frsize as u64);
+    Ok(VolumeSpace {
+        total: blocks.saturating_mul(frsize),
+        available: avail.saturating_mul(frsize),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VOL: VolumeSpace = VolumeSpace {
+        total: 1000,
+        available: 500,
+    };
+
+    #[test]
+    fn max_size_and_min_free_both_hold() {
+        let b = Budget {
+            max_size: Some(300),
+            min_free: Some(100),
+        };
+        assert!(b.fits(200, 0, 100, VOL));
+        assert!(!b.fits(201, 0, 100, VOL), "over max_size");
+        assert!(!b.fits(0, 250, 200, VOL), "would leave less than min_free");
+        assert!(Budget::default().fits(u64::MAX - 1, 0, 1, VOL));
+    }
+}

@@ -1,0 +1,270 @@
+//! `status`, `evict` and `verify`: through a running mount's control socket when one
+//! answers, otherwise on the cache directory directly (under its lock, so never
+//! while a mount owns it).
+
+use std::fmt::Write as _;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow, bail};
+use stagefs_cache::admin::{EvictReport, EvictSelector, Live, StatusReport, VerifyReport};
+use stagefs_cache::control::{self, MountRecord, Request, Response};
+use stagefs_cache::{SourceTree, Store, StoreError};
+
+use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
+use crate::units::format_bytes;
+
+/// `stagefs status`.
+pub(crate) fn status(args: &StatusArgs) -> anyhow::Result<()> {
+    let dir = args.cache.resolve()?;
+    let report = match ask(&dir, Request::Status)? {
+        Response::Status { report } => report,
+        other => return Err(unexpected(other)),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render_status(&report));
+    }
+    Ok(())
+}
+
+/// `stagefs evict`.
+pub(crate) fn evict(args: &EvictArgs) -> anyhow::Result<()> {
+    let dir = args.cache.resolve()?;
+    let selector = selector(args, &dir)?;
+    let request = Request::Evict {
+        selector,
+        dry_run: args.dry_run,
+    };
+    let report = match ask(&dir, request)? {
+        Response::Evicted { report } => report,
+        other => return Err(unexpected(other)),
+    };
+    print!("{}", render_evict(&report));
+    if !report.in_use.is_empty() {
+        bail!(
+            "{} file(s) in use were not evicted; close the programs reading them and retry",
+            report.in_use.len()
+        );
+    }
+    Ok(())
+}
+
+/// `stagefs verify`.
+pub(crate) fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
+    let dir = args.cache.resolve()?;
+    let request = Request::Verify {
+        model: args.model.clone(),
+        repair: args.repair,
+    };
+    let report = match ask(&dir, request)? {
+        Response::Verified { report } => report,
+        other => return Err(unexpected(other)),
+    };
+    print!("{}", render_verify(&report));
+    let unrepaired = report.mismatches.len() - report.repaired.len();
+    if unrepaired > 0 {
+        bail!(
+            "{unrepaired} staged copies do not match; run `stagefs verify --repair` to drop them"
+        );
+    }
+    Ok(())
+}
+
+/// Sends `request` to the mount using `dir`, or serves it from `dir` directly.
+fn ask(dir: &Path, request: Request) -> anyhow::Result<Response> {
+    match control::query(&control::socket_path(dir), &request) {
+        Ok(Response::Error { message }) => Err(anyhow!(message)),
+        Ok(response) => Ok(response),
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
+            answer_locally(dir, request)
+        }
+        Err(e) => Err(anyhow!(e).context("talking to the running mount")),
+    }
+}
+
+fn answer_locally(dir: &Path, request: Request) -> anyhow::Result<Response> {
+    if !dir.join(stagefs_cache::store::LAYOUT_DIR).is_dir() {
+        bail!(
+            "{} is not a stagefs cache directory (pass --cache-dir)",
+            dir.display()
+        );
+    }
+    let record = MountRecord::read(dir);
+    let budget = record.as_ref().map(|r| r.budget).unwrap_or_default();
+    let store = Store::open(dir, budget).map_err(|e| match e {
+        StoreError::Locked { pid, .. } => anyhow!(
+            "the cache {} is locked by another stagefs process{} whose control socket does not answer; if no mount is running, that process is stuck: stop it and retry",
+            dir.display(),
+            pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+        ),
+        other => anyhow!(other),
+    })?;
+    let source = record.and_then(|r| SourceTree::new(r.source).ok());
+    match control::answer(request, &store, source.as_ref(), Live::default()) {
+        Response::Error { message } => Err(anyhow!(message)),
+        response => Ok(response),
+    }
+}
+
+fn unexpected(response: Response) -> anyhow::Error {
+    anyhow!("unexpected answer from the mount: {response:?}")
+}
+
+/// A model id, or a path inside the mount or the source turned into a source path.
+fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
+    if args.all {
+        return Ok(EvictSelector::All);
+    }
+    if let Some(secs) = args.older_than {
+        return Ok(EvictSelector::OlderThan { secs });
+    }
+    if let Some(bytes) = args.to_size {
+        return Ok(EvictSelector::ToSize { bytes });
+    }
+    let target = args.target.as_deref().context("name what to evict")?;
+    if Path::new(target).exists() {
+        return Ok(EvictSelector::Path {
+            path: source_relative(Path::new(target), dir)?,
+        });
+    }
+    if target.split('/').count() == 2 && !target.starts_with('/') {
+        return Ok(EvictSelector::Model {
+            id: target.to_string(),
+        });
+    }
+    bail!("{target}: neither an existing path nor a model id like org/name")
+}
+
+fn source_relative(path: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
+    // Through the mount, canonicalize follows snapshot links to the blob they name.
+    let real = path
+        .canonicalize()
+        .with_context(|| format!("resolving {}", path.display()))?;
+    let record = MountRecord::read(dir).context("this cache has never been mounted")?;
+    for root in [&record.mountpoint, &record.source] {
+        let root = root.canonicalize().unwrap_or_else(|_| root.clone());
+        if let Ok(rel) = real.strip_prefix(&root) {
+            return Ok(rel.to_path_buf());
+        }
+    }
+    bail!(
+        "{} is neither inside the mount {} nor the source {}",
+        path.display(),
+        record.mountpoint.display(),
+        record.source.display()
+    )
+}
+
+fn render_status(r: &StatusReport) -> String {
+    let mut out = String::new();
+    let u = &r.usage;
+    let _ = writeln!(out, "cache     {}", r.cache_dir.display());
+    if let Some(mnt) = &r.mountpoint {
+        let _ = writeln!(out, "mount     {} (running)", mnt.display());
+    } else {
+        let _ = writeln!(out, "mount     not running");
+    }
+    if let Some(src) = &r.source {
+        let _ = writeln!(out, "source    {}", src.display());
+    }
+    let max = u.budget.max_size.map_or("no limit".into(), format_bytes);
+    let min_free = u.budget.min_free.map_or("none".into(), format_bytes);
+    let _ = writeln!(
+        out,
+        "used      {} in {} files (max {max}); volume {} free of {} (keep {min_free} free)",
+        format_bytes(u.used),
+        u.entries,
+        format_bytes(u.volume.available),
+        format_bytes(u.volume.total),
+    );
+    if let Some(m) = &r.metrics {
+        let _ = writeln!(
+            out,
+            "activity  {} hits, {} copies ({} copied) since the mount started",
+            m.stage_hits,
+            m.stage_copies,
+            format_bytes(m.bytes_copied)
+        );
+    }
+    for f in &r.in_flight {
+        let pct = (f.copied * 100).checked_div(f.total).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "staging   {} {}/{} ({pct}%)",
+            f.path.display(),
+            format_bytes(f.copied),
+            format_bytes(f.total)
+        );
+    }
+    for m in &r.models {
+        let _ = writeln!(
+            out,
+            "model     {}: {} staged files, {}",
+            m.model,
+            m.staged_files,
+            format_bytes(m.staged_bytes)
+        );
+        for rev in &m.revisions {
+            let refs = if rev.refs.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rev.refs.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "  {}{refs}: {}/{} files, {} of {}",
+                &rev.revision[..rev.revision.len().min(12)],
+                rev.staged_files,
+                rev.total_files,
+                format_bytes(rev.staged_bytes),
+                format_bytes(rev.total_bytes)
+            );
+        }
+    }
+    out
+}
+
+fn render_evict(r: &EvictReport) -> String {
+    let verb = if r.dry_run { "would evict" } else { "evicted" };
+    let mut out = String::new();
+    for f in &r.evicted {
+        let _ = writeln!(
+            out,
+            "{verb} {} ({})",
+            f.path.display(),
+            format_bytes(f.bytes)
+        );
+    }
+    for f in &r.in_use {
+        let _ = writeln!(out, "in use, kept: {}", f.path.display());
+    }
+    let _ = writeln!(
+        out,
+        "{verb} {} files, {}",
+        r.evicted.len(),
+        format_bytes(r.freed)
+    );
+    out
+}
+
+fn render_verify(r: &VerifyReport) -> String {
+    let mut out = String::new();
+    for m in &r.mismatches {
+        let fixed = if r.repaired.contains(&m.path) {
+            " (dropped; it will be staged again)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "MISMATCH {}: {}{fixed}", m.path.display(), m.reason);
+    }
+    let _ = writeln!(
+        out,
+        "checked {} staged files ({}): {} mismatches",
+        r.checked,
+        format_bytes(r.bytes),
+        r.mismatches.len()
+    );
+    out
+}
