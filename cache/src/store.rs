@@ -56,6 +56,7 @@ struct State {
 }
 
 /// Keeps one staged copy from being evicted or removed while held.
+/// (Dropping one takes the store's lock: never drop one while holding that lock.)
 #[derive(Debug)]
 pub struct Pin {
     key: Key,
@@ -208,26 +209,26 @@ impl Store {
     /// the copy could not fit even with every evictable copy gone.
     pub fn reserve(&self, key: &Key, bytes: u64, source: &Path) -> Result<Reservation, StoreError> {
         let mut state = lock_state(&self.state);
-        let pin = self.pin_locked(&mut state, key);
         let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
         let replaced = state.index.get(key).map_or(0, |e| e.stamp.size);
         let used = |s: &State| s.index.bytes() + s.reserved - replaced;
-        let evictable: u64 = state
+        // The copy being replaced is never a victim: it goes when the new one lands.
+        let evictable = |s: &State, k: &Key| k != key && !s.pins.contains_key(k);
+        let evictable_bytes: u64 = state
             .index
             .iter_lru()
-            .filter(|(k, _)| !state.pins.contains_key(*k))
+            .filter(|(k, _)| evictable(&state, k))
             .map(|(_, e)| e.stamp.size)
             .sum();
         let best_case = VolumeSpace {
-            available: volume.available + evictable,
+            available: volume.available + evictable_bytes,
             ..volume
         };
-        if !self.budget.fits(
-            used(&state).saturating_sub(evictable),
-            state.reserved,
-            bytes,
-            best_case,
-        ) {
+        let best_used = used(&state).saturating_sub(evictable_bytes);
+        if !self
+            .budget
+            .fits(best_used, state.reserved, bytes, best_case)
+        {
             return Err(self.no_room(&state, source, bytes, volume));
         }
         loop {
@@ -237,6 +238,7 @@ impl Store {
                 .fits(used(&state), state.reserved, bytes, volume)
             {
                 state.reserved += bytes;
+                let pin = self.pin_locked(&mut state, key);
                 return Ok(Reservation {
                     bytes,
                     state: Arc::clone(&self.state),
@@ -247,7 +249,7 @@ impl Store {
                 .index
                 .iter_lru()
                 .map(|(k, _)| k)
-                .find(|k| !state.pins.contains_key(*k))
+                .find(|k| evictable(&state, k))
                 .cloned();
             match victim {
                 Some(victim) => self.evict_locked(&mut state, &victim, "to make room")?,
@@ -505,4 +507,146 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| StoreError::io(dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::Stamp;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn budget(max: u64) -> Budget {
+        Budget {
+            max_size: Some(max),
+            min_free: None,
+        }
+    }
+
+    fn key(name: &str) -> Key {
+        Key::for_source_path(Path::new(name))
+    }
+
+    /// Stages a file named `name` of `size` bytes (all `fill`) the way the stager does.
+    fn stage(store: &Store, name: &str, size: usize, fill: u8) -> Result<Hit, StoreError> {
+        let bytes = vec![fill; size];
+        let reservation = store.reserve(&key(name), size as u64, Path::new(name))?;
+        let mut tmp = store.create_temp()?;
+        tmp.write_all(&bytes)
+            .map_err(|e| StoreError::io(tmp.path(), e))?;
+        let entry = Entry {
+            source: PathBuf::from(name),
+            stamp: Stamp {
+                size: size as u64,
+                mtime_ns: 1,
+            },
+            blake3: blake3::hash(&bytes).to_hex().to_string(),
+            last_use: now_secs(),
+        };
+        store.commit(&key(name), tmp, entry, reservation)
+    }
+
+    fn names(store: &Store) -> Vec<String> {
+        store
+            .entries()
+            .into_iter()
+            .map(|i| i.entry.source.display().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn evicts_least_recently_used_first() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(300))?;
+        for name in ["a", "b", "c"] {
+            drop(stage(&store, name, 100, 1)?);
+        }
+        // Using "a" makes "b" the least recently used.
+        assert!(store.lookup(&key("a"), |_| true).is_some());
+        drop(stage(&store, "d", 100, 1)?);
+        assert_eq!(names(&store), ["c", "a", "d"]);
+        assert!(!store.data_path(&key("b")).exists());
+        Ok(())
+    }
+
+    #[test]
+    fn pinned_copies_are_never_evicted_or_removed() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(200))?;
+        let held_a = stage(&store, "a", 100, 1)?;
+        let held_b = stage(&store, "b", 100, 1)?;
+        assert!(matches!(
+            stage(&store, "c", 100, 1),
+            Err(StoreError::NoRoom { in_use: 200, .. })
+        ));
+        assert!(matches!(
+            store.remove(&key("a")),
+            Err(StoreError::InUse { .. })
+        ));
+        drop(held_a);
+        drop(stage(&store, "c", 100, 1)?);
+        assert_eq!(names(&store), ["b", "c"]);
+        drop(held_b);
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_larger_than_the_budget_evicts_nothing() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(200))?;
+        drop(stage(&store, "a", 100, 1)?);
+        assert!(matches!(
+            stage(&store, "huge", 201, 1),
+            Err(StoreError::NoRoom { needed: 201, .. })
+        ));
+        assert_eq!(names(&store), ["a"]);
+        Ok(())
+    }
+
+    #[test]
+    fn index_survives_reopen_and_drops_broken_or_unknown_copies() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        for name in ["a", "b", "c"] {
+            drop(stage(&store, name, 10, 1)?);
+        }
+        let (a, b) = (store.data_path(&key("a")), store.data_path(&key("b")));
+        let orphan = a.with_file_name(key("orphan").as_str());
+        drop(store);
+        fs::remove_file(&a)?;
+        fs::write(&b, b"short")?;
+        fs::write(&orphan, b"left by a crash")?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        assert_eq!(names(&store), ["c"]);
+        assert!(!orphan.exists() && !b.exists());
+        assert_eq!(store.usage()?.used, 10);
+        Ok(())
+    }
+
+    #[test]
+    fn a_corrupt_copy_is_dropped_on_first_use_after_restart() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        drop(stage(&store, "a", 64, 7)?);
+        let data = store.data_path(&key("a"));
+        drop(store);
+        let mut bytes = fs::read(&data)?;
+        bytes[10] ^= 1;
+        fs::write(&data, bytes)?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        assert!(store.lookup(&key("a"), |_| true).is_none());
+        assert!(!store.contains(&key("a")) && !data.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_second_store_on_one_directory_is_refused() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let _store = Store::open(dir.path(), Budget::default())?;
+        assert!(matches!(
+            Store::open(dir.path(), Budget::default()),
+            Err(StoreError::Locked { pid: Some(p), .. }) if p == std::process::id()
+        ));
+        Ok(())
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,6 +62,7 @@ impl Running {
     /// Mounts and starts serving; returns once the kernel has completed the handshake.
     pub(crate) fn start(spec: &MountSpec) -> anyhow::Result<Running> {
         validate(spec)?;
+        create_cache_dir(spec)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("stagefs-worker")
@@ -196,9 +197,7 @@ fn validate(spec: &MountSpec) -> anyhow::Result<()> {
             spec.mountpoint.display()
         );
     }
-    fs::create_dir_all(&spec.cache_dir)
-        .with_context(|| format!("creating cache directory {}", spec.cache_dir.display()))?;
-    let cache = fs::canonicalize(&spec.cache_dir)?;
+    let cache = canonical_prefix(&spec.cache_dir)?;
     if cache.starts_with(&source) || cache.starts_with(&mountpoint) {
         bail!(
             "cache directory {} must not be inside the source or the mount point",
@@ -206,6 +205,32 @@ fn validate(spec: &MountSpec) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `path` with its longest existing prefix canonicalized, so a cache directory can
+/// be checked before anything is created.
+fn canonical_prefix(path: &Path) -> anyhow::Result<PathBuf> {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+            break;
+        };
+        rest.push(name);
+        existing = parent;
+    }
+    let mut out =
+        fs::canonicalize(existing).with_context(|| format!("resolving {}", existing.display()))?;
+    out.extend(rest.iter().rev());
+    Ok(out)
+}
+
+fn create_cache_dir(spec: &MountSpec) -> anyhow::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&spec.cache_dir)
+        .with_context(|| format!("creating cache directory {}", spec.cache_dir.display()))
 }
 
 /// Serves `spec` in this process until unmounted; with `notify_ready`, tells the
@@ -240,8 +265,8 @@ fn detach_stdout() {
 /// Starts this program again as a detached `mount --foreground` and returns once it
 /// reports the mount live; its log goes to `stagefs.log` in the cache directory.
 pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
-    fs::create_dir_all(&spec.cache_dir)
-        .with_context(|| format!("creating cache directory {}", spec.cache_dir.display()))?;
+    validate(spec)?;
+    create_cache_dir(spec)?;
     let log_path = spec.cache_dir.join("stagefs.log");
     let log = OpenOptions::new()
         .create(true)

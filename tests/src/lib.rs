@@ -256,25 +256,41 @@ impl Mount {
         self.mnt.join(rel)
     }
 
+    /// Runs `f` against the mount, then unmounts.
+    pub fn unmount_after(self, f: impl FnOnce(&Mount)) {
+        f(&self);
+        self.unmount();
+    }
+
     /// Unmounts with `stagefs unmount` and waits for the daemon to exit.
     pub fn unmount(mut self) {
         self.shutdown();
     }
 
+    /// Kills the daemon with SIGKILL, as a crash would, leaving a dead mount behind.
+    pub fn kill_daemon(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     fn shutdown(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
         let status = Command::new(stagefs_bin())
             .arg("unmount")
             .arg(&self.mnt)
+            .stderr(Stdio::null())
             .status();
         if !status.is_ok_and(|s| s.success()) {
             let _ = Command::new(stagefs_bin())
                 .args(["unmount", "--lazy"])
                 .arg(&self.mnt)
+                .stderr(Stdio::null())
                 .status();
         }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -291,6 +307,26 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Runs `stagefs ARGS...`, returning (success, stdout, stderr).
+pub fn run_stagefs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, String) {
+    let out = Command::new(stagefs_bin())
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .expect("running stagefs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The temp files of copies in progress in a cache directory.
+pub fn temp_files(cache: &Path) -> Vec<PathBuf> {
+    fs::read_dir(cache.join("v1/tmp"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
 }
 
 /// The staged data files in a cache directory.

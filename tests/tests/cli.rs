@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use stagefs_tests::{Scratch, generate, stagefs_bin};
+use stagefs_tests::{Scratch, generate, run_stagefs, stagefs_bin};
 
 fn stagefs(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(stagefs_bin())
@@ -90,41 +90,44 @@ fn a_second_mount_on_the_same_cache_dir_is_refused() {
 fn bad_input_is_refused_with_one_clear_line() {
     let s = Scratch::new();
     let missing = s.dir.path().join("missing");
-    let cases: Vec<(Vec<&std::ffi::OsStr>, &str)> = vec![
+    let file = s.dir.path().join("a-file");
+    fs::write(&file, "x").expect("write");
+    let (hub, mnt, cache) = (&s.hub, &s.mnt, &s.cache);
+    let cases: Vec<(Vec<&dyn AsRef<std::ffi::OsStr>>, &str)> = vec![
         (
-            vec!["mount".as_ref(), missing.as_os_str(), s.mnt.as_os_str()],
+            vec![&"mount", &missing, mnt, &"--cache-dir", cache],
             "does not exist",
         ),
         (
-            vec!["mount".as_ref(), s.hub.as_os_str(), missing.as_os_str()],
+            vec![&"mount", &file, mnt, &"--cache-dir", cache],
+            "not a directory",
+        ),
+        (
+            vec![&"mount", hub, &missing, &"--cache-dir", cache],
             "does not exist",
         ),
         (
-            vec![
-                "mount".as_ref(),
-                s.hub.as_os_str(),
-                s.mnt.as_os_str(),
-                "--min-stage-size".as_ref(),
-                "12X".as_ref(),
-            ],
+            vec![&"mount", hub, mnt, &"--cache-dir", hub],
+            "must not be inside the source",
+        ),
+        (
+            vec![&"mount", hub, mnt, &"--min-stage-size", &"12X"],
             "unknown size suffix",
         ),
         (
-            vec!["unmount".as_ref(), s.mnt.as_os_str()],
-            "not a mount point",
+            vec![&"evict", &"--older-than", &"3 days", &"--cache-dir", cache],
+            "not a duration",
         ),
+        (vec![&"unmount", mnt], "not a mount point"),
     ];
     for (args, expected) in cases {
-        let mut args = args;
-        args.extend(
-            ["--cache-dir".as_ref(), s.cache.as_os_str()]
-                .iter()
-                .take(if args[0] == "mount" { 2 } else { 0 }),
-        );
-        let out = stagefs(&args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} should fail");
-        assert!(err.contains(expected), "{args:?}: {err}");
+        let (ok, _, err) = run_stagefs(&args);
+        assert!(!ok, "should fail: {expected}");
+        assert!(err.contains(expected), "expected '{expected}' in: {err}");
         assert!(!is_mounted(&s.mnt));
     }
+    assert!(
+        !s.hub.join("c").exists(),
+        "nothing was created inside the source"
+    );
 }

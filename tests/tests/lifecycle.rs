@@ -1,0 +1,242 @@
+//! The cache's lifecycle on real mounts: shared blobs, the budget, pinning, status,
+//! evict and verify with and without a mount, crashes and corruption.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stagefs_tests::{Mount, NetFs, Scratch, generate, run_stagefs, staged_files, temp_files};
+
+fn status_json(cache: &Path) -> Value {
+    let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
+    assert!(ok, "status failed: {err}");
+    serde_json::from_str(&out).expect("status JSON")
+}
+
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    fs::read(a).expect("read a") == fs::read(b).expect("read b")
+}
+
+#[test]
+fn a_blob_shared_by_two_repositories_is_staged_once() {
+    let s = Scratch::new();
+    // Same shard layout, so the generator writes identical blobs into both repos.
+    let a = generate(&s.hub, "acme/base", 1, "3M");
+    let b = generate(&s.hub, "other/finetune-copy", 1, "3M");
+    assert_eq!(
+        a.blob_of(&s.hub, "model-00001-of-00001.safetensors")
+            .file_name(),
+        b.blob_of(&s.hub, "model-00001-of-00001.safetensors")
+            .file_name()
+    );
+    let mount = s.mount(&[]);
+    for model in [&a, &b] {
+        let shard = model.shards().remove(0);
+        assert!(same_bytes(&mount.path(&shard), &s.hub.join(&shard)));
+    }
+    let m = mount.metrics();
+    assert_eq!((m.stage_copies, m.stage_hits), (1, 1), "{m:?}");
+    assert_eq!(staged_files(&s.cache).len(), 1);
+}
+
+#[test]
+fn a_file_the_budget_cannot_hold_fails_with_enospc_or_is_read_from_the_source() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/big", 1, "3M");
+    let shard = model.shards().remove(0);
+    {
+        let mount = s.mount(&["--max-size", "2M"]);
+        let err = File::open(mount.path(&shard)).expect_err("must not fit");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        let log = mount.log_text();
+        assert!(
+            log.contains("cannot make room") && log.contains("raise --max-size"),
+            "{log}"
+        );
+    }
+    let mount = s.mount(&["--max-size", "2M", "--on-full", "passthrough"]);
+    assert!(same_bytes(&mount.path(&shard), &s.hub.join(&shard)));
+    assert!(staged_files(&s.cache).is_empty());
+    assert!(
+        mount
+            .log_text()
+            .contains("serving the file from the source")
+    );
+}
+
+#[test]
+fn open_files_are_never_evicted_and_the_least_recent_closed_one_goes() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/lru", 3, "2M");
+    let shards = model.shards();
+    let mount = s.mount(&["--max-size", "5M"]);
+    let first = File::open(mount.path(&shards[0])).expect("open first");
+    fs::read(mount.path(&shards[1])).expect("read second");
+    // Room for a third copy only by evicting one: the older one is open, so the second goes.
+    fs::read(mount.path(&shards[2])).expect("read third");
+    let status = status_json(&s.cache);
+    assert_eq!(status["usage"]["entries"], 2, "{status}");
+    let (ok, _, err) = run_stagefs(&[&"evict", &mount.path(&shards[0]), &"--cache-dir", &s.cache]);
+    assert!(
+        !ok && err.contains("in use"),
+        "evicting an open file must be refused: {err}"
+    );
+    let (_, out, _) = run_stagefs(&[
+        &"evict",
+        &mount.path(&shards[0]),
+        &"--cache-dir",
+        &s.cache,
+        &"--dry-run",
+    ]);
+    assert!(out.contains("in use, kept"), "{out}");
+    drop(first);
+    let (ok, out, err) =
+        run_stagefs(&[&"evict", &mount.path(&shards[0]), &"--cache-dir", &s.cache]);
+    assert!(ok, "{err}");
+    assert!(out.contains("evicted 1 files"), "{out}");
+    assert_eq!(status_json(&s.cache)["usage"]["entries"], 1);
+    let log = mount.log_text();
+    assert!(
+        log.contains("evicted") && log.contains("to make room"),
+        "{log}"
+    );
+}
+
+#[test]
+fn status_evict_and_verify_work_with_and_without_a_mount() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/admin", 2, "2M");
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    {
+        let mount = s.mount(&[]);
+        for shard in model.shards() {
+            fs::read(mount.path(&shard)).expect("read");
+        }
+        let live = status_json(&s.cache);
+        assert_eq!(
+            live["mountpoint"].as_str(),
+            Some(s.mnt.to_str().expect("utf8"))
+        );
+        assert_eq!(live["usage"]["entries"], 2);
+        assert_eq!(live["metrics"]["stage_copies"], 2);
+        let revision = &live["models"][0]["revisions"][0];
+        assert_eq!(live["models"][0]["model"], "acme/admin");
+        assert_eq!(revision["revision"], model.commit.as_str());
+        assert_eq!(revision["refs"][0], "main");
+        assert_eq!(
+            (
+                revision["staged_files"].as_u64(),
+                revision["total_files"].as_u64()
+            ),
+            (Some(2), Some(4))
+        );
+        let (ok, out, err) = run_stagefs(&[&"verify", &"--cache-dir", cache]);
+        assert!(ok && out.contains("0 mismatches"), "{out}{err}");
+    }
+    let offline = status_json(&s.cache);
+    assert!(offline["mountpoint"].is_null(), "{offline}");
+    assert_eq!(offline["usage"]["entries"], 2);
+    assert_eq!(offline["models"][0]["revisions"][0]["staged_files"], 2);
+
+    let victim = &staged_files(&s.cache)[0];
+    let mut bytes = fs::read(victim).expect("read copy");
+    bytes[4096] ^= 0x01;
+    fs::write(victim, bytes).expect("corrupt copy");
+    let (ok, out, _) = run_stagefs(&[&"verify", &"--cache-dir", cache]);
+    assert!(!ok && out.contains("MISMATCH"), "{out}");
+    let (ok, out, err) = run_stagefs(&[&"verify", &"--repair", &"--cache-dir", cache]);
+    assert!(ok && out.contains("dropped"), "{out}{err}");
+    assert_eq!(staged_files(&s.cache).len(), 1);
+
+    let (ok, out, err) = run_stagefs(&[&"evict", &"acme/admin", &"--cache-dir", cache]);
+    assert!(ok && out.contains("evicted 1 files"), "{out}{err}");
+    assert!(staged_files(&s.cache).is_empty());
+    let (ok, _, err) = run_stagefs(&[&"evict", &"--all", &"--older-than", &"1d"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+
+    let mount = s.mount(&[]);
+    for shard in model.shards() {
+        assert!(same_bytes(&mount.path(&shard), &s.hub.join(&shard)));
+    }
+    assert_eq!(mount.metrics().stage_copies, 2);
+}
+
+#[test]
+fn a_corrupted_copy_is_staged_again_on_open_never_served() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/rot", 1, "2M");
+    let shard = model.shards().remove(0);
+    s.mount(&[]).unmount_after(|m| {
+        fs::read(m.path(&shard)).expect("stage");
+    });
+    let copy = &staged_files(&s.cache)[0];
+    let mut bytes = fs::read(copy).expect("copy");
+    bytes[100_000] ^= 0x80;
+    fs::write(copy, bytes).expect("flip a byte");
+
+    let mount = s.mount(&[]);
+    assert!(
+        same_bytes(&mount.path(&shard), &s.hub.join(&shard)),
+        "the corrupt copy was served"
+    );
+    assert_eq!(mount.metrics().stage_copies, 1);
+    assert!(mount.log_text().contains("damaged staged copy"));
+}
+
+#[test]
+fn kill_9_mid_stage_leaves_nothing_partial_and_a_remount_recovers() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/crash", 1, "24M");
+    let shard = model.shards().remove(0);
+    let size = model.files.last().expect("shard").size;
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mut mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &[]);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let opener = {
+        let (path, done) = (mount.path(&shard), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let result = File::open(path).and_then(|mut f| f.read_to_end(&mut Vec::new()));
+            done.store(true, Ordering::SeqCst);
+            result.map(|_| ())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while mount.metrics().bytes_copied < (4 << 20) {
+        assert!(Instant::now() < deadline, "staging never got going");
+        sleep(Duration::from_millis(20));
+    }
+    let status = status_json(&s.cache);
+    let flight = &status["in_flight"][0];
+    assert_eq!(flight["total"].as_u64(), Some(size), "{status}");
+    assert!(
+        flight["copied"].as_u64().is_some_and(|c| c > 0 && c < size),
+        "{status}"
+    );
+
+    mount.kill_daemon();
+    assert!(
+        opener.join().expect("opener").is_err(),
+        "the open cannot succeed once the daemon is gone"
+    );
+    assert!(
+        !temp_files(&s.cache).is_empty(),
+        "the interrupted copy is still on disk"
+    );
+    assert!(staged_files(&s.cache).is_empty(), "nothing was committed");
+    drop(mount); // cleans up the dead mount with `stagefs unmount`
+    drop(remote);
+
+    let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &[]);
+    assert!(
+        temp_files(&s.cache).is_empty(),
+        "startup removed the partial copy"
+    );
+    assert!(same_bytes(&mount.path(&shard), &s.hub.join(&shard)));
+    assert_eq!(mount.metrics().stage_copies, 1);
+}
