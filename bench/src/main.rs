@@ -1,0 +1,2 @@
+//! Placeholder; see bench/README.md.
+fn main() {}
