@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod budget;
 pub mod control;
+pub mod copy;
 pub mod error;
 pub mod index;
 pub mod key;

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{ErrorKind, Read, Write};
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,15 +26,13 @@ use tracing::{info, warn};
 
 use serde::{Deserialize, Serialize};
 
+use crate::copy::{CopyError, CopyOptions, copy_file};
 use crate::error::{SourceError, StageError, StoreError};
 use crate::index::Entry;
 use crate::key::Key;
 use crate::metrics::Metrics;
 use crate::source::{SourceTree, Stamp};
 use crate::store::{Hit, Pin, Store};
-
-/// Bytes read from the source per request while copying.
-const COPY_CHUNK: usize = 8 << 20;
 
 /// A complete, verified local copy of one source file.
 #[derive(Debug, Clone)]
@@ -89,18 +87,31 @@ struct Inner {
     store: Store,
     metrics: Arc<Metrics>,
     runtime: Handle,
+    copy: CopyOptions,
     inflight: Mutex<HashMap<Key, Flight>>,
 }
 
 impl Stager {
     /// A stager copying from `source` into `store`; copies run on `runtime`'s blocking pool.
     pub fn new(source: SourceTree, store: Store, metrics: Arc<Metrics>, runtime: Handle) -> Self {
+        Self::with_copy_options(source, store, metrics, runtime, CopyOptions::default())
+    }
+
+    /// A stager whose copies use `copy` (reads in flight, chunk size).
+    pub fn with_copy_options(
+        source: SourceTree,
+        store: Store,
+        metrics: Arc<Metrics>,
+        runtime: Handle,
+        copy: CopyOptions,
+    ) -> Self {
         Stager {
             inner: Arc::new(Inner {
                 source,
                 store,
                 metrics,
                 runtime,
+                copy,
                 inflight: Mutex::new(HashMap::new()),
             }),
         }
@@ -241,36 +252,24 @@ impl Inner {
         expected: Stamp,
         progress: &Progress,
     ) -> Result<(NamedTempFile, String), StageError> {
-        let mut src = self.source.open(rel)?;
+        let src = self.source.open(rel)?;
         let mut tmp = self.store.create_temp()?;
         let tmp_path = tmp.path().to_path_buf();
-        let mut hasher = blake3::Hasher::new();
-        let mut buf = vec![0u8; COPY_CHUNK];
         let mut copied = 0u64;
-        loop {
-            let n = match src.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(SourceError::io(rel, e).into()),
-            };
-            hasher.update(&buf[..n]);
-            tmp.write_all(&buf[..n])
-                .map_err(|e| StoreError::io(&tmp_path, e))?;
-            copied += n as u64;
+        let outcome = copy_file(&src, &mut tmp, expected.size, self.copy, |n| {
+            copied += n;
             progress.copied.store(copied, Ordering::Relaxed);
-            self.metrics
-                .bytes_copied
-                .fetch_add(n as u64, Ordering::Relaxed);
-            if copied > expected.size {
-                break;
-            }
-        }
-        self.check_unchanged(rel, expected, copied)?;
+            self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
+        })
+        .map_err(|e| match e {
+            CopyError::Read(e) => StageError::from(SourceError::io(rel, e)),
+            CopyError::Write(e) => StoreError::io(&tmp_path, e).into(),
+        })?;
+        self.check_unchanged(rel, expected, outcome.bytes)?;
         tmp.as_file()
             .sync_all()
             .map_err(|e| StoreError::io(&tmp_path, e))?;
-        Ok((tmp, hasher.finalize().to_hex().to_string()))
+        Ok((tmp, outcome.blake3))
     }
 
     fn check_unchanged(&self, rel: &Path, expected: Stamp, copied: u64) -> Result<(), StageError> {
@@ -417,6 +416,7 @@ mod tests {
             store: Store::open(cache.path(), Budget::default()).expect("store"),
             metrics: Arc::default(),
             runtime: rt.handle().clone(),
+            copy: CopyOptions::default(),
             inflight: Mutex::default(),
         };
         let stale = Stamp {

@@ -61,18 +61,22 @@ proptest! {
         let budget = Budget { max_size: Some(MAX), min_free: None };
         let store = Store::open(dir.path(), budget).expect("store");
         let mut open: Vec<(u8, Hit)> = Vec::new();
+        // The model: the size of each file's current copy. Open handles pin a file's
+        // current copy, whichever version they opened.
+        let mut current: HashMap<u8, u64> = HashMap::new();
         for (version, op) in ops.into_iter().enumerate() {
             match op {
                 Op::StageAndOpen { file, size } => {
-                    // What the open handles pin, excluding the copy being replaced.
-                    let pinned: HashMap<u8, u64> = open
+                    let pinned_bytes: u64 = current
                         .iter()
-                        .filter(|(f, _)| *f != file)
-                        .map(|(f, h)| (*f, h.entry.stamp.size))
-                        .collect();
-                    let pinned_bytes: u64 = pinned.values().sum();
+                        .filter(|(f, _)| **f != file && open.iter().any(|(o, _)| o == *f))
+                        .map(|(_, size)| size)
+                        .sum();
                     match stage(&store, &name(file), size, version as i64) {
-                        Ok(hit) => open.push((file, hit)),
+                        Ok(hit) => {
+                            current.insert(file, size);
+                            open.push((file, hit));
+                        }
                         Err(StoreError::NoRoom { .. }) => {
                             prop_assert!(pinned_bytes + size > MAX,
                                 "refused although {pinned_bytes} pinned + {size} fits");
@@ -93,6 +97,7 @@ proptest! {
                     }
                 }
             }
+            current.retain(|f, _| store.contains(&Key::for_source_path(&name(*f))));
             let usage = store.usage().expect("usage");
             prop_assert!(usage.used <= MAX, "over budget: {usage:?}");
             let listed: u64 = store.entries().iter().map(|e| e.entry.stamp.size).sum();

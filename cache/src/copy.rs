@@ -1,0 +1,230 @@
+//! Copying one file with several reads in flight, hashing in order as bytes arrive.
+//!
+//! A network filesystem answers one read at a time at its round-trip latency; keeping
+//! `streams` reads outstanding lets it run at the link's bandwidth. Memory stays
+//! bounded whatever the file size: at most `window` chunks exist at once, because a
+//! reader needs a token to start a chunk and the writer returns the token only once
+//! that chunk is written.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+
+/// How a copy is spread over concurrent reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOptions {
+    /// Reads kept in flight.
+    pub streams: usize,
+    /// Bytes per read.
+    pub chunk: usize,
+}
+
+impl Default for CopyOptions {
+    /// Four 4 MiB reads in flight: measured in docs/BENCHMARKS.md.
+    fn default() -> Self {
+        CopyOptions {
+            streams: 4,
+            chunk: 4 << 20,
+        }
+    }
+}
+
+impl CopyOptions {
+    /// Most chunks held in memory at once.
+    pub fn window(&self) -> usize {
+        self.streams.max(1) + 2
+    }
+}
+
+/// Which side of a copy failed.
+#[derive(Debug)]
+pub enum CopyError {
+    /// Reading the source.
+    Read(io::Error),
+    /// Writing the destination.
+    Write(io::Error),
+}
+
+/// What a finished copy produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    /// Bytes copied (less than asked if the source ended early).
+    pub bytes: u64,
+    /// blake3 of those bytes, hex.
+    pub blake3: String,
+}
+
+type Chunk = (u64, io::Result<Vec<u8>>);
+
+/// Copies the first `size` bytes of `src` into `dst` in order, calling `on_bytes`
+/// with each written amount.
+pub fn copy_file(
+    src: &File,
+    dst: &mut impl Write,
+    size: u64,
+    options: CopyOptions,
+    mut on_bytes: impl FnMut(u64),
+) -> Result<Copied, CopyError> {
+    let chunk = options.chunk.max(1) as u64;
+    let chunks = size.div_ceil(chunk);
+    let next = AtomicU64::new(0);
+    let (tokens_tx, tokens_rx) = sync_channel::<()>(options.window());
+    for _ in 0..options.window() {
+        let _ = tokens_tx.send(());
+    }
+    let tokens_rx = std::sync::Mutex::new(tokens_rx);
+    let (chunks_tx, chunks_rx) = sync_channel::<Chunk>(options.window());
+    std::thread::scope(|scope| {
+        for _ in 0..options.streams.max(1) {
+            let chunks_tx = chunks_tx.clone();
+            let (next, tokens_rx) = (&next, &tokens_rx);
+            scope.spawn(move || read_chunks(src, size, chunk, chunks, next, tokens_rx, chunks_tx));
+        }
+        drop(chunks_tx);
+        write_in_order(dst, chunks, &chunks_rx, &tokens_tx, &mut on_bytes)
+    })
+}
+
+/// Reader loop: claim the next chunk index (after taking a token) and read it.
+fn read_chunks(
+    src: &File,
+    size: u64,
+    chunk: u64,
+    chunks: u64,
+    next: &AtomicU64,
+    tokens: &std::sync::Mutex<Receiver<()>>,
+    out: SyncSender<Chunk>,
+) {
+    loop {
+        let token = tokens
+            .lock()
+            .map_or(Err(std::sync::mpsc::RecvError), |rx| rx.recv());
+        if token.is_err() {
+            return; // the writer is gone
+        }
+        let index = next.fetch_add(1, Ordering::Relaxed);
+        if index >= chunks {
+            return;
+        }
+        let offset = index * chunk;
+        let len = chunk.min(size - offset) as usize;
+        if out.send((index, read_at_most(src, offset, len))).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads `len` bytes at `offset`, fewer only at end of file.
+fn read_at_most(src: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        match src.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+fn write_in_order(
+    dst: &mut impl Write,
+    chunks: u64,
+    incoming: &Receiver<Chunk>,
+    tokens: &SyncSender<()>,
+    on_bytes: &mut impl FnMut(u64),
+) -> Result<Copied, CopyError> {
+    let mut hasher = blake3::Hasher::new();
+    let mut pending: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut written = 0u64;
+    let mut bytes = 0u64;
+    while written < chunks {
+        let Some(buf) = pending.remove(&written) else {
+            let (index, data) = incoming
+                .recv()
+                .map_err(|_| CopyError::Read(io::Error::other("all readers stopped")))?;
+            pending.insert(index, data.map_err(CopyError::Read)?);
+            continue;
+        };
+        hasher.update(&buf);
+        dst.write_all(&buf).map_err(CopyError::Write)?;
+        bytes += buf.len() as u64;
+        on_bytes(buf.len() as u64);
+        written += 1;
+        // A source shorter than expected yields short or empty chunks; the caller
+        // compares `bytes` with the size it asked for.
+        let _ = tokens.send(());
+    }
+    Ok(Copied {
+        bytes,
+        blake3: hasher.finalize().to_hex().to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn source(len: usize) -> (tempfile::NamedTempFile, Vec<u8>) {
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let mut f = tempfile::NamedTempFile::new().expect("temp");
+        f.write_all(&data).expect("write");
+        (f, data)
+    }
+
+    #[test]
+    fn copies_in_order_with_any_number_of_streams() {
+        for (len, streams, chunk) in [
+            (0, 3, 5),
+            (1, 1, 5),
+            (1000, 3, 7),
+            (4096, 8, 4096),
+            (10_001, 2, 100),
+        ] {
+            let (src, data) = source(len);
+            let mut out = Vec::new();
+            let mut reported = 0;
+            let copied = copy_file(
+                src.as_file(),
+                &mut out,
+                len as u64,
+                CopyOptions { streams, chunk },
+                |n| reported += n,
+            )
+            .map_err(|e| format!("{e:?}"))
+            .expect("copy");
+            assert_eq!(out, data, "len {len} streams {streams} chunk {chunk}");
+            assert_eq!(copied.bytes, len as u64);
+            assert_eq!(reported, len as u64);
+            assert_eq!(copied.blake3, blake3::hash(&data).to_hex().to_string());
+        }
+    }
+
+    #[test]
+    fn a_source_shorter_than_expected_copies_what_exists() {
+        let (src, data) = source(1000);
+        let mut out = Vec::new();
+        let copied = copy_file(
+            src.as_file(),
+            &mut out,
+            5000,
+            CopyOptions {
+                streams: 3,
+                chunk: 300,
+            },
+            |_| {},
+        )
+        .map_err(|e| format!("{e:?}"))
+        .expect("copy");
+        assert_eq!(copied.bytes, 1000);
+        assert_eq!(out, data);
+    }
+}
