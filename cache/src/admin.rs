@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::StoreError;
+use crate::hf;
 use crate::key::Key;
 use crate::metrics::MetricsSnapshot;
 use crate::source::SourceTree;
@@ -380,21 +381,9 @@ fn hash_both(path: &Path) -> io::Result<(String, String)> {
 }
 
 /// `org/name` → `models--org--name`; refuses anything else.
-fn repo_dir_for(id: &str) -> Result<String, AdminError> {
-    let bad = || AdminError::BadRequest(format!("'{id}' is not a model id like org/name"));
-    let (org, name) = id.split_once('/').ok_or_else(bad)?;
-    let valid = |part: &str| {
-        !part.is_empty()
-            && part != "."
-            && part != ".."
-            && part
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
-    if !(valid(org) && valid(name)) {
-        return Err(bad());
-    }
-    Ok(format!("models--{org}--{name}"))
+fn repo_dir_for(id: &str) -> Result<PathBuf, AdminError> {
+    hf::repo_dir_for(id)
+        .ok_or_else(|| AdminError::BadRequest(format!("'{id}' is not a model id like org/name")))
 }
 
 fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
@@ -464,42 +453,12 @@ fn revisions(store: &Store, source: &SourceTree, repo_dir: &str) -> Vec<Revision
         .collect()
 }
 
-/// Files of a snapshot as (path the link resolves to, size), recursively.
+/// Files of a snapshot as (path the link resolves to, size).
 fn snapshot_files(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, u64)> {
-    let mut out = Vec::new();
-    for (name, meta) in source.read_dir(dir).unwrap_or_default() {
-        let path = dir.join(&name);
-        if meta.is_dir() {
-            out.extend(snapshot_files(source, &path));
-            continue;
-        }
-        let resolved = if meta.file_type().is_symlink() {
-            match source.read_link(&path) {
-                Ok(target) => normalize(&dir.join(target)),
-                Err(_) => continue,
-            }
-        } else {
-            path
-        };
-        if let Ok(meta) = source.stat(&resolved) {
-            out.push((resolved, meta.len()));
-        }
-    }
-    out
-}
-
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::Normal(n) => out.push(n),
-            _ => {}
-        }
-    }
-    out
+    hf::snapshot_files(source, dir)
+        .into_iter()
+        .filter_map(|(_, resolved)| source.stat(&resolved).ok().map(|m| (resolved, m.len())))
+        .collect()
 }
 
 fn refs_by_commit(source: &SourceTree, repo: &Path) -> BTreeMap<String, Vec<String>> {
@@ -546,9 +505,5 @@ mod tests {
         assert_eq!(model_id("models--org--name"), "org/name");
         assert_eq!(model_id("models--org--name--x"), "org/name--x");
         assert_eq!(model_id("datasets--org--set"), "datasets/org/set");
-        assert_eq!(
-            normalize(Path::new("m/snapshots/abc/../../blobs/x")),
-            PathBuf::from("m/blobs/x")
-        );
     }
 }

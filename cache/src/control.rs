@@ -12,6 +12,7 @@ use crate::admin::{
 };
 use crate::budget::Budget;
 use crate::metrics::MetricsSnapshot;
+use crate::prefetch::{FileProgress, Target};
 use crate::source::SourceTree;
 use crate::store::Store;
 
@@ -33,6 +34,8 @@ pub struct MountRecord {
     pub mountpoint: PathBuf,
     /// The budget in force.
     pub budget: Budget,
+    /// Files at least this large are staged.
+    pub min_stage_size: u64,
 }
 
 impl MountRecord {
@@ -66,6 +69,12 @@ pub enum Request {
         selector: EvictSelector,
         /// Only report what would be dropped.
         dry_run: bool,
+    },
+    /// Stage whole models or files; answered by a stream of [`Response::Progress`]
+    /// lines ending with [`Response::Prefetched`].
+    Prefetch {
+        /// What to stage.
+        targets: Vec<Target>,
     },
     /// Re-hash copies.
     Verify {
@@ -104,6 +113,16 @@ pub enum Response {
         /// The report.
         report: VerifyReport,
     },
+    /// Progress of a prefetch.
+    Progress {
+        /// Every file of the prefetch.
+        files: Vec<FileProgress>,
+    },
+    /// A prefetch finished.
+    Prefetched {
+        /// Every file and how it ended.
+        files: Vec<FileProgress>,
+    },
     /// The request could not be served.
     Error {
         /// Why.
@@ -134,6 +153,9 @@ pub fn answer(
             .map(|report| Response::Evicted { report }),
         Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)
             .map(|report| Response::Verified { report }),
+        Request::Prefetch { .. } => Err(AdminError::BadRequest(
+            "prefetch is served as a stream, not a single answer".into(),
+        )),
     };
     result.unwrap_or_else(|e| Response::Error {
         message: e.to_string(),
@@ -148,13 +170,24 @@ fn now_secs() -> u64 {
 
 /// Sends one request to the mount listening on `socket` and waits for its answer.
 pub fn query(socket: &Path, request: &Request) -> io::Result<Response> {
+    let mut answers = stream(socket, request)?;
+    answers
+        .next()
+        .unwrap_or_else(|| Err(io::Error::new(io::ErrorKind::UnexpectedEof, "no answer")))
+}
+
+/// Sends one request and returns its answers as they arrive, one per line.
+pub fn stream(
+    socket: &Path,
+    request: &Request,
+) -> io::Result<impl Iterator<Item = io::Result<Response>>> {
     let mut stream = UnixStream::connect(socket)?;
     let mut line = serde_json::to_vec(request)?;
     line.push(b'\n');
     stream.write_all(&line)?;
-    let mut answer = String::new();
-    BufReader::new(stream).read_line(&mut answer)?;
-    Ok(serde_json::from_str(&answer)?)
+    Ok(BufReader::new(stream)
+        .lines()
+        .map(|line| line.and_then(|l| Ok(serde_json::from_str(&l)?))))
 }
 
 #[cfg(test)]

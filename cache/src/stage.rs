@@ -68,9 +68,17 @@ struct Progress {
 
 type StageResult = Result<Staged, StageError>;
 
+/// Why a copy was started: an open may evict to make room, a prefetch may not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Open,
+    Prefetch,
+}
+
 #[derive(Debug, Clone)]
 struct Flight {
     path: PathBuf,
+    purpose: Purpose,
     progress: Arc<Progress>,
     result: Shared<BoxFuture<'static, StageResult>>,
 }
@@ -135,7 +143,22 @@ impl Stager {
     /// Returns a complete local copy of the current version of source file `rel`,
     /// copying it first unless an up-to-date copy is already stored.
     pub async fn stage(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel).result.await
+        let flight = self.flight_for(rel, Purpose::Open);
+        let result = flight.result.await;
+        match result {
+            // A prefetch may not evict; an open may, so it tries again on its own.
+            Err(StageError::Store(StoreError::NoRoom { .. }))
+                if flight.purpose == Purpose::Prefetch =>
+            {
+                self.flight_for(rel, Purpose::Open).result.await
+            }
+            other => other,
+        }
+    }
+
+    /// Stages `rel` ahead of use: like [`Stager::stage`], but never evicts anything.
+    pub async fn prefetch(&self, rel: &Path) -> StageResult {
+        self.flight_for(rel, Purpose::Prefetch).result.await
     }
 
     /// Copies in progress.
@@ -157,7 +180,7 @@ impl Stager {
         list
     }
 
-    fn flight_for(&self, rel: &Path) -> Flight {
+    fn flight_for(&self, rel: &Path, purpose: Purpose) -> Flight {
         let key = Key::for_source_path(rel);
         let mut inflight = self
             .inner
@@ -166,17 +189,17 @@ impl Stager {
             .unwrap_or_else(PoisonError::into_inner);
         inflight
             .entry(key.clone())
-            .or_insert_with(|| self.start_flight(rel.to_path_buf(), key))
+            .or_insert_with(|| self.start_flight(rel.to_path_buf(), key, purpose))
             .clone()
     }
 
-    fn start_flight(&self, rel: PathBuf, key: Key) -> Flight {
+    fn start_flight(&self, rel: PathBuf, key: Key, purpose: Purpose) -> Flight {
         let inner = Arc::clone(&self.inner);
         let worker_rel = rel.clone();
         let progress = Arc::new(Progress::default());
         let worker_progress = Arc::clone(&progress);
         let task = self.inner.runtime.spawn_blocking(move || {
-            let result = inner.stage_now(&worker_rel, &key, &worker_progress);
+            let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose);
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner
                 .inflight
@@ -198,6 +221,7 @@ impl Stager {
         .shared();
         Flight {
             path,
+            purpose,
             progress,
             result,
         }
@@ -205,7 +229,13 @@ impl Stager {
 }
 
 impl Inner {
-    fn stage_now(&self, rel: &Path, key: &Key, progress: &Progress) -> StageResult {
+    fn stage_now(
+        &self,
+        rel: &Path,
+        key: &Key,
+        progress: &Progress,
+        purpose: Purpose,
+    ) -> StageResult {
         let meta = self.source.stat(rel)?;
         if !meta.is_file() {
             return Err(StageError::NotAFile {
@@ -219,7 +249,8 @@ impl Inner {
             progress.copied.store(stamp.size, Ordering::Relaxed);
             return Ok(staged(hit, stamp, false));
         }
-        let reservation = self.store.reserve(key, stamp.size, rel)?;
+        let may_evict = purpose == Purpose::Open;
+        let reservation = self.store.reserve(key, stamp.size, rel, may_evict)?;
         Metrics::bump(&self.metrics.stage_copies);
         let started = Instant::now();
         info!(path = %rel.display(), bytes = stamp.size, "staging");

@@ -207,7 +207,16 @@ impl Store {
     /// Promises `bytes` of space to a new copy for `key`, evicting least-recently-used
     /// unpinned copies if the budget needs it. Fails without evicting anything when
     /// the copy could not fit even with every evictable copy gone.
-    pub fn reserve(&self, key: &Key, bytes: u64, source: &Path) -> Result<Reservation, StoreError> {
+    ///
+    /// With `may_evict` false (prefetching), nothing is evicted: the copy is refused
+    /// unless it fits as things are.
+    pub fn reserve(
+        &self,
+        key: &Key,
+        bytes: u64,
+        source: &Path,
+        may_evict: bool,
+    ) -> Result<Reservation, StoreError> {
         let mut state = lock_state(&self.state);
         let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
         let replaced = state.index.get(key).map_or(0, |e| e.stamp.size);
@@ -252,8 +261,10 @@ impl Store {
                 .find(|k| evictable(&state, k))
                 .cloned();
             match victim {
-                Some(victim) => self.evict_locked(&mut state, &victim, "to make room")?,
-                None => return Err(self.no_room(&state, source, bytes, volume)),
+                Some(victim) if may_evict => {
+                    self.evict_locked(&mut state, &victim, "to make room")?
+                }
+                _ => return Err(self.no_room(&state, source, bytes, volume)),
             }
         }
     }
@@ -530,7 +541,7 @@ mod tests {
     /// Stages a file named `name` of `size` bytes (all `fill`) the way the stager does.
     fn stage(store: &Store, name: &str, size: usize, fill: u8) -> Result<Hit, StoreError> {
         let bytes = vec![fill; size];
-        let reservation = store.reserve(&key(name), size as u64, Path::new(name))?;
+        let reservation = store.reserve(&key(name), size as u64, Path::new(name), true)?;
         let mut tmp = store.create_temp()?;
         tmp.write_all(&bytes)
             .map_err(|e| StoreError::io(tmp.path(), e))?;

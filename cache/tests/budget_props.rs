@@ -36,7 +36,7 @@ fn name(file: u8) -> PathBuf {
 
 fn stage(store: &Store, rel: &Path, size: u64, version: i64) -> Result<Hit, StoreError> {
     let key = Key::for_source_path(rel);
-    let reservation = store.reserve(&key, size, rel)?;
+    let reservation = store.reserve(&key, size, rel, true)?;
     let mut tmp = store.create_temp()?;
     let bytes = vec![version as u8; size as usize];
     tmp.write_all(&bytes).expect("write temp");

@@ -30,6 +30,8 @@ pub(crate) enum Command {
     Evict(EvictArgs),
     /// Re-hash staged copies and report (or repair) any that do not match.
     Verify(VerifyArgs),
+    /// Stage whole models ahead of time.
+    Prefetch(PrefetchArgs),
     /// Generate a small model, mount it, load it through the mount and report.
     Demo(DemoArgs),
     /// Write a synthetic HuggingFace cache (sharded safetensors model) into DIR.
@@ -66,6 +68,15 @@ pub(crate) struct MountArgs {
     /// straight from the source with a warning.
     #[arg(long, value_enum, default_value_t = OnFullArg::Fail)]
     pub(crate) on_full: OnFullArg,
+    /// Do not stage a snapshot's other weight files when one of its files is opened.
+    #[arg(long)]
+    pub(crate) no_prefetch: bool,
+    /// Files a prefetch copies at a time.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) prefetch_parallel: u16,
+    /// Reads in flight while copying one file.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) copy_streams: u16,
     /// Internal: report readiness on stdout (used when daemonizing).
     #[arg(long, hide = true)]
     pub(crate) notify_ready: bool,
@@ -140,6 +151,21 @@ pub(crate) struct VerifyArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct PrefetchArgs {
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
+    /// Model ids (org/name) or paths (a snapshot directory or a file) in the mount or the source.
+    #[arg(required = true)]
+    pub(crate) targets: Vec<String>,
+    /// Revision of the models: a ref (branch, tag) or a commit [default: main].
+    #[arg(long)]
+    pub(crate) revision: Option<String>,
+    /// Files copied at a time.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) parallel: u16,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct UnmountArgs {
     /// The mount point.
     pub(crate) mountpoint: PathBuf,
@@ -184,6 +210,7 @@ impl MountArgs {
                 OnFullArg::Fail => OnFull::Fail,
                 OnFullArg::Passthrough => OnFull::ReadSource,
             },
+            prefetch: (!self.no_prefetch).then_some(usize::from(self.prefetch_parallel)),
             ..FsConfig::default()
         }
     }

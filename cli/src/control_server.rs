@@ -5,12 +5,15 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use stagefs_cache::Stager;
 use stagefs_cache::admin::Live;
 use stagefs_cache::control::{self, Request, Response};
+use stagefs_cache::prefetch::{self, Job, Target};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::debug;
 
@@ -21,6 +24,8 @@ pub(crate) struct ControlServer {
     listener: UnixListener,
     stager: Stager,
     mountpoint: PathBuf,
+    min_stage_size: u64,
+    prefetch_parallel: usize,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -38,6 +43,8 @@ pub(crate) async fn bind(
         listener,
         stager,
         mountpoint: spec.mountpoint.clone(),
+        min_stage_size: spec.fs.min_stage_size,
+        prefetch_parallel: spec.fs.prefetch.unwrap_or(2),
     })
 }
 
@@ -60,20 +67,72 @@ impl ControlServer {
         let (read, mut write) = stream.into_split();
         let mut lines = BufReader::new(read).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            let response = match serde_json::from_str::<Request>(&line) {
-                Ok(request) => self.handle(request).await,
-                Err(e) => Response::Error {
-                    message: format!("bad request: {e}"),
-                },
+            let sent = match serde_json::from_str::<Request>(&line) {
+                Ok(Request::Prefetch { targets }) => self.prefetch(targets, &mut write).await,
+                Ok(request) => send(&mut write, &self.handle(request).await).await,
+                Err(e) => {
+                    let message = format!("bad request: {e}");
+                    send(&mut write, &Response::Error { message }).await
+                }
             };
-            let Ok(mut out) = serde_json::to_vec(&response) else {
-                return;
-            };
-            out.push(b'\n');
-            if write.write_all(&out).await.is_err() {
+            if sent.is_err() {
                 return;
             }
         }
+    }
+
+    /// Streams progress every 200 ms until every file is settled. The copies go on if
+    /// the client goes away: they are the cache's, not the connection's.
+    async fn prefetch(
+        &self,
+        targets: Vec<Target>,
+        write: &mut OwnedWriteHalf,
+    ) -> std::io::Result<()> {
+        let source = self.stager.source().clone();
+        let min_size = self.min_stage_size;
+        let resolved =
+            tokio::task::spawn_blocking(move || prefetch::resolve(&source, &targets, min_size))
+                .await;
+        let files = match resolved {
+            Ok(Ok(files)) => files,
+            Ok(Err(e)) => {
+                return send(
+                    write,
+                    &Response::Error {
+                        message: e.to_string(),
+                    },
+                )
+                .await;
+            }
+            Err(e) => {
+                return send(
+                    write,
+                    &Response::Error {
+                        message: e.to_string(),
+                    },
+                )
+                .await;
+            }
+        };
+        let job = Job::new(self.stager.clone(), files);
+        let running = tokio::spawn(Arc::clone(&job).run(self.prefetch_parallel, true));
+        while !running.is_finished() {
+            send(
+                write,
+                &Response::Progress {
+                    files: job.progress(),
+                },
+            )
+            .await?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        send(
+            write,
+            &Response::Prefetched {
+                files: job.progress(),
+            },
+        )
+        .await
     }
 
     // Verify and status read the disk, so they run on the blocking pool.
@@ -93,4 +152,10 @@ impl ControlServer {
             message: format!("the request failed: {e}"),
         })
     }
+}
+
+async fn send(write: &mut OwnedWriteHalf, response: &Response) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(response)?;
+    out.push(b'\n');
+    write.write_all(&out).await
 }

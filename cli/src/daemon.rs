@@ -15,6 +15,7 @@ use anyhow::{Context, anyhow, bail};
 use fuser::SessionUnmounter;
 use stagefs_cache::budget::volume_space;
 use stagefs_cache::control::MountRecord;
+use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::{Budget, MetricsSnapshot, SourceTree, Stager, Store, StoreError};
 use stagefs_fs::{FsConfig, StageFs};
 use tokio::runtime::Runtime;
@@ -33,6 +34,7 @@ pub(crate) struct MountSpec {
     pub(crate) max_size: Option<u64>,
     /// None: the default share of the cache volume.
     pub(crate) min_free: Option<u64>,
+    pub(crate) copy: CopyOptions,
 }
 
 impl MountSpec {
@@ -76,11 +78,18 @@ impl Running {
             source: spec.source.clone(),
             mountpoint: spec.mountpoint.clone(),
             budget,
+            min_stage_size: spec.fs.min_stage_size,
         };
         record
             .write(&spec.cache_dir)
             .context("recording the mount in the cache directory")?;
-        let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
+        let stager = Stager::with_copy_options(
+            source,
+            store,
+            Arc::default(),
+            runtime.handle().clone(),
+            spec.copy,
+        );
         let fs = StageFs::new(stager.clone(), spec.fs.clone(), runtime.handle().clone());
         let mut session =
             fuser::Session::new(fs, &spec.mountpoint, &spec.fs.session_config(&spec.source))

@@ -8,6 +8,7 @@ mod demo;
 mod hfgen;
 mod manage;
 mod paths;
+mod prefetch;
 mod units;
 mod unmount;
 
@@ -57,6 +58,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => manage::status(&args),
         Command::Evict(args) => manage::evict(&args),
         Command::Verify(args) => manage::verify(&args),
+        Command::Prefetch(args) => prefetch::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::GenDemo(args) => gen_demo(&args),
     }
@@ -71,6 +73,10 @@ fn mount(args: &MountArgs) -> anyhow::Result<()> {
         fs: args.fs_config(),
         max_size: args.max_size,
         min_free: args.min_free,
+        copy: stagefs_cache::copy::CopyOptions {
+            streams: usize::from(args.copy_streams),
+            ..Default::default()
+        },
     };
     if args.foreground {
         daemon::serve_foreground(&spec, args.notify_ready)

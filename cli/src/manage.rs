@@ -85,6 +85,17 @@ fn ask(dir: &Path, request: Request) -> anyhow::Result<Response> {
 }
 
 fn answer_locally(dir: &Path, request: Request) -> anyhow::Result<Response> {
+    let (store, record) = open_locally(dir)?;
+    let source = record.and_then(|r| SourceTree::new(r.source).ok());
+    match control::answer(request, &store, source.as_ref(), Live::default()) {
+        Response::Error { message } => Err(anyhow!(message)),
+        response => Ok(response),
+    }
+}
+
+/// Opens the cache directory itself (no mount may be running), with what its last
+/// mount recorded.
+pub(crate) fn open_locally(dir: &Path) -> anyhow::Result<(Store, Option<MountRecord>)> {
     if !dir.join(stagefs_cache::store::LAYOUT_DIR).is_dir() {
         bail!(
             "{} is not a stagefs cache directory (pass --cache-dir)",
@@ -101,11 +112,7 @@ fn answer_locally(dir: &Path, request: Request) -> anyhow::Result<Response> {
         ),
         other => anyhow!(other),
     })?;
-    let source = record.and_then(|r| SourceTree::new(r.source).ok());
-    match control::answer(request, &store, source.as_ref(), Live::default()) {
-        Response::Error { message } => Err(anyhow!(message)),
-        response => Ok(response),
-    }
+    Ok((store, record))
 }
 
 fn unexpected(response: Response) -> anyhow::Error {
@@ -137,7 +144,7 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
     bail!("{target}: neither an existing path nor a model id like org/name")
 }
 
-fn source_relative(path: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn source_relative(path: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
     // Through the mount, canonicalize follows snapshot links to the blob they name.
     let real = path
         .canonicalize()

@@ -14,6 +14,7 @@ use fuser::{
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
+use stagefs_cache::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
 use stagefs_cache::{Metrics, StageError, Stager, Stamp, StoreError};
 use tokio::runtime::Handle;
@@ -24,6 +25,7 @@ use crate::error::FsError;
 use crate::handles::{DirEntry, Handles, OpenFile};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::passthrough::Passthrough;
+use crate::platform;
 use crate::{FsConfig, OnFull};
 
 /// A mounted mirror of the stager's source.
@@ -41,6 +43,7 @@ struct Shared {
     files: Handles<OpenFile>,
     dirs: Handles<Vec<DirEntry>>,
     passthrough: Passthrough,
+    prefetcher: Option<Arc<Prefetcher>>,
 }
 
 /// An open file ready to be handed to the kernel.
@@ -54,8 +57,12 @@ struct Opened {
 impl StageFs {
     /// A filesystem serving `stager`'s source; its work runs on `runtime`.
     pub fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
+        let prefetcher = config
+            .prefetch
+            .map(|parallel| Prefetcher::new(stager.clone(), parallel, config.min_stage_size));
         StageFs {
             shared: Arc::new(Shared {
+                prefetcher,
                 stager,
                 config,
                 runtime,
@@ -272,6 +279,7 @@ impl Filesystem for StageFs {
         self.shared
             .passthrough
             .negotiate(self.shared.config.passthrough, config);
+        platform::tune_kernel(config);
         Ok(())
     }
 
@@ -319,7 +327,13 @@ impl Filesystem for StageFs {
         let shared = Arc::clone(&self.shared);
         self.shared.runtime.spawn(async move {
             let opened = match shared.node(ino) {
-                Ok(node) => shared.open(&node).await,
+                Ok(node) => {
+                    // Siblings start copying while this file stages.
+                    if let Some(prefetcher) = &shared.prefetcher {
+                        prefetcher.on_open(&node.path, &shared.runtime);
+                    }
+                    shared.open(&node).await
+                }
                 Err(e) => Err(e),
             };
             match opened {

@@ -35,6 +35,8 @@ pub struct FsConfig {
     pub fs_name: String,
     /// What to do with a file the cache cannot make room for.
     pub on_full: OnFull,
+    /// Copies at a time when prefetching a snapshot's weights on open; None: no prefetch.
+    pub prefetch: Option<usize>,
 }
 
 /// What an open does when the cache budget cannot make room for the file.
@@ -55,6 +57,7 @@ impl Default for FsConfig {
             attr_ttl: Duration::from_secs(1),
             fs_name: "stagefs".into(),
             on_full: OnFull::Fail,
+            prefetch: Some(2),
         }
     }
 }

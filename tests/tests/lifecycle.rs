@@ -34,7 +34,7 @@ fn a_blob_shared_by_two_repositories_is_staged_once() {
         b.blob_of(&s.hub, "model-00001-of-00001.safetensors")
             .file_name()
     );
-    let mount = s.mount(&[]);
+    let mount = s.mount(&["--no-prefetch"]);
     for model in [&a, &b] {
         let shard = model.shards().remove(0);
         assert!(same_bytes(&mount.path(&shard), &s.hub.join(&shard)));
@@ -74,7 +74,7 @@ fn open_files_are_never_evicted_and_the_least_recent_closed_one_goes() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/lru", 3, "2M");
     let shards = model.shards();
-    let mount = s.mount(&["--max-size", "5M"]);
+    let mount = s.mount(&["--max-size", "5M", "--no-prefetch"]);
     let first = File::open(mount.path(&shards[0])).expect("open first");
     fs::read(mount.path(&shards[1])).expect("read second");
     // Room for a third copy only by evicting one: the older one is open, so the second goes.
@@ -113,7 +113,7 @@ fn status_evict_and_verify_work_with_and_without_a_mount() {
     let model = generate(&s.hub, "acme/admin", 2, "2M");
     let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
     {
-        let mount = s.mount(&[]);
+        let mount = s.mount(&["--no-prefetch"]);
         for shard in model.shards() {
             fs::read(mount.path(&shard)).expect("read");
         }

@@ -136,14 +136,14 @@ fn a_remount_reuses_staged_copies_after_a_stat() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/again", 2, "2M");
     let shards = model.shards();
-    let first = s.mount(&[]);
+    let first = s.mount(&["--no-prefetch"]);
     for shard in &shards {
         fs::read(first.path(shard)).expect("read");
     }
     assert_eq!(first.metrics().stage_copies, 2);
     first.unmount();
 
-    let second = s.mount(&[]);
+    let second = s.mount(&["--no-prefetch"]);
     for shard in &shards {
         assert!(
             fs::read(second.path(shard)).expect("read")

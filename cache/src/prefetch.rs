@@ -1,0 +1,328 @@
+//! Prefetch: staging files before a loader asks for them.
+//!
+//! Two users: the mount, which on the open of any file of a snapshot stages that
+//! snapshot's weight files in shard order in the background (never evicting, and
+//! stopping at the budget), and `stagefs prefetch`, which stages whole models and
+//! reports progress. An open of a file being prefetched joins that copy (single
+//! flight in the stager).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info};
+
+use crate::admin::AdminError;
+use crate::error::{StageError, StoreError};
+use crate::hf;
+use crate::source::SourceTree;
+use crate::stage::Stager;
+
+/// What to prefetch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Target {
+    /// A model (`org/name`) at a revision (a ref or a commit; default `main`).
+    Model {
+        /// Repository id.
+        id: String,
+        /// Ref or commit.
+        revision: Option<String>,
+    },
+    /// A snapshot directory or a file, relative to the source root.
+    Path {
+        /// The path.
+        path: PathBuf,
+    },
+}
+
+/// Where one file of a prefetch stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum FileState {
+    /// Not started.
+    Waiting,
+    /// Being copied.
+    Copying,
+    /// Copied now.
+    Staged,
+    /// Was staged already.
+    AlreadyStaged,
+    /// Could not be staged.
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+/// Progress of one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileProgress {
+    /// Source path.
+    pub path: PathBuf,
+    /// Its size.
+    pub total: u64,
+    /// Bytes copied so far.
+    pub copied: u64,
+    /// Where it stands.
+    #[serde(flatten)]
+    pub state: FileState,
+}
+
+impl FileProgress {
+    /// Whether nothing more will happen to this file.
+    pub fn is_settled(&self) -> bool {
+        matches!(
+            self.state,
+            FileState::Staged | FileState::AlreadyStaged | FileState::Failed { .. }
+        )
+    }
+}
+
+/// Resolves targets to the files to stage (each at least `min_size` bytes), in order.
+pub fn resolve(
+    source: &SourceTree,
+    targets: &[Target],
+    min_size: u64,
+) -> Result<Vec<(PathBuf, u64)>, AdminError> {
+    let mut files = Vec::new();
+    let mut seen = HashSet::new();
+    for target in targets {
+        for path in target_files(source, target)? {
+            let Ok(meta) = source.stat(&path) else {
+                continue;
+            };
+            if meta.is_file() && meta.len() >= min_size && seen.insert(path.clone()) {
+                files.push((path, meta.len()));
+            }
+        }
+    }
+    Ok(files)
+}
+
+fn target_files(source: &SourceTree, target: &Target) -> Result<Vec<PathBuf>, AdminError> {
+    match target {
+        Target::Model { id, revision } => {
+            let revision = revision.as_deref().unwrap_or("main");
+            let snapshot = hf::snapshot_of(source, id, revision).ok_or_else(|| {
+                AdminError::BadRequest(format!(
+                    "{id}: no snapshot for revision '{revision}' in the source"
+                ))
+            })?;
+            Ok(ordered_snapshot(source, &snapshot))
+        }
+        Target::Path { path } => {
+            let meta = source
+                .stat(path)
+                .map_err(|e| AdminError::BadRequest(e.to_string()))?;
+            if meta.is_dir() {
+                Ok(ordered_snapshot(source, path))
+            } else if meta.file_type().is_symlink() {
+                let target = source
+                    .read_link(path)
+                    .map_err(|e| AdminError::BadRequest(e.to_string()))?;
+                let parent = path.parent().unwrap_or(Path::new(""));
+                Ok(vec![hf::normalize(&parent.join(target))])
+            } else {
+                Ok(vec![path.clone()])
+            }
+        }
+    }
+}
+
+/// Weight files in shard order first, then everything else in the snapshot.
+fn ordered_snapshot(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
+    let mut files = hf::weight_files(source, snapshot);
+    for file in hf::all_files(source, snapshot) {
+        if !files.contains(&file) {
+            files.push(file);
+        }
+    }
+    files
+}
+
+/// A set of files being staged, with per-file progress.
+#[derive(Debug)]
+pub struct Job {
+    stager: Stager,
+    files: Vec<(PathBuf, u64)>,
+    states: Mutex<Vec<FileState>>,
+}
+
+impl Job {
+    /// A job staging `files` (path, size) in order.
+    pub fn new(stager: Stager, files: Vec<(PathBuf, u64)>) -> Arc<Job> {
+        let states = Mutex::new(vec![FileState::Waiting; files.len()]);
+        Arc::new(Job {
+            stager,
+            files,
+            states,
+        })
+    }
+
+    /// Stages every file, `parallel` at a time. With `may_evict` false this is a
+    /// background prefetch: nothing is evicted, and it stops at the first file the
+    /// budget has no room for.
+    pub async fn run(self: Arc<Self>, parallel: usize, may_evict: bool) {
+        let out_of_room = AtomicBool::new(false);
+        futures::stream::iter(0..self.files.len())
+            .for_each_concurrent(parallel.max(1), |i| {
+                let (job, out_of_room) = (Arc::clone(&self), &out_of_room);
+                async move {
+                    if out_of_room.load(Ordering::Relaxed) {
+                        job.set(
+                            i,
+                            FileState::Failed {
+                                error: "skipped: the cache budget is full".into(),
+                            },
+                        );
+                        return;
+                    }
+                    job.set(i, FileState::Copying);
+                    let path = &job.files[i].0;
+                    let result = if may_evict {
+                        job.stager.stage(path).await
+                    } else {
+                        job.stager.prefetch(path).await
+                    };
+                    let state = match result {
+                        Ok(staged) if staged.copied => FileState::Staged,
+                        Ok(_) => FileState::AlreadyStaged,
+                        Err(e) => {
+                            if matches!(e, StageError::Store(StoreError::NoRoom { .. }))
+                                && !may_evict
+                            {
+                                out_of_room.store(true, Ordering::Relaxed);
+                            }
+                            FileState::Failed {
+                                error: e.to_string(),
+                            }
+                        }
+                    };
+                    job.set(i, state);
+                }
+            })
+            .await;
+    }
+
+    fn set(&self, i: usize, state: FileState) {
+        self.states.lock().unwrap_or_else(PoisonError::into_inner)[i] = state;
+    }
+
+    /// Every file's progress now.
+    pub fn progress(&self) -> Vec<FileProgress> {
+        let in_flight = self.stager.in_flight();
+        let states = self
+            .states
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.files
+            .iter()
+            .zip(states)
+            .map(|((path, total), state)| {
+                let copied = match state {
+                    FileState::Staged | FileState::AlreadyStaged => *total,
+                    FileState::Copying => in_flight
+                        .iter()
+                        .find(|f| &f.path == path)
+                        .map_or(0, |f| f.copied),
+                    FileState::Waiting | FileState::Failed { .. } => 0,
+                };
+                FileProgress {
+                    path: path.clone(),
+                    total: *total,
+                    copied,
+                    state,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Background prefetch of the snapshots a mount's opens touch.
+#[derive(Debug)]
+pub struct Prefetcher {
+    stager: Stager,
+    parallel: usize,
+    min_size: u64,
+    active: Mutex<HashSet<PathBuf>>,
+    /// Snapshots fully staged by an earlier prefetch of this mount.
+    done: Mutex<HashSet<PathBuf>>,
+}
+
+impl Prefetcher {
+    /// Prefetches with `parallel` copies at a time, files of at least `min_size` bytes.
+    pub fn new(stager: Stager, parallel: usize, min_size: u64) -> Arc<Prefetcher> {
+        Arc::new(Prefetcher {
+            stager,
+            parallel,
+            min_size,
+            active: Mutex::default(),
+            done: Mutex::default(),
+        })
+    }
+
+    /// `rel` was opened: stage the weight files of every snapshot containing it,
+    /// unless a prefetch of that snapshot is already running.
+    pub fn on_open(self: &Arc<Self>, rel: &Path, runtime: &tokio::runtime::Handle) {
+        if hf::repo_of(rel).is_none() {
+            return;
+        }
+        let (this, rel) = (Arc::clone(self), rel.to_path_buf());
+        let handle = runtime.clone();
+        runtime.spawn(async move {
+            let source = this.stager.source().clone();
+            let scan = handle.spawn_blocking(move || {
+                hf::snapshots_containing(&source, &rel)
+                    .into_iter()
+                    .map(|s| {
+                        let files = hf::weight_files(&source, &s);
+                        (s, files)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let Ok(snapshots) = scan.await else { return };
+            for (snapshot, files) in snapshots {
+                this.prefetch_snapshot(snapshot, files).await;
+            }
+        });
+    }
+
+    async fn prefetch_snapshot(self: &Arc<Self>, snapshot: PathBuf, files: Vec<PathBuf>) {
+        if lock(&self.done).contains(&snapshot) || !lock(&self.active).insert(snapshot.clone()) {
+            return;
+        }
+        let source = self.stager.source();
+        let files: Vec<(PathBuf, u64)> = files
+            .into_iter()
+            .filter_map(|f| source.stat(&f).ok().map(|m| (f, m.len())))
+            .filter(|(_, size)| *size >= self.min_size)
+            .collect();
+        debug!(snapshot = %snapshot.display(), files = files.len(), "prefetching");
+        let job = Job::new(self.stager.clone(), files);
+        Arc::clone(&job).run(self.parallel, false).await;
+        let progress = job.progress();
+        let staged = progress
+            .iter()
+            .filter(|f| f.state == FileState::Staged)
+            .count();
+        if staged > 0 {
+            info!(snapshot = %snapshot.display(), staged, "prefetched");
+        }
+        if progress
+            .iter()
+            .all(|f| !matches!(f.state, FileState::Failed { .. }))
+        {
+            lock(&self.done).insert(snapshot.clone());
+        }
+        lock(&self.active).remove(&snapshot);
+    }
+}
+
+fn lock<T>(set: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    set.lock().unwrap_or_else(PoisonError::into_inner)
+}

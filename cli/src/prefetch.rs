@@ -1,0 +1,188 @@
+//! `stagefs prefetch`: stage whole models ahead of time, through a running mount or
+//! straight into the cache directory, with progress bars on a terminal and plain log
+//! lines otherwise.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use stagefs_cache::control::{self, Request, Response};
+use stagefs_cache::prefetch::{self, FileProgress, FileState, Job, Target};
+use stagefs_cache::{SourceTree, Stager};
+
+use crate::args::PrefetchArgs;
+use crate::manage::{open_locally, source_relative};
+use crate::units::format_bytes;
+
+/// Runs the command; fails if any file could not be staged.
+pub(crate) fn run(args: &PrefetchArgs) -> anyhow::Result<()> {
+    let dir = args.cache.resolve()?;
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| target(t, args.revision.as_deref(), &dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut view = View::new(std::io::stderr().is_terminal());
+    let request = Request::Prefetch {
+        targets: targets.clone(),
+    };
+    let files = match control::stream(&control::socket_path(&dir), &request) {
+        Ok(answers) => follow(answers, &mut view)?,
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
+            prefetch_locally(&dir, &targets, usize::from(args.parallel), &mut view)?
+        }
+        Err(e) => return Err(anyhow!(e).context("talking to the running mount")),
+    };
+    view.finish(&files)
+}
+
+fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Target> {
+    if Path::new(text).exists() {
+        return Ok(Target::Path {
+            path: source_relative(Path::new(text), dir)?,
+        });
+    }
+    if stagefs_cache::hf::repo_dir_for(text).is_some() {
+        return Ok(Target::Model {
+            id: text.to_string(),
+            revision: revision.map(str::to_string),
+        });
+    }
+    bail!("{text}: neither an existing path nor a model id like org/name")
+}
+
+fn follow(
+    answers: impl Iterator<Item = std::io::Result<Response>>,
+    view: &mut View,
+) -> anyhow::Result<Vec<FileProgress>> {
+    for answer in answers {
+        match answer.context("reading from the running mount")? {
+            Response::Progress { files } => view.update(&files),
+            Response::Prefetched { files } => return Ok(files),
+            Response::Error { message } => bail!(message),
+            other => bail!("unexpected answer from the mount: {other:?}"),
+        }
+    }
+    bail!("the mount closed the connection before the prefetch finished")
+}
+
+fn prefetch_locally(
+    dir: &Path,
+    targets: &[Target],
+    parallel: usize,
+    view: &mut View,
+) -> anyhow::Result<Vec<FileProgress>> {
+    let (store, record) = open_locally(dir)?;
+    let record = record.context("this cache has never been mounted, so its source is unknown")?;
+    let source = SourceTree::new(&record.source)
+        .with_context(|| format!("the source {} is not reachable", record.source.display()))?;
+    let files = prefetch::resolve(&source, targets, record.min_stage_size)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
+    let job = Job::new(stager, files);
+    let running = runtime.spawn(Arc::clone(&job).run(parallel, true));
+    while !running.is_finished() {
+        view.update(&job.progress());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(job.progress())
+}
+
+/// Progress as bars (terminal) or one line per finished file.
+struct View {
+    bars: Option<(MultiProgress, ProgressBar, HashMap<PathBuf, ProgressBar>)>,
+    reported: HashMap<PathBuf, bool>,
+}
+
+impl View {
+    fn new(terminal: bool) -> View {
+        let bars = terminal.then(|| {
+            let multi = MultiProgress::new();
+            let total = multi.add(ProgressBar::new(0).with_style(style("total")));
+            (multi, total, HashMap::new())
+        });
+        View {
+            bars,
+            reported: HashMap::new(),
+        }
+    }
+
+    fn update(&mut self, files: &[FileProgress]) {
+        match &mut self.bars {
+            Some((multi, total, per_file)) => {
+                total.set_length(files.iter().map(|f| f.total).sum());
+                total.set_position(files.iter().map(|f| f.copied).sum());
+                for f in files {
+                    let bar = per_file.entry(f.path.clone()).or_insert_with(|| {
+                        multi.add(ProgressBar::new(f.total).with_style(style(&short(&f.path))))
+                    });
+                    bar.set_position(f.copied);
+                    if f.is_settled() && !bar.is_finished() {
+                        bar.finish();
+                    }
+                }
+            }
+            None => {
+                for f in files.iter().filter(|f| f.is_settled()) {
+                    if self.reported.insert(f.path.clone(), true).is_none() {
+                        eprintln!("{}", line(f));
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(mut self, files: &[FileProgress]) -> anyhow::Result<()> {
+        self.update(files);
+        if let Some((_, total, _)) = &self.bars {
+            total.finish();
+        }
+        let count = |want: fn(&FileState) -> bool| files.iter().filter(|f| want(&f.state)).count();
+        let failed: Vec<&FileProgress> = files
+            .iter()
+            .filter(|f| matches!(f.state, FileState::Failed { .. }))
+            .collect();
+        for f in &failed {
+            eprintln!("{}", line(f));
+        }
+        println!(
+            "{} staged, {} already staged, {} failed ({})",
+            count(|s| *s == FileState::Staged),
+            count(|s| *s == FileState::AlreadyStaged),
+            failed.len(),
+            format_bytes(files.iter().map(|f| f.total).sum())
+        );
+        if !failed.is_empty() {
+            bail!("{} file(s) could not be staged", failed.len());
+        }
+        Ok(())
+    }
+}
+
+fn style(name: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{name:>24} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ")
+}
+
+fn short(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    name.chars().take(24).collect()
+}
+
+fn line(f: &FileProgress) -> String {
+    match &f.state {
+        FileState::Staged => format!("staged {} ({})", f.path.display(), format_bytes(f.total)),
+        FileState::AlreadyStaged => format!("already staged {}", f.path.display()),
+        FileState::Failed { error } => format!("FAILED {}: {error}", f.path.display()),
+        FileState::Waiting | FileState::Copying => format!("pending {}", f.path.display()),
+    }
+}

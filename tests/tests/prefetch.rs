@@ -1,0 +1,199 @@
+//! Model-aware prefetch, the prefetch command, and bounded memory while staging.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stagefs_tests::{Mount, NetFs, Scratch, generate, run_stagefs, staged_files};
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        sleep(Duration::from_millis(25));
+    }
+}
+
+/// Source paths in the order the daemon logged starting to copy them.
+fn staging_order(log: &str) -> Vec<PathBuf> {
+    log.lines()
+        .filter(|l| l.contains(" staging "))
+        .filter_map(|l| l.split("path=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(PathBuf::from)
+        .collect()
+}
+
+fn shard_blobs(s: &Scratch, model: &stagefs_tests::Model) -> Vec<PathBuf> {
+    model
+        .files
+        .iter()
+        .filter(|f| f.name.ends_with(".safetensors"))
+        .map(|f| model.blob_of(&s.hub, &f.name))
+        .collect()
+}
+
+#[test]
+fn opening_config_json_prefetches_shards_in_index_order() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/prefetch", 4, "2M");
+    let mount = s.mount(&["--prefetch-parallel", "1"]);
+    fs::read(mount.path(model.snapshot_rel.join("config.json"))).expect("read config");
+    wait_for("four shards staged", || mount.metrics().stage_copies == 4);
+    assert_eq!(staging_order(&mount.log_text()), shard_blobs(&s, &model));
+    // The loader's opens now find every shard ready.
+    let before = mount.metrics();
+    for shard in model.shards() {
+        fs::read(mount.path(&shard)).expect("read shard");
+    }
+    assert_eq!(
+        mount.metrics().stage_copies,
+        before.stage_copies,
+        "no open had to copy"
+    );
+}
+
+#[test]
+fn prefetch_stops_at_the_budget_and_never_evicts() {
+    let s = Scratch::new();
+    // A different shard size, so the older model shares no blob with the newer one.
+    let other = generate(&s.hub, "acme/older", 1, "3M");
+    let model = generate(&s.hub, "acme/newer", 4, "2M");
+    let mount = s.mount(&["--max-size", "8M", "--prefetch-parallel", "1"]);
+    fs::read(mount.path(other.shards().remove(0))).expect("stage the older model");
+    wait_for("older model staged", || staged_files(&s.cache).len() == 1);
+    fs::read(mount.path(model.snapshot_rel.join("config.json"))).expect("read config");
+    // 3 MiB already used of 8 MiB: two of the newer shards fit, the third would need an eviction.
+    wait_for("two shards staged", || mount.metrics().stage_copies == 3);
+    sleep(Duration::from_millis(500));
+    let log = mount.log_text();
+    assert_eq!(staged_files(&s.cache).len(), 3, "{log}");
+    assert!(
+        !log.contains("evicted"),
+        "prefetch evicted something: {log}"
+    );
+    assert_eq!(staging_order(&log)[1..], shard_blobs(&s, &model)[..2]);
+    // An open may evict: the fourth shard is staged when the loader asks for it.
+    let fourth = &model.shards()[3];
+    assert!(
+        fs::read(mount.path(fourth)).expect("read") == fs::read(s.hub.join(fourth)).expect("src")
+    );
+    assert!(mount.log_text().contains("to make room"));
+}
+
+#[test]
+fn an_open_joins_an_in_flight_prefetch_and_gets_the_whole_file() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/join", 2, "24M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--prefetch-parallel", "1"]);
+    fs::read(mount.path(model.snapshot_rel.join("config.json"))).expect("read config");
+    let first = shard_blobs(&s, &model).remove(0);
+    wait_for("the prefetch copying shard 1", || {
+        let status = status(&s.cache);
+        status["in_flight"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["path"].as_str() == first.to_str()))
+    });
+    let shard = model.shards().remove(0);
+    let mut bytes = Vec::new();
+    File::open(mount.path(&shard))
+        .expect("open")
+        .read_to_end(&mut bytes)
+        .expect("read");
+    assert!(bytes == fs::read(s.hub.join(&shard)).expect("src"));
+    wait_for("both shards staged", || staged_files(&s.cache).len() == 2);
+    let m = mount.metrics();
+    assert_eq!(
+        m.stage_copies, 2,
+        "the open joined the prefetch's copy: {m:?}"
+    );
+    assert_eq!(
+        m.bytes_copied,
+        model
+            .files
+            .iter()
+            .filter(|f| f.name.ends_with(".safetensors"))
+            .map(|f| f.size)
+            .sum::<u64>(),
+        "{m:?}"
+    );
+    drop(mount);
+    drop(remote);
+}
+
+fn status(cache: &Path) -> Value {
+    let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).expect("json")
+}
+
+#[test]
+fn prefetch_command_through_the_mount_and_without_one() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/cmd", 3, "2M");
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    {
+        let _mount = s.mount(&["--no-prefetch"]);
+        let (ok, out, err) = run_stagefs(&[&"prefetch", &"acme/cmd", &"--cache-dir", cache]);
+        assert!(ok, "{out}{err}");
+        assert!(
+            out.contains("3 staged, 0 already staged, 0 failed"),
+            "{out}"
+        );
+        assert_eq!(
+            err.lines().filter(|l| l.starts_with("staged ")).count(),
+            3,
+            "{err}"
+        );
+        let (ok, out, _) = run_stagefs(&[&"prefetch", &"acme/cmd", &"--cache-dir", cache]);
+        assert!(ok && out.contains("0 staged, 3 already staged"), "{out}");
+        let (ok, _, err) = run_stagefs(&[&"prefetch", &"acme/absent", &"--cache-dir", cache]);
+        assert!(!ok && err.contains("no snapshot"), "{err}");
+    }
+    let (ok, _, err) = run_stagefs(&[&"evict", &"--all", &"--cache-dir", cache]);
+    assert!(ok, "{err}");
+    assert!(staged_files(&s.cache).is_empty());
+    let snapshot = s.hub.join(&model.snapshot_rel);
+    let (ok, out, err) = run_stagefs(&[&"prefetch", &snapshot, &"--cache-dir", cache]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("3 staged"), "{out}");
+    assert_eq!(staged_files(&s.cache).len(), 3);
+    let (ok, _, err) = run_stagefs(&[
+        &"prefetch",
+        &"acme/cmd",
+        &"--revision",
+        &"v9",
+        &"--cache-dir",
+        cache,
+    ]);
+    assert!(
+        !ok && err.contains("no snapshot for revision 'v9'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn staging_a_file_much_larger_than_any_buffer_keeps_memory_bounded() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/huge", 1, "512M");
+    let mount = s.mount(&[]);
+    let shard = model.shards().remove(0);
+    File::open(mount.path(&shard)).expect("stage 512 MiB");
+    let pid = fs::read_to_string(s.cache.join("lock")).expect("lock holds the daemon pid");
+    let status = fs::read_to_string(format!("/proc/{}/status", pid.trim())).expect("daemon status");
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM");
+    // Copy buffers are bounded at (streams + 2) x 4 MiB = 24 MiB by default.
+    assert!(
+        peak_kib < 96 * 1024,
+        "daemon peak RSS {peak_kib} KiB while staging 512 MiB"
+    );
+}
