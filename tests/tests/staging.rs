@@ -162,7 +162,7 @@ fn a_remount_reuses_staged_copies_after_a_stat() {
 fn small_files_are_read_from_the_source_without_staging() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/small", 1, "2M");
-    let mount = s.mount(&[]);
+    let mount = s.mount(&["--no-prefetch"]);
     let config = model.snapshot_rel.join("config.json");
     assert!(
         fs::read(mount.path(&config)).expect("read") == fs::read(s.hub.join(&config)).expect("src")
