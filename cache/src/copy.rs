@@ -13,6 +13,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
+use sha2::{Digest, Sha256};
+
 /// How a copy is spread over concurrent reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopyOptions {
@@ -23,11 +25,12 @@ pub struct CopyOptions {
 }
 
 impl Default for CopyOptions {
-    /// Four 4 MiB reads in flight: measured in docs/BENCHMARKS.md.
+    /// Four 2 MiB reads in flight: enough to fill a 1 Gbit/s link over sshfs
+    /// (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
     fn default() -> Self {
         CopyOptions {
             streams: 4,
-            chunk: 4 << 20,
+            chunk: 2 << 20,
         }
     }
 }
@@ -55,17 +58,22 @@ pub struct Copied {
     pub bytes: u64,
     /// blake3 of those bytes, hex.
     pub blake3: String,
+    /// sha256 of those bytes, hex, when asked for.
+    pub sha256: Option<String>,
 }
 
 type Chunk = (u64, io::Result<Vec<u8>>);
 
 /// Copies the first `size` bytes of `src` into `dst` in order, calling `on_bytes`
-/// with each written amount.
+/// with each written amount. `bytes_read` counts bytes as they arrive, in any order
+/// and in pieces of at most 1 MiB, so a watcher can tell a slow source from a dead one.
 pub fn copy_file(
     src: &File,
     dst: &mut impl Write,
     size: u64,
     options: CopyOptions,
+    bytes_read: &AtomicU64,
+    with_sha256: bool,
     mut on_bytes: impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
     let chunk = options.chunk.max(1) as u64;
@@ -81,63 +89,89 @@ pub fn copy_file(
         for _ in 0..options.streams.max(1) {
             let chunks_tx = chunks_tx.clone();
             let (next, tokens_rx) = (&next, &tokens_rx);
-            scope.spawn(move || read_chunks(src, size, chunk, chunks, next, tokens_rx, chunks_tx));
+            let reader = Reader {
+                src,
+                size,
+                chunk,
+                chunks,
+                next,
+                bytes_read,
+            };
+            scope.spawn(move || reader.run(tokens_rx, chunks_tx));
         }
         drop(chunks_tx);
-        write_in_order(dst, chunks, &chunks_rx, &tokens_tx, &mut on_bytes)
+        let sha256 = with_sha256.then(Sha256::new);
+        // Handing over both channel ends means they close when the writer stops,
+        // early or not, so every reader wakes up and the scope can end.
+        write_in_order(dst, chunks, chunks_rx, tokens_tx, sha256, &mut on_bytes)
     })
 }
 
-/// Reader loop: claim the next chunk index (after taking a token) and read it.
-fn read_chunks(
-    src: &File,
+/// One of the concurrent readers of a copy.
+struct Reader<'a> {
+    src: &'a File,
     size: u64,
     chunk: u64,
     chunks: u64,
-    next: &AtomicU64,
-    tokens: &std::sync::Mutex<Receiver<()>>,
-    out: SyncSender<Chunk>,
-) {
-    loop {
-        let token = tokens
-            .lock()
-            .map_or(Err(std::sync::mpsc::RecvError), |rx| rx.recv());
-        if token.is_err() {
-            return; // the writer is gone
-        }
-        let index = next.fetch_add(1, Ordering::Relaxed);
-        if index >= chunks {
-            return;
-        }
-        let offset = index * chunk;
-        let len = chunk.min(size - offset) as usize;
-        if out.send((index, read_at_most(src, offset, len))).is_err() {
-            return;
-        }
-    }
+    next: &'a AtomicU64,
+    bytes_read: &'a AtomicU64,
 }
 
-/// Reads `len` bytes at `offset`, fewer only at end of file.
-fn read_at_most(src: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let mut filled = 0;
-    while filled < len {
-        match src.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+/// Largest single read: progress is visible at least this often.
+const PIECE: usize = 1 << 20;
+
+impl Reader<'_> {
+    /// Claims the next chunk index (after taking a token) and reads it, until done.
+    fn run(&self, tokens: &std::sync::Mutex<Receiver<()>>, out: SyncSender<Chunk>) {
+        loop {
+            let token = tokens
+                .lock()
+                .map_or(Err(std::sync::mpsc::RecvError), |rx| rx.recv());
+            if token.is_err() {
+                return; // the writer is gone
+            }
+            let index = self.next.fetch_add(1, Ordering::Relaxed);
+            if index >= self.chunks {
+                return;
+            }
+            let offset = index * self.chunk;
+            let len = self.chunk.min(self.size - offset) as usize;
+            if out.send((index, self.read_at_most(offset, len))).is_err() {
+                return;
+            }
         }
     }
-    buf.truncate(filled);
-    Ok(buf)
+
+    /// Reads `len` bytes at `offset`, fewer only at end of file.
+    fn read_at_most(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let mut filled = 0;
+        while filled < len {
+            let end = len.min(filled + PIECE);
+            match self
+                .src
+                .read_at(&mut buf[filled..end], offset + filled as u64)
+            {
+                Ok(0) => break,
+                Ok(n) => {
+                    filled += n;
+                    self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(filled);
+        Ok(buf)
+    }
 }
 
 fn write_in_order(
     dst: &mut impl Write,
     chunks: u64,
-    incoming: &Receiver<Chunk>,
-    tokens: &SyncSender<()>,
+    incoming: Receiver<Chunk>,
+    tokens: SyncSender<()>,
+    mut sha256: Option<Sha256>,
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
     let mut hasher = blake3::Hasher::new();
@@ -153,6 +187,9 @@ fn write_in_order(
             continue;
         };
         hasher.update(&buf);
+        if let Some(sha) = sha256.as_mut() {
+            sha.update(&buf);
+        }
         dst.write_all(&buf).map_err(CopyError::Write)?;
         bytes += buf.len() as u64;
         on_bytes(buf.len() as u64);
@@ -164,6 +201,7 @@ fn write_in_order(
     Ok(Copied {
         bytes,
         blake3: hasher.finalize().to_hex().to_string(),
+        sha256: sha256.map(|sha| sha.finalize().iter().map(|b| format!("{b:02x}")).collect()),
     })
 }
 
@@ -197,6 +235,8 @@ mod tests {
                 &mut out,
                 len as u64,
                 CopyOptions { streams, chunk },
+                &AtomicU64::new(0),
+                true,
                 |n| reported += n,
             )
             .map_err(|e| format!("{e:?}"))
@@ -205,13 +245,56 @@ mod tests {
             assert_eq!(copied.bytes, len as u64);
             assert_eq!(reported, len as u64);
             assert_eq!(copied.blake3, blake3::hash(&data).to_hex().to_string());
+            let sha: String = Sha256::digest(&data)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(copied.sha256, Some(sha));
         }
+    }
+
+    /// A destination that fails after `limit` bytes, like a disk filling up.
+    struct FullAfter(usize);
+
+    impl std::io::Write for FullAfter {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if buf.len() > self.0 {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            self.0 -= buf.len();
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failing_destination_stops_every_reader() {
+        let (src, _) = source(100_000);
+        let read = AtomicU64::new(0);
+        let options = CopyOptions {
+            streams: 4,
+            chunk: 1000,
+        };
+        let result = copy_file(
+            src.as_file(),
+            &mut FullAfter(5000),
+            100_000,
+            options,
+            &read,
+            false,
+            |_| {},
+        );
+        assert!(matches!(result, Err(CopyError::Write(e)) if e.raw_os_error() == Some(28)));
     }
 
     #[test]
     fn a_source_shorter_than_expected_copies_what_exists() {
         let (src, data) = source(1000);
         let mut out = Vec::new();
+        let read = AtomicU64::new(0);
         let copied = copy_file(
             src.as_file(),
             &mut out,
@@ -220,11 +303,14 @@ mod tests {
                 streams: 3,
                 chunk: 300,
             },
+            &read,
+            false,
             |_| {},
         )
         .map_err(|e| format!("{e:?}"))
         .expect("copy");
         assert_eq!(copied.bytes, 1000);
+        assert_eq!(read.load(Ordering::Relaxed), 1000);
         assert_eq!(out, data);
     }
 }

@@ -107,7 +107,8 @@ pub enum StoreError {
 impl StoreError {
     pub(crate) fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
         let path = path.into();
-        if err.raw_os_error() == Some(libc::ENOSPC) {
+        // Wrapped errors (tempfile adds the path) keep their kind but lose the errno.
+        if err.raw_os_error() == Some(libc::ENOSPC) || err.kind() == io::ErrorKind::StorageFull {
             StoreError::NoSpace { path }
         } else {
             StoreError::Io {
@@ -131,6 +132,14 @@ pub enum StageError {
     /// the copy was discarded.
     #[error("{path}: the source file changed while it was being copied; the copy was discarded")]
     SourceChanged {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// The copied bytes do not hash to the sha256 an LFS blob is named by.
+    #[error(
+        "{path}: the copied bytes do not match the sha256 in the blob's name (the source changed during the copy, or the blob on the source is corrupt); the copy was discarded"
+    )]
+    ContentMismatch {
         /// Path relative to the source root.
         path: PathBuf,
     },

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::fs::File;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::copy::{CopyError, CopyOptions, copy_file};
 use crate::error::{SourceError, StageError, StoreError};
-use crate::index::Entry;
+use crate::index::{CopyId, Entry};
 use crate::key::Key;
 use crate::metrics::Metrics;
 use crate::source::{SourceTree, Stamp};
@@ -54,8 +54,10 @@ pub struct Staged {
 pub struct InFlight {
     /// Source path, relative to the source root.
     pub path: PathBuf,
-    /// Bytes copied so far.
+    /// Bytes copied so far (written in order).
     pub copied: u64,
+    /// Bytes read from the source so far, in any order: grows while the source answers.
+    pub read: u64,
     /// Bytes to copy (0 until the source has been looked at).
     pub total: u64,
 }
@@ -63,7 +65,27 @@ pub struct InFlight {
 #[derive(Debug, Default)]
 struct Progress {
     copied: AtomicU64,
+    read: AtomicU64,
     total: AtomicU64,
+    /// An open waits for this copy.
+    urgent: AtomicBool,
+}
+
+/// Counts copies an open is waiting for, while alive.
+#[derive(Debug)]
+struct UrgentGuard(Arc<AtomicUsize>);
+
+impl UrgentGuard {
+    fn new(count: &Arc<AtomicUsize>) -> UrgentGuard {
+        count.fetch_add(1, Ordering::Relaxed);
+        UrgentGuard(Arc::clone(count))
+    }
+}
+
+impl Drop for UrgentGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 type StageResult = Result<Staged, StageError>;
@@ -97,6 +119,9 @@ struct Inner {
     runtime: Handle,
     copy: CopyOptions,
     inflight: Mutex<HashMap<Key, Flight>>,
+    /// Copies started for opens and not finished: prefetch copies wait for zero, so
+    /// the file a loader is blocked on gets the whole link.
+    urgent_copies: Arc<AtomicUsize>,
 }
 
 impl Stager {
@@ -121,6 +146,7 @@ impl Stager {
                 runtime,
                 copy,
                 inflight: Mutex::new(HashMap::new()),
+                urgent_copies: Arc::default(),
             }),
         }
     }
@@ -144,6 +170,8 @@ impl Stager {
     /// copying it first unless an up-to-date copy is already stored.
     pub async fn stage(&self, rel: &Path) -> StageResult {
         let flight = self.flight_for(rel, Purpose::Open);
+        // Someone is waiting for this one: a prefetch of it stops yielding to opens.
+        flight.progress.urgent.store(true, Ordering::Relaxed);
         let result = flight.result.await;
         match result {
             // A prefetch may not evict; an open may, so it tries again on its own.
@@ -161,6 +189,18 @@ impl Stager {
         self.flight_for(rel, Purpose::Prefetch).result.await
     }
 
+    /// A stored copy of source file `rel` at version `stamp`, without asking the source
+    /// anything (for when it does not answer). May re-hash the copy: call off the
+    /// request loop.
+    pub fn stored(&self, rel: &Path, stamp: Stamp) -> Option<Staged> {
+        let key = Key::for_source_path(rel);
+        let hit = self
+            .inner
+            .store
+            .lookup(&key, |e| reusable(e, &key, rel, stamp))?;
+        Some(staged(hit, stamp, false))
+    }
+
     /// Copies in progress.
     pub fn in_flight(&self) -> Vec<InFlight> {
         let inflight = self
@@ -173,6 +213,7 @@ impl Stager {
             .map(|f| InFlight {
                 path: f.path.clone(),
                 copied: f.progress.copied.load(Ordering::Relaxed),
+                read: f.progress.read.load(Ordering::Relaxed),
                 total: f.progress.total.load(Ordering::Relaxed),
             })
             .collect();
@@ -198,8 +239,12 @@ impl Stager {
         let worker_rel = rel.clone();
         let progress = Arc::new(Progress::default());
         let worker_progress = Arc::clone(&progress);
+        // Counted from now, so a prefetch starting a moment later already yields.
+        let urgent =
+            (purpose == Purpose::Open).then(|| UrgentGuard::new(&self.inner.urgent_copies));
         let task = self.inner.runtime.spawn_blocking(move || {
             let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose);
+            drop(urgent);
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner
                 .inflight
@@ -249,6 +294,9 @@ impl Inner {
             progress.copied.store(stamp.size, Ordering::Relaxed);
             return Ok(staged(hit, stamp, false));
         }
+        if purpose == Purpose::Prefetch {
+            self.yield_to_opens(progress);
+        }
         let may_evict = purpose == Purpose::Open;
         let reservation = self.store.reserve(key, stamp.size, rel, may_evict)?;
         Metrics::bump(&self.metrics.stage_copies);
@@ -262,6 +310,7 @@ impl Inner {
             stamp,
             blake3,
             last_use: now_secs(),
+            copy: CopyId::default(),
         };
         let hit = self.store.commit(key, tmp, entry, reservation)?;
         let secs = started.elapsed().as_secs_f64();
@@ -273,6 +322,15 @@ impl Inner {
             "staged"
         );
         Ok(staged(hit, stamp, true))
+    }
+
+    /// Waits while opens wait for other copies, unless an open waits for this one.
+    fn yield_to_opens(&self, progress: &Progress) {
+        while self.urgent_copies.load(Ordering::Relaxed) > 0
+            && !progress.urgent.load(Ordering::Relaxed)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// Copies `rel` into a synced temp file, hashing as it goes, and checks that the
@@ -287,16 +345,35 @@ impl Inner {
         let mut tmp = self.store.create_temp()?;
         let tmp_path = tmp.path().to_path_buf();
         let mut copied = 0u64;
-        let outcome = copy_file(&src, &mut tmp, expected.size, self.copy, |n| {
-            copied += n;
-            progress.copied.store(copied, Ordering::Relaxed);
-            self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
-        })
+        let expected_sha256 = Key::for_source_path(rel)
+            .content_sha256()
+            .map(str::to_string);
+        let with_sha256 = expected_sha256.is_some();
+        let outcome = copy_file(
+            &src,
+            &mut tmp,
+            expected.size,
+            self.copy,
+            &progress.read,
+            with_sha256,
+            |n| {
+                copied += n;
+                progress.copied.store(copied, Ordering::Relaxed);
+                self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
+            },
+        )
         .map_err(|e| match e {
             CopyError::Read(e) => StageError::from(SourceError::io(rel, e)),
             CopyError::Write(e) => StoreError::io(&tmp_path, e).into(),
         })?;
         self.check_unchanged(rel, expected, outcome.bytes)?;
+        // An LFS blob is named by its content: this catches a change the source's
+        // attribute cache hid, and a corrupt blob on the source.
+        if outcome.sha256 != expected_sha256 {
+            return Err(StageError::ContentMismatch {
+                path: rel.to_path_buf(),
+            });
+        }
         tmp.as_file()
             .sync_all()
             .map_err(|e| StoreError::io(&tmp_path, e))?;
@@ -436,6 +513,20 @@ mod tests {
         ));
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_lfs_blob_whose_bytes_do_not_match_its_name_is_refused() {
+        let fx = fixture();
+        let sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"; // of ""
+        let rel = PathBuf::from(format!("models--a--b/blobs/{sha}"));
+        fs::create_dir_all(fx.src.path().join("models--a--b/blobs")).expect("mkdir");
+        fs::write(fx.src.path().join(&rel), b"not empty").expect("write");
+        assert!(matches!(
+            fx.stager.stage(&rel).await,
+            Err(StageError::ContentMismatch { .. })
+        ));
+        assert!(fx.stager.store().entries().is_empty());
+    }
+
     #[test]
     fn change_during_copy_is_detected() {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -449,6 +540,7 @@ mod tests {
             runtime: rt.handle().clone(),
             copy: CopyOptions::default(),
             inflight: Mutex::default(),
+            urgent_copies: Arc::default(),
         };
         let stale = Stamp {
             size: 10,
