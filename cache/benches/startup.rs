@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::index::{Entry, INDEX_VERSION, Record};
+use stagefs_cache::index::{CopyId, Entry, INDEX_VERSION, Record};
 use stagefs_cache::{Budget, Key, Stamp, Store};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,6 +64,7 @@ fn populate(cache: &Path, entries: usize) -> Result<(), Box<dyn std::error::Erro
             },
             blake3: blake3::hash(bytes.as_bytes()).to_hex().to_string(),
             last_use: i as u64,
+            copy: CopyId::default(),
         };
         let put = Record::Put {
             key: key.as_str().to_string(),

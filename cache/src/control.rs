@@ -14,6 +14,7 @@ use crate::budget::Budget;
 use crate::metrics::MetricsSnapshot;
 use crate::prefetch::{FileProgress, Target};
 use crate::source::SourceTree;
+use crate::stage::InFlight;
 use crate::store::Store;
 
 /// File name of the control socket inside the cache directory.
@@ -45,7 +46,8 @@ impl MountRecord {
 
     /// Records this mount in `cache_dir`.
     pub fn write(&self, cache_dir: &Path) -> io::Result<()> {
-        std::fs::write(Self::path(cache_dir), serde_json::to_vec_pretty(self)?)
+        let mut file = crate::sys::create_private(&Self::path(cache_dir))?;
+        file.write_all(&serde_json::to_vec_pretty(self)?)
     }
 
     /// The last mount of `cache_dir`, if one was recorded.
@@ -97,6 +99,8 @@ pub enum Response {
         mountpoint: PathBuf,
         /// What it mirrors.
         source: PathBuf,
+        /// Copies in progress (cheap to ask for, unlike a full status).
+        in_flight: Vec<InFlight>,
     },
     /// Answer to [`Request::Status`].
     Status {
@@ -143,6 +147,7 @@ pub fn answer(
                 metrics,
                 mountpoint,
                 source: source.root().to_path_buf(),
+                in_flight: live.in_flight,
             }),
             _ => Err(AdminError::BadRequest("no mount is running".into())),
         },

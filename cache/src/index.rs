@@ -33,6 +33,33 @@ pub struct Entry {
     pub blake3: String,
     /// Last time the copy was used, in seconds since the Unix epoch.
     pub last_use: u64,
+    /// Which file on disk was hashed: while the copy keeps this inode and change
+    /// time, nothing has written to it since, and it need not be hashed again.
+    pub copy: CopyId,
+}
+
+/// Identifies one state of a file on disk: any write (or chmod, or replacement)
+/// changes the change time, which no user can set back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyId {
+    /// Inode number.
+    pub ino: u64,
+    /// Change time in nanoseconds since the Unix epoch.
+    pub ctime_ns: i64,
+}
+
+impl CopyId {
+    /// The identity of the file `meta` describes.
+    pub fn of(meta: &std::fs::Metadata) -> CopyId {
+        use std::os::unix::fs::MetadataExt;
+        CopyId {
+            ino: meta.ino(),
+            ctime_ns: meta
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.ctime_nsec()),
+        }
+    }
 }
 
 /// One journal line.
@@ -187,7 +214,7 @@ impl Index {
 /// rename, and returns the journal opened for appending.
 fn write_compacted(path: &Path, entries: &LruCache<Key, Entry>) -> io::Result<File> {
     let tmp = path.with_extension("jsonl.tmp");
-    let mut out = io::BufWriter::new(File::create(&tmp)?);
+    let mut out = io::BufWriter::new(crate::sys::create_private(&tmp)?);
     let header = Record::Header {
         version: INDEX_VERSION,
     };
@@ -274,6 +301,7 @@ mod tests {
             },
             blake3: "ab".repeat(32),
             last_use,
+            copy: CopyId::default(),
         }
     }
 

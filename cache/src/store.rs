@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File, TryLockError};
 use std::io::{self, Write};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -31,7 +31,7 @@ use tracing::{info, warn};
 
 use crate::budget::{Budget, VolumeSpace, volume_space};
 use crate::error::StoreError;
-use crate::index::{Entry, Index};
+use crate::index::{CopyId, Entry, Index};
 use crate::key::Key;
 
 /// Name of the layout directory; a new layout gets a new name.
@@ -165,15 +165,15 @@ impl Store {
     /// checked for completeness and, the first time this process serves it, re-hashed;
     /// a damaged copy is dropped (a miss), never returned.
     pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
-        let (entry, pin, verified) = {
+        let (mut entry, pin, verified) = {
             let mut state = lock_state(&self.state);
             let entry = state.index.get(key).filter(|e| accept(e))?.clone();
             let verified = state.verified.contains(key);
             (entry, self.pin_locked(&mut state, key), verified)
         };
         let path = self.data_path(key);
-        let file = match self.check_copy(&path, &entry, verified) {
-            Ok(file) => file,
+        let (file, rehashed) = match self.check_copy(&path, &entry, verified) {
+            Ok(checked) => checked,
             Err(reason) => {
                 warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
                 drop(pin);
@@ -182,6 +182,10 @@ impl Store {
             }
         };
         let mut state = lock_state(&self.state);
+        if let Some(copy) = rehashed {
+            entry.copy = copy;
+            let _ = state.index.put(key.clone(), entry.clone());
+        }
         state.verified.insert(key.clone());
         state.index.touch(key, now_secs());
         Some(Hit {
@@ -192,16 +196,28 @@ impl Store {
         })
     }
 
-    fn check_copy(&self, path: &Path, entry: &Entry, verified: bool) -> Result<File, &'static str> {
+    /// Opens a copy and checks it is whole. The first time this process serves it,
+    /// a copy whose inode or change time differs from when it was hashed (something
+    /// wrote to it) is hashed again; returns the new identity when it was.
+    fn check_copy(
+        &self,
+        path: &Path,
+        entry: &Entry,
+        verified: bool,
+    ) -> Result<(File, Option<CopyId>), &'static str> {
         let file = File::open(path).map_err(|_| "the copy is missing")?;
-        let len = file.metadata().map_err(|_| "the copy is unreadable")?.len();
-        if len != entry.stamp.size {
+        let meta = file.metadata().map_err(|_| "the copy is unreadable")?;
+        if meta.len() != entry.stamp.size {
             return Err("the copy has the wrong size");
         }
-        if !verified && hash_file(path).map_err(|_| "the copy is unreadable")? != entry.blake3 {
+        let now = CopyId::of(&meta);
+        if verified || now == entry.copy {
+            return Ok((file, None));
+        }
+        if hash_file(path).map_err(|_| "the copy is unreadable")? != entry.blake3 {
             return Err("the copy's blake3 does not match the index");
         }
-        Ok(file)
+        Ok((file, Some(now)))
     }
 
     /// Promises `bytes` of space to a new copy for `key`, evicting least-recently-used
@@ -302,7 +318,7 @@ impl Store {
         &self,
         key: &Key,
         tmp: NamedTempFile,
-        entry: Entry,
+        mut entry: Entry,
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
         let data_path = self.data_path(key);
@@ -315,6 +331,8 @@ impl Store {
         tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
         sync_dir(&self.layout.join("data"))?;
+        let meta = fs::metadata(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
+        entry.copy = CopyId::of(&meta);
         state
             .index
             .put(key.clone(), entry.clone())
@@ -420,10 +438,11 @@ impl Drop for Reservation {
     }
 }
 
-/// blake3 of a whole file, hex.
+/// blake3 of a whole file, hex. Read through a buffer rather than mapped, so hashing
+/// a 50 GB shard does not show up as 50 GB of resident memory.
 pub fn hash_file(path: &Path) -> io::Result<String> {
     let mut hasher = blake3::Hasher::new();
-    hasher.update_mmap_rayon(path)?;
+    hasher.update_reader(File::open(path)?)?;
     Ok(hasher.finalize().to_hex().to_string())
 }
 
@@ -476,6 +495,7 @@ fn take_lock(path: &Path) -> Result<File, StoreError> {
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
         .open(path)
         .map_err(|e| StoreError::io(path, e))?;
     match file.try_lock() {
@@ -553,6 +573,7 @@ mod tests {
             },
             blake3: blake3::hash(&bytes).to_hex().to_string(),
             last_use: now_secs(),
+            copy: CopyId::default(),
         };
         store.commit(&key(name), tmp, entry, reservation)
     }

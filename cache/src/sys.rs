@@ -1,8 +1,10 @@
 //! Thin wrappers over the few system calls std does not offer.
 
 use std::ffi::CString;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// `statvfs(2)` of the filesystem holding `path`.
@@ -15,4 +17,15 @@ pub fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     }
     // SAFETY: statvfs succeeded, so it initialised `out`.
     Ok(unsafe { out.assume_init() })
+}
+
+/// Creates (or truncates) `path` for writing, readable by its owner only: the cache
+/// says which models a user runs, which is nobody else's business.
+pub fn create_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
 }

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
+use stagefs_cache::index::CopyId;
 use stagefs_cache::store::Hit;
 use stagefs_cache::{Budget, Entry, Key, Stamp, Store, StoreError};
 
@@ -48,6 +49,7 @@ fn stage(store: &Store, rel: &Path, size: u64, version: i64) -> Result<Hit, Stor
         },
         blake3: blake3::hash(&bytes).to_hex().to_string(),
         last_use: 0,
+        copy: CopyId::default(),
     };
     store.commit(&key, tmp, entry, reservation)
 }

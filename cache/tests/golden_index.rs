@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use stagefs_cache::index::{Entry, INDEX_VERSION, Record};
+use stagefs_cache::index::{CopyId, Entry, INDEX_VERSION, Record};
 use stagefs_cache::source::Stamp;
 
 const GOLDEN: &str = include_str!("golden/index-v1.jsonl");
@@ -24,6 +24,10 @@ fn records() -> Vec<Record> {
                 },
                 blake3: "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262".into(),
                 last_use: 1_764_496_100,
+                copy: CopyId {
+                    ino: 1_048_577,
+                    ctime_ns: 1_764_496_001_000_000_000,
+                },
             },
         },
         Record::Touch {
