@@ -37,6 +37,14 @@ pub enum FsError {
     /// The kernel asked for a directory operation on a non-directory or vice versa.
     #[error("not a directory")]
     NotADirectory,
+    /// The source did not answer (or a copy made no progress) within --source-timeout.
+    #[error("{path}: the source did not respond within {secs} s (--source-timeout)")]
+    SourceTimeout {
+        /// What was being accessed, relative to the source root.
+        path: std::path::PathBuf,
+        /// The timeout.
+        secs: u64,
+    },
 }
 
 impl FsError {
@@ -49,6 +57,7 @@ impl FsError {
             FsError::UnknownInode(_) | FsError::UnknownHandle(_) | FsError::Stale => Errno::ESTALE,
             FsError::ReadOnly => Errno::EROFS,
             FsError::NotADirectory => Errno::ENOTDIR,
+            FsError::SourceTimeout { .. } => Errno::EIO,
         }
     }
 
@@ -77,7 +86,9 @@ fn stage_errno(e: &StageError) -> Errno {
         StageError::Store(StoreError::InUse { .. }) => Errno::EBUSY,
         // Whatever went wrong in our own cache directory, the caller sees an I/O error.
         StageError::Store(StoreError::Io { .. } | StoreError::Locked { .. }) => Errno::EIO,
-        StageError::SourceChanged { .. } | StageError::Worker { .. } => Errno::EIO,
+        StageError::SourceChanged { .. }
+        | StageError::ContentMismatch { .. }
+        | StageError::Worker { .. } => Errno::EIO,
         StageError::NotAFile { .. } => Errno::EISDIR,
     }
 }

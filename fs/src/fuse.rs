@@ -8,6 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -16,9 +17,9 @@ use fuser::{
 };
 use stagefs_cache::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
-use stagefs_cache::{Metrics, StageError, Stager, Stamp, StoreError};
+use stagefs_cache::{Metrics, StageError, Staged, Stager, Stamp, StoreError};
 use tokio::runtime::Handle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::attr::{attr_of, kind_of};
 use crate::error::FsError;
@@ -44,6 +45,12 @@ struct Shared {
     dirs: Handles<Vec<DirEntry>>,
     passthrough: Passthrough,
     prefetcher: Option<Arc<Prefetcher>>,
+    /// Set when a source operation timed out, cleared when one completes: while set,
+    /// requests that can be answered from memory are, at once, instead of each
+    /// waiting out the timeout again.
+    source_unresponsive: AtomicBool,
+    /// Whether a request is already finding out if the source is back.
+    probing: AtomicBool,
 }
 
 /// An open file ready to be handed to the kernel.
@@ -63,6 +70,8 @@ impl StageFs {
         StageFs {
             shared: Arc::new(Shared {
                 prefetcher,
+                source_unresponsive: AtomicBool::new(false),
+                probing: AtomicBool::new(false),
                 stager,
                 config,
                 runtime,
@@ -74,16 +83,70 @@ impl StageFs {
         }
     }
 
-    /// Runs blocking `work` on the runtime's blocking pool and passes its outcome to `respond`.
+    /// Runs blocking `work` on the runtime's blocking pool and passes its outcome to
+    /// `respond`; a source that does not answer within the timeout gets EIO.
     fn serve<T, W, R>(&self, op: &'static str, work: W, respond: R)
     where
         T: Send + 'static,
         W: FnOnce(&Shared) -> Result<T, FsError> + Send + 'static,
         R: FnOnce(Result<T, Errno>) + Send + 'static,
     {
+        self.serve_or_recall(op, work, |_| None, respond);
+    }
+
+    /// Like [`StageFs::serve`], but when the source times out, answers from what
+    /// `recall` remembers of it, if anything (so staged models stay usable while the
+    /// NAS is away).
+    fn serve_or_recall<T, W, F, R>(&self, op: &'static str, work: W, recall: F, respond: R)
+    where
+        T: Send + 'static,
+        W: FnOnce(&Shared) -> Result<T, FsError> + Send + 'static,
+        F: FnOnce(&Shared) -> Option<T> + Send + 'static,
+        R: FnOnce(Result<T, Errno>) + Send + 'static,
+    {
         let shared = Arc::clone(&self.shared);
-        self.shared.runtime.spawn_blocking(move || {
-            respond(work(&shared).map_err(|e| errno_logged(op, &e)));
+        if shared.source_unresponsive.load(Ordering::Relaxed) {
+            if let Some(known) = recall(&shared) {
+                respond(Ok(known));
+                shared.probe(work);
+                return;
+            }
+            self.serve_timed(op, work, |_| None, respond);
+            return;
+        }
+        self.serve_timed(op, work, recall, respond);
+    }
+
+    fn serve_timed<T, W, F, R>(&self, op: &'static str, work: W, recall: F, respond: R)
+    where
+        T: Send + 'static,
+        W: FnOnce(&Shared) -> Result<T, FsError> + Send + 'static,
+        F: FnOnce(&Shared) -> Option<T> + Send + 'static,
+        R: FnOnce(Result<T, Errno>) + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        let limit = shared.config.source_timeout;
+        self.shared.runtime.spawn(async move {
+            let worker = Arc::clone(&shared);
+            let task = tokio::task::spawn_blocking(move || work(&worker));
+            let result = match tokio::time::timeout(limit, task).await {
+                Ok(Ok(result)) => {
+                    shared.source_answered();
+                    result
+                }
+                Ok(Err(e)) => Err(FsError::Read(io::Error::other(e))),
+                Err(_) => {
+                    shared.source_timed_out();
+                    match recall(&shared) {
+                        Some(known) => Ok(known),
+                        None => Err(FsError::SourceTimeout {
+                            path: std::path::PathBuf::from(op),
+                            secs: limit.as_secs(),
+                        }),
+                    }
+                }
+            };
+            respond(result.map_err(|e| errno_logged(op, &e)));
         });
     }
 }
@@ -98,6 +161,38 @@ fn errno_logged(op: &'static str, e: &FsError) -> Errno {
 }
 
 impl Shared {
+    fn source_timed_out(&self) {
+        if !self.source_unresponsive.swap(true, Ordering::Relaxed) {
+            warn!(
+                source = %self.stager.source().root().display(),
+                "the source did not respond; answering from what it said last where possible"
+            );
+        }
+    }
+
+    fn source_answered(&self) {
+        if self.source_unresponsive.swap(false, Ordering::Relaxed) {
+            info!(source = %self.stager.source().root().display(), "the source responds again");
+        }
+    }
+
+    /// Runs `work` once in the background to find out whether the source is back.
+    fn probe<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Shared) -> Result<T, FsError> + Send + 'static,
+    ) {
+        if self.probing.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        self.runtime.spawn_blocking(move || {
+            if work(&shared).is_ok() {
+                shared.source_answered();
+            }
+            shared.probing.store(false, Ordering::Relaxed);
+        });
+    }
+
     fn node(&self, ino: INodeNo) -> Result<Node, FsError> {
         self.inodes.get(ino.0).ok_or(FsError::UnknownInode(ino.0))
     }
@@ -106,23 +201,30 @@ impl Shared {
         let path = self.node(parent)?.path.join(name);
         let meta = self.stager.source().stat(&path)?;
         let ino = self.inodes.intern(&path, &meta);
-        Ok(attr_of(
-            ino,
-            &meta,
-            meta.is_file().then(|| Stamp::of(&meta)),
-        ))
+        let attr = attr_of(ino, &meta, meta.is_file().then(|| Stamp::of(&meta)));
+        self.inodes.remember_attr(attr);
+        Ok(attr)
+    }
+
+    fn recall_lookup(&self, parent: INodeNo, name: &OsStr) -> Option<FileAttr> {
+        let path = self.inodes.get(parent.0)?.path.join(name);
+        self.inodes.known_attr_of_path(&path)
     }
 
     fn getattr(&self, ino: INodeNo) -> Result<FileAttr, FsError> {
         let node = self.node(ino)?;
         let meta = self.stager.source().stat(&node.path)?;
-        Ok(attr_of(ino.0, &meta, node.stamp))
+        let attr = attr_of(ino.0, &meta, node.stamp);
+        self.inodes.remember_attr(attr);
+        Ok(attr)
     }
 
     fn readlink(&self, ino: INodeNo) -> Result<Vec<u8>, FsError> {
         let node = self.node(ino)?;
         let target = self.stager.source().read_link(&node.path)?;
-        Ok(target.as_os_str().as_bytes().to_vec())
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.inodes.remember_link(ino.0, &target);
+        Ok(target)
     }
 
     fn list_dir(&self, ino: INodeNo) -> Result<Vec<DirEntry>, FsError> {
@@ -154,19 +256,19 @@ impl Shared {
         let opened = if version.size < self.config.min_stage_size {
             self.open_source(&node.path).await?
         } else {
-            match self.stager.stage(&node.path).await {
+            match self.stage_or_recall(node, version).await {
                 Ok(staged) => Opened {
                     stamp: staged.stamp,
                     file: staged.file,
                     pin: Some(staged.pin),
                 },
-                Err(e @ StageError::Store(StoreError::NoRoom { .. }))
+                Err(FsError::Stage(e @ StageError::Store(StoreError::NoRoom { .. })))
                     if self.config.on_full == OnFull::ReadSource =>
                 {
                     warn!(error = %e, "serving the file from the source (--on-full passthrough)");
                     self.open_source(&node.path).await?
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         };
         // The inode promised `version`; a newer one must come through a fresh lookup.
@@ -174,6 +276,35 @@ impl Shared {
             return Err(FsError::Stale);
         }
         Ok(opened)
+    }
+
+    /// Stages `node`, unless the copy stops making progress for the source timeout:
+    /// then a stored copy of exactly this version is served if there is one (the
+    /// source may be gone, the model is still here), else the open fails with EIO.
+    async fn stage_or_recall(&self, node: &Node, version: Stamp) -> Result<Staged, FsError> {
+        let limit = self.config.source_timeout;
+        let known_down = self.source_unresponsive.load(Ordering::Relaxed);
+        if !known_down {
+            tokio::select! {
+                staged = self.stager.stage(&node.path) => return staged.map_err(FsError::from),
+                () = stalled(&self.stager, &node.path, limit) => self.source_timed_out(),
+            }
+        }
+        let (stager, path) = (self.stager.clone(), node.path.clone());
+        let recalled = self
+            .runtime
+            .spawn_blocking(move || stager.stored(&path, version))
+            .await;
+        match recalled {
+            Ok(Some(staged)) => {
+                warn!(path = %node.path.display(), "the source does not respond; serving the staged copy");
+                Ok(staged)
+            }
+            _ => Err(FsError::SourceTimeout {
+                path: node.path.clone(),
+                secs: limit.as_secs(),
+            }),
+        }
     }
 
     async fn open_source(&self, path: &Path) -> Result<Opened, FsError> {
@@ -191,9 +322,13 @@ impl Shared {
                     pin: None,
                 })
             });
-        opened
-            .await
-            .map_err(|e| FsError::Read(io::Error::other(e)))?
+        match tokio::time::timeout(self.config.source_timeout, opened).await {
+            Ok(joined) => joined.map_err(|e| FsError::Read(io::Error::other(e)))?,
+            Err(_) => Err(FsError::SourceTimeout {
+                path,
+                secs: self.config.source_timeout.as_secs(),
+            }),
+        }
     }
 
     fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
@@ -231,6 +366,27 @@ impl Shared {
             Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
             // An inode is one immutable version, so its page cache stays valid across opens.
             None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+        }
+    }
+}
+
+/// Returns once the copy of `path` has made no progress for `limit`.
+async fn stalled(stager: &Stager, path: &Path, limit: std::time::Duration) {
+    let tick = limit.min(std::time::Duration::from_millis(250));
+    let mut last = None;
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let copied = stager
+            .in_flight()
+            .into_iter()
+            .find(|f| f.path == path)
+            .map(|f| f.read);
+        if copied != last {
+            last = copied;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= limit {
+            return;
         }
     }
 }
@@ -286,9 +442,11 @@ impl Filesystem for StageFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.to_owned();
         let ttl = self.shared.config.attr_ttl;
-        self.serve(
+        let recalled = name.clone();
+        self.serve_or_recall(
             "lookup",
             move |s| s.lookup(parent, &name),
+            move |s| s.recall_lookup(parent, &recalled),
             move |r| match r {
                 Ok(attr) => reply.entry(&ttl, &attr, Generation(0)),
                 Err(e) => reply.error(e),
@@ -298,9 +456,10 @@ impl Filesystem for StageFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let ttl = self.shared.config.attr_ttl;
-        self.serve(
+        self.serve_or_recall(
             "getattr",
             move |s| s.getattr(ino),
+            move |s| s.inodes.known_attr(ino.0),
             move |r| match r {
                 Ok(attr) => reply.attr(&ttl, &attr),
                 Err(e) => reply.error(e),
@@ -309,9 +468,10 @@ impl Filesystem for StageFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.serve(
+        self.serve_or_recall(
             "readlink",
             move |s| s.readlink(ino),
+            move |s| s.inodes.known_link(ino.0),
             move |r| match r {
                 Ok(target) => reply.data(&target),
                 Err(e) => reply.error(e),

@@ -13,6 +13,7 @@ use std::fs::Metadata;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
+use fuser::FileAttr;
 use stagefs_cache::Stamp;
 
 /// The root directory's inode, as the kernel expects.
@@ -38,6 +39,12 @@ struct Table {
     by_key: HashMap<NodeKey, u64>,
     nodes: HashMap<u64, Node>,
     next: u64,
+    /// The newest inode handed out for each path.
+    latest: HashMap<PathBuf, u64>,
+    /// Last attributes and link targets the source gave, to answer from while the
+    /// source does not respond.
+    attrs: HashMap<u64, FileAttr>,
+    links: HashMap<u64, Vec<u8>>,
 }
 
 /// Thread-safe map between inode numbers and source nodes.
@@ -56,6 +63,9 @@ impl Inodes {
             by_key: HashMap::from([(NodeKey::Path(PathBuf::new()), ROOT_INO)]),
             nodes: HashMap::from([(ROOT_INO, root)]),
             next: ROOT_INO + 1,
+            latest: HashMap::new(),
+            attrs: HashMap::new(),
+            links: HashMap::new(),
         };
         Inodes {
             table: Mutex::new(table),
@@ -69,13 +79,15 @@ impl Inodes {
             Some(stamp) => NodeKey::Version(path.to_path_buf(), stamp),
             None => NodeKey::Path(path.to_path_buf()),
         };
-        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.lock();
         if let Some(&ino) = table.by_key.get(&key) {
+            table.latest.insert(path.to_path_buf(), ino);
             return ino;
         }
         let ino = table.next;
         table.next += 1;
         table.by_key.insert(key, ino);
+        table.latest.insert(path.to_path_buf(), ino);
         let node = Node {
             path: path.to_path_buf(),
             stamp,
@@ -86,17 +98,46 @@ impl Inodes {
 
     /// What `ino` stands for, if this mount handed it out.
     pub(crate) fn get(&self, ino: u64) -> Option<Node> {
-        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        table.nodes.get(&ino).cloned()
+        self.lock().nodes.get(&ino).cloned()
     }
 
     /// The inode of directory `path` if it was handed out (used for "..").
     pub(crate) fn dir_ino(&self, path: &Path) -> Option<u64> {
-        let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        table
+        self.lock()
             .by_key
             .get(&NodeKey::Path(path.to_path_buf()))
             .copied()
+    }
+
+    /// Records what the source last said about `attr.ino`.
+    pub(crate) fn remember_attr(&self, attr: FileAttr) {
+        self.lock().attrs.insert(attr.ino.0, attr);
+    }
+
+    /// Records the target of symlink `ino`.
+    pub(crate) fn remember_link(&self, ino: u64, target: &[u8]) {
+        self.lock().links.insert(ino, target.to_vec());
+    }
+
+    /// The last known attributes of `ino`.
+    pub(crate) fn known_attr(&self, ino: u64) -> Option<FileAttr> {
+        self.lock().attrs.get(&ino).copied()
+    }
+
+    /// The last known attributes of the newest inode for `path`.
+    pub(crate) fn known_attr_of_path(&self, path: &Path) -> Option<FileAttr> {
+        let table = self.lock();
+        let ino = table.latest.get(path)?;
+        table.attrs.get(ino).copied()
+    }
+
+    /// The last known target of symlink `ino`.
+    pub(crate) fn known_link(&self, ino: u64) -> Option<Vec<u8>> {
+        self.lock().links.get(&ino).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -37,6 +37,11 @@ pub struct FsConfig {
     pub on_full: OnFull,
     /// Copies at a time when prefetching a snapshot's weights on open; None: no prefetch.
     pub prefetch: Option<usize>,
+    /// Let users other than the mounting one in.
+    pub allow_other: bool,
+    /// How long a source operation (or a copy that stopped making progress) may take
+    /// before the request fails with EIO instead of hanging.
+    pub source_timeout: Duration,
 }
 
 /// What an open does when the cache budget cannot make room for the file.
@@ -57,7 +62,9 @@ impl Default for FsConfig {
             attr_ttl: Duration::from_secs(1),
             fs_name: "stagefs".into(),
             on_full: OnFull::Fail,
-            prefetch: Some(2),
+            prefetch: Some(1),
+            allow_other: false,
+            source_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -75,7 +82,11 @@ impl FsConfig {
         mount_options.extend(platform::mount_options());
         let mut config = Config::default();
         config.mount_options = mount_options;
-        config.acl = SessionACL::Owner;
+        config.acl = if self.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
         config
     }
 }
