@@ -69,14 +69,22 @@ pub(crate) struct MountArgs {
     #[arg(long, value_enum, default_value_t = OnFullArg::Fail)]
     pub(crate) on_full: OnFullArg,
     /// Do not stage a snapshot's other weight files when one of its files is opened.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prefetch_parallel")]
     pub(crate) no_prefetch: bool,
-    /// Files a prefetch copies at a time.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// Files a prefetch copies at a time (one already keeps --copy-streams reads in flight).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) prefetch_parallel: u16,
     /// Reads in flight while copying one file.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) copy_streams: u16,
+    /// A source operation, or a copy that stops making progress, fails with EIO
+    /// after this long instead of hanging (45s, 2m, ...).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) source_timeout: u64,
+    /// Let other users read through the mount (FUSE's allow_other; non-root users
+    /// need `user_allow_other` in /etc/fuse.conf).
+    #[arg(long)]
+    pub(crate) allow_other: bool,
     /// Internal: report readiness on stdout (used when daemonizing).
     #[arg(long, hide = true)]
     pub(crate) notify_ready: bool,
@@ -211,6 +219,8 @@ impl MountArgs {
                 OnFullArg::Passthrough => OnFull::ReadSource,
             },
             prefetch: (!self.no_prefetch).then_some(usize::from(self.prefetch_parallel)),
+            allow_other: self.allow_other,
+            source_timeout: Duration::from_secs(self.source_timeout.max(1)),
             ..FsConfig::default()
         }
     }

@@ -26,6 +26,7 @@ pub(crate) struct ControlServer {
     mountpoint: PathBuf,
     min_stage_size: u64,
     prefetch_parallel: usize,
+    source_timeout: Duration,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -44,7 +45,8 @@ pub(crate) async fn bind(
         stager,
         mountpoint: spec.mountpoint.clone(),
         min_stage_size: spec.fs.min_stage_size,
-        prefetch_parallel: spec.fs.prefetch.unwrap_or(2),
+        prefetch_parallel: spec.fs.prefetch.unwrap_or(1),
+        source_timeout: spec.fs.source_timeout,
     })
 }
 
@@ -135,8 +137,20 @@ impl ControlServer {
         .await
     }
 
-    // Verify and status read the disk, so they run on the blocking pool.
+    // Verify and status read the disk, so they run on the blocking pool; status also
+    // walks the source, which may not answer: then it is answered without it.
     async fn handle(&self, request: Request) -> Response {
+        let with_source = self.answer_request(request.clone(), true);
+        match tokio::time::timeout(self.source_timeout, with_source).await {
+            Ok(response) => response,
+            Err(_) if request == Request::Status => self.answer_request(request, false).await,
+            Err(_) => Response::Error {
+                message: "the source did not respond within --source-timeout".into(),
+            },
+        }
+    }
+
+    async fn answer_request(&self, request: Request, use_source: bool) -> Response {
         let stager = self.stager.clone();
         let mountpoint = self.mountpoint.clone();
         let answered = tokio::task::spawn_blocking(move || {
@@ -145,7 +159,8 @@ impl ControlServer {
                 in_flight: stager.in_flight(),
                 mountpoint: Some(mountpoint),
             };
-            control::answer(request, stager.store(), Some(stager.source()), live)
+            let source = use_source.then(|| stager.source());
+            control::answer(request, stager.store(), source, live)
         })
         .await;
         answered.unwrap_or_else(|e| Response::Error {

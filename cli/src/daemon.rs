@@ -143,14 +143,26 @@ impl Running {
         if let Err(e) = self.unmounter.unmount() {
             warn!(error = %e, "unmount failed");
         }
-        let result = self.runtime.block_on(&mut self.done);
+        // The request loop ends once the kernel lets go of the mount; if it never
+        // does, the process exits anyway rather than hang.
+        let waited = self.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(15), &mut self.done).await
+        });
         self.cleanup();
-        flatten(result)
+        match waited {
+            Ok(result) => flatten(result),
+            Err(_) => {
+                warn!("the request loop did not finish after unmounting; exiting anyway");
+                Ok(())
+            }
+        }
     }
 
-    fn cleanup(&self) {
+    fn cleanup(self) {
         let _ = fs::remove_file(&self.socket);
         info!(metrics = ?self.metrics(), "stopped");
+        // A worker stuck on an unreachable source must not keep the process alive.
+        self.runtime.shutdown_background();
     }
 }
 
@@ -186,23 +198,21 @@ fn store_open_error(e: StoreError, spec: &MountSpec) -> anyhow::Error {
     }
 }
 
+/// Refuses a mount that cannot work, before anything is created or mounted.
 fn validate(spec: &MountSpec) -> anyhow::Result<()> {
-    let source = fs::canonicalize(&spec.source)
-        .with_context(|| format!("source {} does not exist", spec.source.display()))?;
-    if !source.is_dir() {
-        bail!("source {} is not a directory", spec.source.display());
-    }
-    let mountpoint = fs::canonicalize(&spec.mountpoint)
-        .with_context(|| format!("mount point {} does not exist", spec.mountpoint.display()))?;
-    if !mountpoint.is_dir() {
+    let source = existing_dir(&spec.source, "source")?;
+    recover_stale_mount(&spec.mountpoint)?;
+    let mountpoint = existing_dir(&spec.mountpoint, "mount point")?;
+    if is_mount_point(&mountpoint)? {
         bail!(
-            "mount point {} is not a directory",
+            "mount point {} is already a mount point; unmount it first (`stagefs unmount {}` if it is a stagefs mount)",
+            spec.mountpoint.display(),
             spec.mountpoint.display()
         );
     }
     if fs::read_dir(&mountpoint)?.next().is_some() {
         bail!(
-            "mount point {} is not empty (or is already mounted)",
+            "mount point {} is not empty; use an empty directory",
             spec.mountpoint.display()
         );
     }
@@ -213,7 +223,62 @@ fn validate(spec: &MountSpec) -> anyhow::Result<()> {
             spec.cache_dir.display()
         );
     }
+    if let Some(max) = spec.max_size
+        && max < spec.fs.min_stage_size
+    {
+        bail!(
+            "--max-size ({max} bytes) is smaller than --min-stage-size ({} bytes): no file could ever be staged",
+            spec.fs.min_stage_size
+        );
+    }
     Ok(())
+}
+
+fn existing_dir(path: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    let real = match fs::canonicalize(path) {
+        Ok(real) => real,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{what} {} does not exist", path.display())
+        }
+        Err(e) => bail!("{what} {}: {e}", path.display()),
+    };
+    if !real.is_dir() {
+        bail!("{what} {} is not a directory", path.display());
+    }
+    Ok(real)
+}
+
+/// A FUSE mount whose daemon died answers ENOTCONN; clear it so the new mount can
+/// take its place (this is what a user would otherwise have to do by hand).
+fn recover_stale_mount(mountpoint: &Path) -> anyhow::Result<()> {
+    match fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            crate::unmount::unmount(mountpoint, true).with_context(|| {
+                format!(
+                    "{} is a stale mount left by a crashed daemon and could not be cleared; run `stagefs unmount --lazy {}`",
+                    mountpoint.display(),
+                    mountpoint.display()
+                )
+            })?;
+            warn!(mountpoint = %mountpoint.display(), "cleared a stale mount left by a crashed daemon");
+            eprintln!(
+                "stagefs: cleared a stale mount at {} left by a crashed daemon",
+                mountpoint.display()
+            );
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether `dir` is the root of a mounted filesystem (its device differs from its
+/// parent's, or it is `/`).
+fn is_mount_point(dir: &Path) -> anyhow::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(parent) = dir.parent() else {
+        return Ok(true);
+    };
+    Ok(fs::metadata(dir)?.dev() != fs::metadata(parent)?.dev())
 }
 
 /// `path` with its longest existing prefix canonicalized, so a cache directory can
@@ -235,11 +300,15 @@ fn canonical_prefix(path: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn create_cache_dir(spec: &MountSpec) -> anyhow::Result<()> {
+    let dir = &spec.cache_dir;
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&spec.cache_dir)
-        .with_context(|| format!("creating cache directory {}", spec.cache_dir.display()))
+        .create(dir)
+        .with_context(|| format!("cache directory {} cannot be created", dir.display()))?;
+    tempfile::tempfile_in(dir)
+        .map(drop)
+        .with_context(|| format!("cache directory {} is not writable", dir.display()))
 }
 
 /// Serves `spec` in this process until unmounted; with `notify_ready`, tells the

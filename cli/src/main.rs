@@ -15,14 +15,17 @@ mod unmount;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command, GenDemoArgs, MountArgs};
 use crate::daemon::MountSpec;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     init_logging(default_log_filter(&cli.command));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -31,6 +34,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Bad arguments get one line (clap's first), not a usage screen; help and version
+/// print as usual.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or("invalid arguments");
+    eprintln!("stagefs: {}", first.trim_start_matches("error: "));
+    ExitCode::from(2)
 }
 
 /// The daemon logs what it stages; interactive commands only warnings. `RUST_LOG` overrides.

@@ -69,7 +69,29 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        #[test]
+        fn parsers_never_panic(text in ".{0,24}") {
+            let _ = parse_size(&text);
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn whole_sizes_round_trip(n in 0u64..1_000_000, unit in 0usize..5) {
+            let suffix = ["", "K", "M", "G", "T"][unit];
+            prop_assert_eq!(parse_size(&format!("{n}{suffix}")), Ok(n << (10 * unit as u32)));
+        }
+
+        #[test]
+        fn durations_round_trip(n in 0u64..1_000_000, unit in 0usize..5) {
+            let (suffix, scale) = [("s", 1), ("m", 60), ("h", 3600), ("d", 86_400), ("w", 604_800)][unit];
+            prop_assert_eq!(parse_duration(&format!("{n}{suffix}")), Ok(n * scale));
+        }
+    }
 
     #[test]
     fn parses_the_documented_forms() {
