@@ -4,7 +4,10 @@
 # on the host with sshfs. tbf caps each direction (netem is not available here).
 #
 #   netfs.sh up   ID EXPORT_DIR MOUNTPOINT RATE   # RATE as tc understands it: 200mbit, 1gbit
+#                                                 # SSHFS_EXTRA_OPTS=cache=no adds sshfs options
 #   netfs.sh down ID MOUNTPOINT
+#   netfs.sh cut ID        # the link goes dead: requests hang, as with a NAS gone away
+#   netfs.sh restore ID
 #
 # ID is a small number (1-250) that keeps concurrent instances apart; the namespace
 # is sfs-ID and its addresses are 10.231.ID.1 (host) and 10.231.ID.2 (server), which
@@ -21,10 +24,16 @@ peer_ip="10.231.$id.2"
 state="/tmp/stagefs-netfs-$id"
 
 down() {
-    local mnt=$1
-    if mountpoint -q "$mnt" 2>/dev/null; then
+    local mnt
+    mnt=$(realpath -m "$1")
+    # A cut link would make anything that stats the mount hang: restore it, and find
+    # the mount in the mount table instead of stat-ing it.
+    ip link set "$host_if" up 2>/dev/null || true
+    if grep -qs " $mnt fuse.sshfs " /proc/mounts; then
         fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
     fi
+    # A lazily unmounted sshfs can linger; it is ours if it uses this state dir's key.
+    pkill -f "IdentityFile=$state/client_key" 2>/dev/null || true
     if [[ -f $state/sshd.pid ]]; then
         kill "$(cat "$state/sshd.pid")" 2>/dev/null || true
     fi
@@ -76,12 +85,14 @@ CFG
     # HF snapshots link to ../../blobs; newer sshfs refuses '..' links by default
     # (contain_symlinks). The server here is our own, so keep links verbatim.
     local links=""
-    if sshfs -h 2>&1 | grep -q contain_symlinks; then
+    # (Not `sshfs -h | grep -q`: under pipefail, grep exiting early kills sshfs with
+    # SIGPIPE and the test fails now and then.)
+    if grep -q contain_symlinks <<<"$(sshfs -h 2>&1)"; then
         links=",no_contain_symlinks"
     fi
     local tries=0
     until sshfs "root@$peer_ip:$export_dir" "$mnt" \
-        -o "ro$links,IdentityFile=$state/client_key" \
+        -o "ro$links${SSHFS_EXTRA_OPTS:+,$SSHFS_EXTRA_OPTS},IdentityFile=$state/client_key" \
         -o StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR \
         -o ConnectTimeout=5; do
         tries=$((tries + 1))
@@ -97,5 +108,7 @@ CFG
 case "$cmd" in
 up) up "${3:?missing EXPORT_DIR}" "${4:?missing MOUNTPOINT}" "${5:?missing RATE}" ;;
 down) down "${3:?missing MOUNTPOINT}" ;;
-*) echo "usage: netfs.sh up|down ID ..." >&2; exit 2 ;;
+cut) ip link set "$host_if" down ;;
+restore) ip link set "$host_if" up ;;
+*) echo "usage: netfs.sh up|down|cut|restore ID ..." >&2; exit 2 ;;
 esac

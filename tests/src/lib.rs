@@ -246,6 +246,20 @@ impl Mount {
         }
     }
 
+    /// Copies in progress, from the control socket.
+    pub fn in_flight(&self) -> Vec<stagefs_cache::InFlight> {
+        let socket = control::socket_path(&self.cache);
+        match control::query(&socket, &Request::Stats).expect("control socket") {
+            Response::Stats { in_flight, .. } => in_flight,
+            other => panic!("unexpected control answer {other:?}"),
+        }
+    }
+
+    /// Whether source file `rel` is being copied and bytes have started to arrive.
+    pub fn copying(&self, rel: &Path) -> bool {
+        self.in_flight().iter().any(|f| f.path == rel && f.read > 0)
+    }
+
     /// Everything the daemon logged so far.
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
@@ -350,6 +364,11 @@ pub struct NetFs {
 impl NetFs {
     /// Exports `dir` over sshfs at `mnt`, capped at `rate` (e.g. "40mbit").
     pub fn up(dir: &Path, mnt: &Path, rate: &str) -> NetFs {
+        Self::up_with(dir, mnt, rate, "")
+    }
+
+    /// Like [`NetFs::up`], with extra sshfs options (e.g. "cache=no").
+    pub fn up_with(dir: &Path, mnt: &Path, rate: &str, sshfs_options: &str) -> NetFs {
         // Unique per process and per call, within 1..=250.
         let id = (std::process::id() * 7 + NETFS_SEQ.fetch_add(1, Ordering::Relaxed)) % 250 + 1;
         let script = workspace_root().join("tests/scripts/netfs.sh");
@@ -359,6 +378,7 @@ impl NetFs {
             .arg(dir)
             .arg(mnt)
             .arg(rate)
+            .env("SSHFS_EXTRA_OPTS", sshfs_options)
             .output()
             .expect("running netfs.sh");
         assert!(
@@ -374,8 +394,36 @@ impl NetFs {
     }
 }
 
+impl NetFs {
+    /// Takes the link down: requests to the server hang, as when a NAS goes away.
+    pub fn cut(&self) {
+        self.script(&["cut"]);
+    }
+
+    /// Brings the link back.
+    pub fn restore(&self) {
+        self.script(&["restore"]);
+    }
+
+    fn script(&self, args: &[&str]) {
+        let status = Command::new("bash")
+            .arg(workspace_root().join("tests/scripts/netfs.sh"))
+            .arg(args[0])
+            .arg(self.id.to_string())
+            .args(&args[1..])
+            .status()
+            .expect("running netfs.sh");
+        assert!(status.success(), "netfs.sh {args:?} failed");
+    }
+}
+
 impl Drop for NetFs {
     fn drop(&mut self) {
+        // Unstick anything waiting on a cut link before tearing down.
+        let _ = Command::new("bash")
+            .arg(workspace_root().join("tests/scripts/netfs.sh"))
+            .args(["restore", &self.id.to_string()])
+            .status();
         let script = workspace_root().join("tests/scripts/netfs.sh");
         let _ = Command::new("bash")
             .arg(&script)

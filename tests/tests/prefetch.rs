@@ -191,7 +191,7 @@ fn staging_a_file_much_larger_than_any_buffer_keeps_memory_bounded() {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .expect("VmHWM");
-    // Copy buffers are bounded at (streams + 2) x 4 MiB = 24 MiB by default.
+    // Copy buffers are bounded at (streams + 2) x 2 MiB = 12 MiB per copy by default.
     assert!(
         peak_kib < 96 * 1024,
         "daemon peak RSS {peak_kib} KiB while staging 512 MiB"

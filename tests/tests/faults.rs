@@ -1,0 +1,353 @@
+//! Faults users of caching filesystems have actually hit: sources that change or
+//! vanish mid-copy, a full cache disk, crashes, races with eviction, stale mounts.
+//! Each asserts what the user sees, and that no wrong byte is ever served.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread::sleep;
+use std::time::{Duration, Instant, SystemTime};
+
+use stagefs_tests::{
+    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, stagefs_bin, temp_files,
+};
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a stuck test.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).expect("the operation hung")
+}
+
+#[test]
+fn a_source_file_changing_mid_copy_is_never_cached() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/shifting", 3, "16M");
+    // sshfs would otherwise cache attributes for 20 s and hide a deletion (NFS does the
+    // same within actimeo); an in-place rewrite is caught by the blob's sha256 anyway.
+    let remote = NetFs::up_with(&s.hub, &s.dir.path().join("nas"), "40mbit", "cache=no");
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    type Change = (&'static str, fn(&Path));
+    let changes: [Change; 3] = [
+        ("truncated", |p| {
+            OpenOptions::new()
+                .write(true)
+                .open(p)
+                .and_then(|f| f.set_len(1 << 20))
+                .expect("truncate")
+        }),
+        ("rewritten", |p| {
+            let mut f = OpenOptions::new().write(true).open(p).expect("open");
+            f.write_all(&vec![0x5A; 4 << 20]).expect("rewrite in place");
+        }),
+        ("deleted", |p| fs::remove_file(p).expect("delete")),
+    ];
+    for (i, (how, change)) in changes.into_iter().enumerate() {
+        let name = &model.files[2 + i].name;
+        let blob = model.blob_of(&s.hub, name);
+        let path = mount.path(model.snapshot_rel.join(name));
+        let opener = std::thread::spawn(move || File::open(path).map(drop));
+        wait_for("the copy to start", || mount.copying(&blob));
+        change(&s.hub.join(&blob));
+        let result = opener.join().expect("opener");
+        let Err(err) = result else {
+            panic!(
+                "an open of a file {how} mid-copy must fail:\n{}",
+                mount.log_text()
+            );
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{how}: {err}");
+        assert!(
+            temp_files(&s.cache).is_empty(),
+            "{how}: the partial copy was removed"
+        );
+        let log = mount.log_text();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("staging failed") && l.contains(blob.to_str().expect("utf8"))),
+            "{how}: no log line names the file:\n{log}"
+        );
+    }
+    assert!(staged_files(&s.cache).is_empty(), "nothing was cached");
+    drop(mount);
+    drop(remote);
+}
+
+#[test]
+fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/away", 1, "4M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    let mount = Mount::start(
+        &remote.mnt,
+        &s.mnt,
+        &s.cache,
+        &["--no-prefetch", "--source-timeout", "2s"],
+    );
+    let shard = model.shards().remove(0);
+    let expected = fs::read(s.hub.join(&shard)).expect("source");
+    assert!(fs::read(mount.path(&shard)).expect("stage") == expected);
+
+    remote.cut();
+    sleep(Duration::from_millis(1500)); // let the kernel's 1 s attribute cache expire
+    let unknown = mount.path(model.snapshot_rel.join("never-seen.json"));
+    let err = within(Duration::from_secs(30), move || fs::metadata(unknown))
+        .expect_err("nothing can be said about an unseen name");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let shard_path = mount.path(&shard);
+    let served =
+        within(Duration::from_secs(30), move || fs::read(shard_path)).expect("read a staged shard");
+    assert!(
+        served == expected,
+        "the staged copy is served while the source is away"
+    );
+    let cache = s.cache.clone();
+    let (ok, _, err) = within(Duration::from_secs(30), move || {
+        run_stagefs(&[&"status", &"--cache-dir", &cache])
+    });
+    assert!(ok, "the mount stays responsive: {err}");
+    assert!(mount.log_text().contains("did not respond"));
+
+    remote.restore();
+    let config = mount.path(model.snapshot_rel.join("config.json"));
+    wait_for("the source to answer again", || {
+        fs::metadata(&config).is_ok()
+    });
+    drop(mount);
+    drop(remote);
+}
+
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, options: &str) -> Tmpfs {
+        fs::create_dir_all(dir).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a tmpfs needs root");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_cache_disk_filling_up_mid_copy_gives_enospc_and_keeps_what_was_staged() {
+    let s = Scratch::new();
+    let small = generate(&s.hub, "acme/first", 1, "6M");
+    let big = generate(&s.hub, "acme/second", 1, "24M");
+    let disk = Tmpfs::mount(&s.dir.path().join("small-disk"), "size=40m,mode=0700");
+    let cache = disk.0.join("cache");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mount = Mount::start(
+        &remote.mnt,
+        &s.mnt,
+        &cache,
+        &["--no-prefetch", "--min-free", "0"],
+    );
+    let kept = small.shards().remove(0);
+    assert!(
+        fs::read(mount.path(&kept)).expect("stage") == fs::read(s.hub.join(&kept)).expect("src")
+    );
+
+    let shard = big.shards().remove(0);
+    let blob = big.blob_of(&s.hub, "model-00001-of-00001.safetensors");
+    let path = mount.path(&shard);
+    let opener = std::thread::spawn(move || File::open(path).map(drop));
+    wait_for("the copy to start", || mount.copying(&blob));
+    // Something else fills the disk while the copy runs.
+    let mut filler = File::create(disk.0.join("filler")).expect("filler");
+    let _ = filler.write_all(&vec![1u8; 22 << 20]);
+    drop(filler);
+    let err = opener
+        .join()
+        .expect("opener")
+        .expect_err("the disk is full");
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "{err}\n{}",
+        mount.log_text()
+    );
+    let log = mount.log_text();
+    assert!(log.contains("cache disk is full"), "{log}");
+    assert!(
+        temp_files(&cache).is_empty(),
+        "the partial copy was removed"
+    );
+    let (ok, out, err) = run_stagefs(&[&"verify", &"--cache-dir", &cache]);
+    assert!(
+        ok && out.contains("checked 1 staged files") && out.contains("0 mismatches"),
+        "{out}{err}"
+    );
+    fs::remove_file(disk.0.join("filler")).expect("free the disk");
+    assert!(
+        fs::read(mount.path(&shard)).expect("now it fits")
+            == fs::read(s.hub.join(&shard)).expect("src")
+    );
+    drop(mount);
+    drop(remote);
+}
+
+#[test]
+fn kill_9_at_random_points_twenty_times_never_serves_a_partial_file() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/crashy", 1, "96M");
+    let shard = model.shards().remove(0);
+    let expected = Arc::new(fs::read(s.hub.join(&shard)).expect("source"));
+    let mut seed = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    println!("seed {seed}");
+    for round in 0..20 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut mount = s.mount(&["--no-prefetch", "--copy-streams", "2"]);
+        let path = mount.path(&shard);
+        let reader = std::thread::spawn(move || {
+            File::open(path).and_then(|mut f| f.read_to_end(&mut Vec::new()))
+        });
+        sleep(Duration::from_millis(seed % 250));
+        mount.kill_daemon();
+        let _ = reader.join();
+        drop(mount); // `stagefs unmount` clears the dead mount
+
+        let mount = s.mount(&["--no-prefetch"]);
+        assert!(
+            temp_files(&s.cache).is_empty(),
+            "round {round}: partial copies removed at startup"
+        );
+        let served = fs::read(mount.path(&shard)).expect("read after remount");
+        assert!(served == *expected, "round {round}: wrong bytes served");
+        mount.unmount();
+        if round % 2 == 1 {
+            // Start some rounds cold, so the kill lands mid-copy again.
+            let (ok, _, err) = run_stagefs(&[&"evict", &"--all", &"--cache-dir", &s.cache]);
+            assert!(ok, "{err}");
+        }
+    }
+}
+
+#[test]
+fn thirty_two_readers_racing_evictions_always_get_the_right_bytes() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/busy", 8, "2M");
+    let shards = model.shards();
+    let expected: Arc<Vec<Vec<u8>>> = Arc::new(
+        shards
+            .iter()
+            .map(|p| fs::read(s.hub.join(p)).expect("src"))
+            .collect(),
+    );
+    let mount = s.mount(&["--no-prefetch", "--max-size", "9M"]);
+    let paths: Arc<Vec<PathBuf>> = Arc::new(shards.iter().map(|p| mount.path(p)).collect());
+    let (ok_reads, full) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let readers: Vec<_> = (0..32)
+        .map(|t| {
+            let (paths, expected) = (Arc::clone(&paths), Arc::clone(&expected));
+            let (ok_reads, full) = (Arc::clone(&ok_reads), Arc::clone(&full));
+            std::thread::spawn(move || {
+                for i in 0..6 {
+                    let n = (t * 7 + i * 3) % paths.len();
+                    match fs::read(&paths[n]) {
+                        Ok(bytes) => {
+                            assert!(bytes == expected[n], "wrong bytes for shard {n}");
+                            ok_reads.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Every copy pinned by other readers: a legitimate refusal.
+                        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                            full.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => panic!("shard {n}: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let evictor = {
+        let cache = s.cache.clone();
+        std::thread::spawn(move || {
+            for _ in 0..10 {
+                // Refusals of copies in use are expected; anything else is a failure.
+                let (_, _, err) =
+                    run_stagefs(&[&"evict", &"--to-size", &"2M", &"--cache-dir", &cache]);
+                assert!(err.is_empty() || err.contains("in use"), "{err}");
+                sleep(Duration::from_millis(30));
+            }
+        })
+    };
+    for r in readers {
+        r.join().expect("reader");
+    }
+    evictor.join().expect("evictor");
+    println!(
+        "{} reads, {} refused for room",
+        ok_reads.load(Ordering::Relaxed),
+        full.load(Ordering::Relaxed)
+    );
+    assert!(ok_reads.load(Ordering::Relaxed) > 100);
+    assert!(mount.log_text().contains("evicted"));
+}
+
+#[test]
+fn a_stale_mount_after_a_crash_is_cleared_by_mount_and_by_unmount() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/stale", 1, "2M");
+    let mut first = s.mount(&[]);
+    first.kill_daemon();
+    let err = fs::metadata(&s.mnt).expect_err("a dead mount");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+    let out = Command::new(stagefs_bin())
+        .arg("mount")
+        .args([&s.hub, &s.mnt])
+        .arg("--cache-dir")
+        .arg(&s.cache)
+        .output()
+        .expect("mount");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("cleared a stale mount"), "{stderr}");
+    let shard = model.shards().remove(0);
+    assert!(
+        fs::read(s.mnt.join(&shard)).expect("read") == fs::read(s.hub.join(&shard)).expect("src")
+    );
+    // Kill the background daemon too: `stagefs unmount` clears that stale mount.
+    let pid = fs::read_to_string(s.cache.join("lock")).expect("pid");
+    Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .expect("kill");
+    wait_for("the daemon to die", || fs::metadata(&s.mnt).is_err());
+    let (ok, _, err) = run_stagefs(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    assert!(
+        fs::read_dir(&s.mnt)
+            .expect("plain dir again")
+            .next()
+            .is_none()
+    );
+    drop(first);
+}
