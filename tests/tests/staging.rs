@@ -111,24 +111,46 @@ fn eight_processes_opening_one_cold_file_cause_one_copy() {
 #[test]
 fn a_changed_source_file_is_staged_again_and_new_bytes_served() {
     let s = Scratch::new();
-    let model = generate(&s.hub, "acme/changing", 1, "3M");
-    let shard = model.shards().remove(0);
+    // A large file keyed by its path (not an LFS blob, whose name is its content).
+    let rel = std::path::PathBuf::from("exports/weights.bin");
+    fs::create_dir_all(s.hub.join("exports")).expect("mkdir");
+    let original: Vec<u8> = (0..3u32 << 20).map(|i| (i % 249) as u8).collect();
+    fs::write(s.hub.join(&rel), &original).expect("write");
     let mount = s.mount(&[]);
-    let before = fs::read(mount.path(&shard)).expect("first read");
-    assert!(before == fs::read(s.hub.join(&shard)).expect("source"));
+    assert!(fs::read(mount.path(&rel)).expect("first read") == original);
 
     // Same size, new bytes, new mtime: only the mtime tells the versions apart.
-    let replacement: Vec<u8> = before.iter().map(|b| b ^ 0xFF).collect();
+    let replacement: Vec<u8> = original.iter().map(|b| b ^ 0xFF).collect();
     sleep(Duration::from_millis(20));
-    fs::write(s.hub.join(&shard), &replacement).expect("rewrite source");
+    fs::write(s.hub.join(&rel), &replacement).expect("rewrite source");
     // Let the kernel's 1 s attribute cache expire so it asks the daemon again.
     sleep(Duration::from_millis(1500));
 
-    let after = fs::read(mount.path(&shard)).expect("second read");
+    let after = fs::read(mount.path(&rel)).expect("second read");
     assert!(after == replacement, "the new version is served");
     let m = mount.metrics();
     assert_eq!(m.stage_copies, 2, "{m:?}");
     assert_eq!(staged_files(&s.cache).len(), 1, "the old copy was replaced");
+}
+
+#[test]
+fn an_lfs_blob_rewritten_with_other_bytes_is_refused_not_served() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/changing", 1, "3M");
+    let shard = model.shards().remove(0);
+    let mount = s.mount(&[]);
+    let before = fs::read(mount.path(&shard)).expect("first read");
+    sleep(Duration::from_millis(20));
+    fs::write(
+        s.hub.join(&shard),
+        before.iter().map(|b| b ^ 0xFF).collect::<Vec<u8>>(),
+    )
+    .expect("rewrite source");
+    sleep(Duration::from_millis(1500));
+    // The blob's name is the sha256 of what it must contain: these bytes are not it.
+    let err = fs::read(mount.path(&shard)).expect_err("a corrupt blob is not served");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(mount.log_text().contains("do not match the sha256"));
 }
 
 #[test]
