@@ -564,7 +564,7 @@ Ratios to the local cache files (iii):
 | (ii) stagefs, --no-passthrough | $(ratio "$NOPT_PREAD_MBPS" "$LOCAL_PREAD_MBPS") | $(ratio "$NOPT_PREAD_WORST" "$LOCAL_PREAD_WORST") | $(ratio "$NOPT_MMAP_TPS" "$LOCAL_MMAP_TPS") | $(ratio "$NOPT_MMAP_WORST" "$LOCAL_MMAP_WORST") | $(ratio "$NOPT_MMAP_P99" "$LOCAL_MMAP_P99") |
 | (iv) sshfs directly | $(ratio "$SSHFS_PREAD_MBPS" "$LOCAL_PREAD_MBPS") | $(ratio "$SSHFS_PREAD_WORST" "$LOCAL_PREAD_WORST") | $(ratio "$SSHFS_MMAP_TPS" "$LOCAL_MMAP_TPS") | $(ratio "$SSHFS_MMAP_WORST" "$LOCAL_MMAP_WORST") | $(ratio "$SSHFS_MMAP_P99" "$LOCAL_MMAP_P99") |
 
-First open of the $SHARDS staged shards after a fresh mount, cold page cache (stagefs re-hashes a copy before it first serves it): ${PT_FIRST_OPEN_S} s, $(mbps "$MODEL_BYTES" "$PT_FIRST_OPEN_S") MB/s (passthrough mount); ${NOPT_FIRST_OPEN_S} s (no passthrough).
+First open of the $SHARDS staged shards after a fresh mount, cold page cache (stagefs checks a copy before it first serves it): ${PT_FIRST_OPEN_S} s, $(mbps "$MODEL_BYTES" "$PT_FIRST_OPEN_S") MB/s (passthrough mount); ${NOPT_FIRST_OPEN_S} s (no passthrough).
 The reads above come after those first opens and another cache drop; opening the $SHARDS shards again before the preads took ${PT_OPEN_S} s (passthrough), ${NOPT_OPEN_S} s (no passthrough).
 Daemon counters: (i) $PT_COUNTERS; (ii) $NOPT_COUNTERS.
 
