@@ -64,6 +64,17 @@ pub struct ModelStatus {
     pub revisions: Vec<RevisionStatus>,
 }
 
+impl ModelStatus {
+    fn empty(repo_dir: &str) -> ModelStatus {
+        ModelStatus {
+            model: model_id(repo_dir),
+            staged_files: 0,
+            staged_bytes: 0,
+            revisions: Vec::new(),
+        }
+    }
+}
+
 /// One snapshot of a repository.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevisionStatus {
@@ -178,12 +189,7 @@ pub fn status(
         };
         let model = models
             .entry(repo_dir.clone())
-            .or_insert_with(|| ModelStatus {
-                model: model_id(&repo_dir),
-                staged_files: 0,
-                staged_bytes: 0,
-                revisions: Vec::new(),
-            });
+            .or_insert_with(|| ModelStatus::empty(&repo_dir));
         model.staged_files += 1;
         model.staged_bytes += info.entry.stamp.size;
     }
@@ -195,12 +201,7 @@ pub fn status(
             }
             let model = models
                 .entry(repo_dir.clone())
-                .or_insert_with(|| ModelStatus {
-                    model: model_id(&repo_dir),
-                    staged_files: 0,
-                    staged_bytes: 0,
-                    revisions: Vec::new(),
-                });
+                .or_insert_with(|| ModelStatus::empty(&repo_dir));
             model.revisions = revisions;
         }
     }

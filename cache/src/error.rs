@@ -65,8 +65,8 @@ pub enum StoreError {
     /// The cache budget cannot make room for this file, even after evicting every
     /// copy not in use.
     #[error(
-        "{path}: needs {needed} bytes but the cache cannot make room ({budget_text}; {in_use} bytes in use, {available} bytes free on the volume); raise --max-size, lower --min-free, free disk space, or close models in use",
-        budget_text = describe_budget(budget)
+        "{path}: needs {} but the cache cannot make room ({}; {} in use, {} free on the volume); raise --max-size, lower --min-free, free disk space, or close models in use",
+        mib(*needed), describe_budget(budget), mib(*in_use), mib(*available)
     )]
     NoRoom {
         /// The source file that did not fit.
@@ -87,7 +87,7 @@ pub enum StoreError {
         path: PathBuf,
     },
     /// Another process holds the cache directory's lock.
-    #[error("{path}: the cache directory is in use by another stagefs process{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    #[error("{path}: the cache directory is in use by another stagefs process (a mount, or a command working on the cache){}", pid.map(|p| format!(", pid {p}")).unwrap_or_default())]
     Locked {
         /// The lock file.
         path: PathBuf,
@@ -160,11 +160,15 @@ pub enum StageError {
 }
 
 fn describe_budget(budget: &Budget) -> String {
-    let max = budget
-        .max_size
-        .map_or("no max-size".to_string(), |m| format!("max-size {m} bytes"));
-    let free = budget
-        .min_free
-        .map_or("no min-free".to_string(), |m| format!("min-free {m} bytes"));
+    let max = budget.max_size.map_or("no max-size".to_string(), |m| {
+        format!("max-size {}", mib(m))
+    });
+    let free = budget.min_free.map_or("no min-free".to_string(), |m| {
+        format!("min-free {}", mib(m))
+    });
     format!("{max}, {free}")
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }

@@ -191,7 +191,7 @@ async fn shutdown_signal() {
 fn store_open_error(e: StoreError, spec: &MountSpec) -> anyhow::Error {
     match e {
         StoreError::Locked { .. } => anyhow!(
-            "cache directory {} is already used by another stagefs mount; unmount it first or pass a different --cache-dir",
+            "cache directory {} is in use by another stagefs process (a mount, or a prefetch, verify or evict working on it); unmount or wait for it, or pass a different --cache-dir",
             spec.cache_dir.display()
         ),
         other => anyhow!(other).context("opening the cache directory"),

@@ -79,10 +79,7 @@ fn a_second_mount_on_the_same_cache_dir_is_refused() {
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("already used by another stagefs mount"),
-        "{err}"
-    );
+    assert!(err.contains("in use by another stagefs process"), "{err}");
     assert!(!is_mounted(&other));
 }
 
