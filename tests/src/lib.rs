@@ -432,3 +432,26 @@ impl Drop for NetFs {
             .status();
     }
 }
+
+/// A tmpfs mounted for one test, unmounted (lazily) even if the test fails.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs with `options` (e.g. "size=40m,ro") on `dir`, creating it.
+    pub fn mount(dir: &Path, options: &str) -> Tmpfs {
+        fs::create_dir_all(dir).expect("mkdir");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|st| st.success());
+        assert!(ok, "mounting a tmpfs needs root");
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}

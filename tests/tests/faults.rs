@@ -13,7 +13,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime};
 
 use stagefs_tests::{
-    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, stagefs_bin, temp_files,
+    Mount, NetFs, Scratch, Tmpfs, generate, run_stagefs, staged_files, stagefs_bin, temp_files,
 };
 
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
@@ -129,27 +129,6 @@ fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
     });
     drop(mount);
     drop(remote);
-}
-
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, options: &str) -> Tmpfs {
-        fs::create_dir_all(dir).expect("mkdir");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mounting a tmpfs needs root");
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use stagefs_tests::{Scratch, generate, run_stagefs};
+use stagefs_tests::{Scratch, Tmpfs, generate, run_stagefs};
 
 fn walk(dir: &Path, out: &mut Vec<(std::path::PathBuf, u32)>) {
     for entry in fs::read_dir(dir).expect("read_dir").flatten() {
@@ -81,14 +81,8 @@ fn a_mount_point_that_is_already_a_mount_an_unwritable_cache_and_contradictions_
     for dir in [&busy, &readonly] {
         fs::create_dir(dir).expect("mkdir");
     }
-    let mounted = |dir: &Path, opts: &str| {
-        Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|st| st.success())
-    };
-    assert!(mounted(&busy, "size=1m") && mounted(&readonly, "size=1m,ro"));
+    let _busy = Tmpfs::mount(&busy, "size=1m");
+    let _readonly = Tmpfs::mount(&readonly, "size=1m,ro");
     let ro_cache = readonly.join("cache");
     let (hub, mnt) = (&s.hub, &s.mnt);
     let cases: Vec<(Vec<&dyn AsRef<std::ffi::OsStr>>, &str)> = vec![
@@ -139,9 +133,6 @@ fn a_mount_point_that_is_already_a_mount_an_unwritable_cache_and_contradictions_
         assert!(!ok, "should fail: {expected}");
         assert!(err.contains(expected), "expected '{expected}' in: {err}");
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    }
-    for dir in [&busy, &readonly] {
-        let _ = Command::new("umount").arg(dir).status();
     }
     assert!(
         fs::read_dir(&s.mnt).expect("mnt").next().is_none(),
