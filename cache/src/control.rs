@@ -154,8 +154,10 @@ pub fn answer(
         Request::Status => admin::status(store, source, live).map(|report| Response::Status {
             report: Box::new(report),
         }),
-        Request::Evict { selector, dry_run } => admin::evict(store, &selector, dry_run, now_secs())
-            .map(|report| Response::Evicted { report }),
+        Request::Evict { selector, dry_run } => {
+            admin::evict(store, &selector, dry_run, crate::sys::now_secs())
+                .map(|report| Response::Evicted { report })
+        }
         Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)
             .map(|report| Response::Verified { report }),
         Request::Prefetch { .. } => Err(AdminError::BadRequest(
@@ -165,12 +167,6 @@ pub fn answer(
     result.unwrap_or_else(|e| Response::Error {
         message: e.to_string(),
     })
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Sends one request to the mount listening on `socket` and waits for its answer.

@@ -142,28 +142,37 @@ impl Reader<'_> {
         }
     }
 
-    /// Reads `len` bytes at `offset`, fewer only at end of file.
     fn read_at_most(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        let mut filled = 0;
-        while filled < len {
-            let end = len.min(filled + PIECE);
-            match self
-                .src
-                .read_at(&mut buf[filled..end], offset + filled as u64)
-            {
-                Ok(0) => break,
-                Ok(n) => {
-                    filled += n;
-                    self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        buf.truncate(filled);
-        Ok(buf)
+        read_at_most(self.src, offset, len, |n| {
+            self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        })
     }
+}
+
+/// Reads `len` bytes of `file` at `offset`, fewer only at end of file, in reads of at
+/// most 1 MiB, calling `on_read` after each.
+pub fn read_at_most(
+    file: &File,
+    offset: u64,
+    len: usize,
+    mut on_read: impl FnMut(usize),
+) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        let end = len.min(filled + PIECE);
+        match file.read_at(&mut buf[filled..end], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                filled += n;
+                on_read(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
 }
 
 fn write_in_order(

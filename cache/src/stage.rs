@@ -309,7 +309,7 @@ impl Inner {
             source: rel.to_path_buf(),
             stamp,
             blake3,
-            last_use: now_secs(),
+            last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
         let hit = self.store.commit(key, tmp, entry, reservation)?;
@@ -415,12 +415,6 @@ fn staged(hit: Hit, stamp: Stamp, copied: bool) -> Staged {
         copied,
         pin: Arc::new(hit.pin),
     }
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
@@ -114,12 +113,6 @@ fn lock_state(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 impl Store {
     /// Opens (creating if needed) the store in `dir`, takes its lock, removes copies
     /// left over by a crash and reconciles the index with the data files.
@@ -187,7 +180,7 @@ impl Store {
             let _ = state.index.put(key.clone(), entry.clone());
         }
         state.verified.insert(key.clone());
-        state.index.touch(key, now_secs());
+        state.index.touch(key, crate::sys::now_secs());
         Some(Hit {
             entry,
             file,
@@ -572,7 +565,7 @@ mod tests {
                 mtime_ns: 1,
             },
             blake3: blake3::hash(&bytes).to_hex().to_string(),
-            last_use: now_secs(),
+            last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
         store.commit(&key(name), tmp, entry, reservation)

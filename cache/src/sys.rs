@@ -29,3 +29,10 @@ pub fn create_private(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .open(path)
 }
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

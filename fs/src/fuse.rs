@@ -5,7 +5,6 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +14,7 @@ use fuser::{
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
+use stagefs_cache::copy::read_at_most;
 use stagefs_cache::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
 use stagefs_cache::{Metrics, StageError, Staged, Stager, Stamp, StoreError};
@@ -334,7 +334,7 @@ impl Shared {
     fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         Metrics::bump(&self.stager.metrics().daemon_reads);
         let open = self.files.get(fh.0).ok_or(FsError::UnknownHandle(fh.0))?;
-        read_full(&open.file, offset, size as usize).map_err(FsError::Read)
+        read_at_most(&open.file, offset, size as usize, |_| {}).map_err(FsError::Read)
     }
 
     fn statfs(&self) -> Result<libc::statvfs, FsError> {
@@ -389,22 +389,6 @@ async fn stalled(stager: &Stager, path: &Path, limit: std::time::Duration) {
             return;
         }
     }
-}
-
-/// Reads up to `size` bytes at `offset`, short only at end of file.
-fn read_full(file: &File, offset: u64, size: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; size];
-    let mut filled = 0;
-    while filled < size {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    buf.truncate(filled);
-    Ok(buf)
 }
 
 // The statvfs field types differ per platform (u32 block counts on macOS).

@@ -336,6 +336,22 @@ pub fn run_stagefs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, Strin
     )
 }
 
+/// `stagefs status --json` for `cache`.
+pub fn status_json(cache: &Path) -> Value {
+    let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
+    assert!(ok, "status failed: {err}");
+    serde_json::from_str(&out).expect("status JSON")
+}
+
+/// Polls `done` until it holds; a minute without it fails the test rather than hang.
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The temp files of copies in progress in a cache directory.
 pub fn temp_files(cache: &Path) -> Vec<PathBuf> {
     fs::read_dir(cache.join("v1/tmp"))

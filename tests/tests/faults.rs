@@ -10,19 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use stagefs_tests::{
     Mount, NetFs, Scratch, Tmpfs, generate, run_stagefs, staged_files, stagefs_bin, temp_files,
+    wait_for,
 };
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        sleep(Duration::from_millis(20));
-    }
-}
 
 /// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a stuck test.
 fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {

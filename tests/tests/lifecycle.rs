@@ -9,14 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use stagefs_tests::{Mount, NetFs, Scratch, generate, run_stagefs, staged_files, temp_files};
-
-fn status_json(cache: &Path) -> Value {
-    let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
-    assert!(ok, "status failed: {err}");
-    serde_json::from_str(&out).expect("status JSON")
-}
+use stagefs_tests::{
+    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, status_json, temp_files,
+};
 
 fn same_bytes(a: &Path, b: &Path) -> bool {
     fs::read(a).expect("read a") == fs::read(b).expect("read b")

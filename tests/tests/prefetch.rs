@@ -2,20 +2,13 @@
 
 use std::fs::{self, File};
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::Value;
-use stagefs_tests::{Mount, NetFs, Scratch, generate, run_stagefs, staged_files};
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        sleep(Duration::from_millis(25));
-    }
-}
+use stagefs_tests::{
+    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, status_json, wait_for,
+};
 
 /// Source paths in the order the daemon logged starting to copy them.
 fn staging_order(log: &str) -> Vec<PathBuf> {
@@ -93,7 +86,7 @@ fn an_open_joins_an_in_flight_prefetch_and_gets_the_whole_file() {
     fs::read(mount.path(model.snapshot_rel.join("config.json"))).expect("read config");
     let first = shard_blobs(&s, &model).remove(0);
     wait_for("the prefetch copying shard 1", || {
-        let status = status(&s.cache);
+        let status = status_json(&s.cache);
         status["in_flight"]
             .as_array()
             .is_some_and(|f| f.iter().any(|f| f["path"].as_str() == first.to_str()))
@@ -123,12 +116,6 @@ fn an_open_joins_an_in_flight_prefetch_and_gets_the_whole_file() {
     );
     drop(mount);
     drop(remote);
-}
-
-fn status(cache: &Path) -> Value {
-    let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
-    assert!(ok, "{err}");
-    serde_json::from_str(&out).expect("json")
 }
 
 #[test]
