@@ -1,11 +1,8 @@
 //! The command line. Only this module knows about clap; it converts flags into the
 //! library's plain configuration structs.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use stagefs_fs::{FsConfig, OnFull};
+use std::path::PathBuf;
 
 use crate::units::{parse_duration, parse_size};
 
@@ -14,6 +11,12 @@ use crate::units::{parse_duration, parse_size};
 #[derive(Debug, Parser)]
 #[command(name = "stagefs", version, about)]
 pub(crate) struct Cli {
+    /// Config file [default: $STAGEFS_CONFIG, else ~/.config/stagefs/config.toml].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Ignore the config file.
+    #[arg(long, global = true, conflicts_with = "config")]
+    pub(crate) no_config: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -24,6 +27,14 @@ pub(crate) enum Command {
     Mount(MountArgs),
     /// Unmount a stagefs mount.
     Unmount(UnmountArgs),
+    /// Run a command against the mount: mount if needed, stage models, then run it
+    /// offline with HF_HUB_CACHE pointing at the mount.
+    Run(RunArgs),
+    /// Check FUSE, the source, the cache volume and the environment, and say what to fix.
+    Doctor(DoctorArgs),
+    /// Start the configured mount at login (a launchd agent or a systemd user unit).
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Show cache usage, models, and a running mount's activity.
     Status(StatusArgs),
     /// Drop staged copies to free space.
@@ -41,20 +52,32 @@ pub(crate) enum Command {
 
 #[derive(Debug, Args)]
 pub(crate) struct MountArgs {
-    /// The directory to mirror.
-    pub(crate) source: PathBuf,
-    /// Where to mount it (an existing, empty directory).
-    pub(crate) mountpoint: PathBuf,
+    /// The directory to mirror [default: `source` in the config file].
+    pub(crate) source: Option<PathBuf>,
+    /// Where to mount it, an existing empty directory [default: `mountpoint` in the
+    /// config file].
+    pub(crate) mountpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) options: MountOptions,
+    /// Stay in the foreground and log to stderr.
+    #[arg(long)]
+    pub(crate) foreground: bool,
+    /// Internal: report readiness on stdout (used when daemonizing).
+    #[arg(long, hide = true)]
+    pub(crate) notify_ready: bool,
+}
+
+/// How a mount behaves. Every flag overrides the config file's key of the same name;
+/// what neither sets takes the default shown.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct MountOptions {
     /// Local cache directory [default: $XDG_CACHE_HOME/stagefs or ~/.cache/stagefs;
     /// ~/Library/Caches/stagefs on macOS].
     #[arg(long)]
     pub(crate) cache_dir: Option<PathBuf>,
-    /// Stay in the foreground and log to stderr.
-    #[arg(long)]
-    pub(crate) foreground: bool,
-    /// Files at least this large are copied to the cache when opened.
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
-    pub(crate) min_stage_size: u64,
+    /// Files at least this large are copied to the cache when opened [default: 1M].
+    #[arg(long, value_parser = parse_size)]
+    pub(crate) min_stage_size: Option<u64>,
     /// Serve reads of staged files from the daemon instead of kernel passthrough.
     #[arg(long)]
     pub(crate) no_passthrough: bool,
@@ -65,33 +88,32 @@ pub(crate) struct MountArgs {
     #[arg(long, value_parser = parse_size)]
     pub(crate) min_free: Option<u64>,
     /// When a file cannot fit in the cache: fail the open with ENOSPC, or serve it
-    /// straight from the source with a warning.
-    #[arg(long, value_enum, default_value_t = OnFullArg::Fail)]
-    pub(crate) on_full: OnFullArg,
+    /// straight from the source with a warning [default: fail].
+    #[arg(long, value_enum)]
+    pub(crate) on_full: Option<OnFullArg>,
     /// Do not stage a snapshot's other weight files when one of its files is opened.
     #[arg(long, conflicts_with = "prefetch_parallel")]
     pub(crate) no_prefetch: bool,
-    /// Files a prefetch copies at a time (one already keeps --copy-streams reads in flight).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub(crate) prefetch_parallel: u16,
-    /// Reads in flight while copying one file.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub(crate) copy_streams: u16,
+    /// Files a prefetch copies at a time; one already keeps --copy-streams reads in
+    /// flight [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) prefetch_parallel: Option<u16>,
+    /// Reads in flight while copying one file [default: 4].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) copy_streams: Option<u16>,
     /// A source operation, or a copy that stops making progress, fails with EIO
-    /// after this long instead of hanging (45s, 2m, ...).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub(crate) source_timeout: u64,
+    /// after this long instead of hanging (45s, 2m, ...) [default: 30s].
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) source_timeout: Option<u64>,
     /// Let other users read through the mount (FUSE's allow_other; non-root users
     /// need `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
     pub(crate) allow_other: bool,
-    /// Internal: report readiness on stdout (used when daemonizing).
-    #[arg(long, hide = true)]
-    pub(crate) notify_ready: bool,
 }
 
-/// `--on-full` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// `--on-full` values (`on_full` in the config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum OnFullArg {
     /// Fail the open with ENOSPC.
     Fail,
@@ -102,19 +124,9 @@ pub(crate) enum OnFullArg {
 /// Where the cache is, for commands that work on it.
 #[derive(Debug, Args)]
 pub(crate) struct CacheDirArg {
-    /// Cache directory [default: as for `mount`].
+    /// Cache directory [default: `cache_dir` in the config file, else as for `mount`].
     #[arg(long)]
     pub(crate) cache_dir: Option<PathBuf>,
-}
-
-impl CacheDirArg {
-    /// The cache directory: the flag, or the platform default.
-    pub(crate) fn resolve(&self) -> anyhow::Result<PathBuf> {
-        match &self.cache_dir {
-            Some(dir) => Ok(std::path::absolute(dir)?),
-            None => crate::paths::default_cache_dir(),
-        }
-    }
 }
 
 #[derive(Debug, Args)]
@@ -175,11 +187,72 @@ pub(crate) struct PrefetchArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct UnmountArgs {
-    /// The mount point.
-    pub(crate) mountpoint: PathBuf,
+    /// The mount point [default: `mountpoint` in the config file].
+    pub(crate) mountpoint: Option<PathBuf>,
     /// Detach now even if files are open; the mount goes away when they are closed.
     #[arg(long)]
     pub(crate) lazy: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The directory to mirror [default: `source` in the config file].
+    #[arg(long)]
+    pub(crate) source: Option<PathBuf>,
+    /// Where to mount it [default: `mountpoint` in the config file].
+    #[arg(long)]
+    pub(crate) mountpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) options: MountOptions,
+    /// Stage this model (org/name) before running; repeat for more.
+    #[arg(long = "model", value_name = "ID")]
+    pub(crate) models: Vec<String>,
+    /// Revision of the models: a ref (branch, tag) or a commit [default: main].
+    #[arg(long)]
+    pub(crate) revision: Option<String>,
+    /// Also set AGX_RELAX_CDM_CTXSTORE_TIMEOUT=1 for COMMAND only, which relaxes the
+    /// macOS Metal GPU watchdog for that process.
+    #[arg(long)]
+    pub(crate) relax_gpu_watchdog: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// A model id (org/name) in the source, or any path (a source directory, a
+    /// model directory, a file) to examine [default: the configured source].
+    pub(crate) target: Option<String>,
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
+    /// Print the checks as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ServiceCommand {
+    /// Write the service file for the configured mount and start it.
+    Install(ServiceInstallArgs),
+    /// Stop the service and remove its file.
+    Uninstall(ServiceUninstallArgs),
+    /// Show whether the service is installed and running.
+    Status,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServiceInstallArgs {
+    /// Print the service file and the commands instead of installing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServiceUninstallArgs {
+    /// Print the commands instead of running them.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -205,31 +278,4 @@ pub(crate) struct GenDemoArgs {
     /// Size of each shard.
     #[arg(long, default_value = "8M", value_parser = parse_size)]
     pub(crate) shard_size: u64,
-}
-
-impl MountArgs {
-    /// The filesystem configuration these flags ask for.
-    pub(crate) fn fs_config(&self) -> FsConfig {
-        FsConfig {
-            min_stage_size: self.min_stage_size,
-            passthrough: !self.no_passthrough,
-            attr_ttl: Duration::from_secs(1),
-            on_full: match self.on_full {
-                OnFullArg::Fail => OnFull::Fail,
-                OnFullArg::Passthrough => OnFull::ReadSource,
-            },
-            prefetch: (!self.no_prefetch).then_some(usize::from(self.prefetch_parallel)),
-            allow_other: self.allow_other,
-            source_timeout: Duration::from_secs(self.source_timeout.max(1)),
-            ..FsConfig::default()
-        }
-    }
-
-    /// The cache directory: the flag, or the platform default.
-    pub(crate) fn cache_dir(&self) -> anyhow::Result<PathBuf> {
-        match &self.cache_dir {
-            Some(dir) => Ok(dir.clone()),
-            None => crate::paths::default_cache_dir(),
-        }
-    }
 }

@@ -1,6 +1,7 @@
 //! Running a mount: the serving process (foreground) and the launcher that starts it
 //! in the background and returns once the mount is live.
 
+use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -17,7 +18,7 @@ use stagefs_cache::budget::volume_space;
 use stagefs_cache::control::MountRecord;
 use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::{Budget, MetricsSnapshot, SourceTree, Stager, Store, StoreError};
-use stagefs_fs::{FsConfig, StageFs};
+use stagefs_fs::{FsConfig, OnFull, StageFs};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -355,8 +356,7 @@ pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("finding the stagefs executable")?;
     let mut command = Command::new(exe);
     command
-        .args(std::env::args_os().skip(1))
-        .args(["--foreground", "--notify-ready"])
+        .args(foreground_args(spec))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);
@@ -382,6 +382,44 @@ pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// The command line that serves `spec` in the foreground. Every setting is spelled
+/// out, so the daemon serves what was resolved here even if the config file changes.
+fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
+    let fs = &spec.fs;
+    let mut args: Vec<OsString> = vec![
+        "--no-config".into(),
+        "mount".into(),
+        spec.source.clone().into(),
+        spec.mountpoint.clone().into(),
+        "--cache-dir".into(),
+        spec.cache_dir.clone().into(),
+        format!("--min-stage-size={}", fs.min_stage_size).into(),
+        format!("--copy-streams={}", spec.copy.streams).into(),
+        format!("--source-timeout={}s", fs.source_timeout.as_secs()).into(),
+        format!(
+            "--on-full={}",
+            match fs.on_full {
+                OnFull::Fail => "fail",
+                OnFull::ReadSource => "passthrough",
+            }
+        )
+        .into(),
+    ];
+    let optional = [
+        spec.max_size.map(|n| format!("--max-size={n}")),
+        spec.min_free.map(|n| format!("--min-free={n}")),
+        match fs.prefetch {
+            Some(parallel) => Some(format!("--prefetch-parallel={parallel}")),
+            None => Some("--no-prefetch".into()),
+        },
+        (!fs.passthrough).then(|| "--no-passthrough".into()),
+        fs.allow_other.then(|| "--allow-other".into()),
+    ];
+    args.extend(optional.into_iter().flatten().map(OsString::from));
+    args.extend(["--foreground", "--notify-ready"].map(OsString::from));
+    args
+}
+
 fn first_line(stdout: impl std::io::Read + Send + 'static, timeout: Duration) -> Option<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -403,4 +441,25 @@ pub(crate) fn describe(spec: &MountSpec, log: &Path) -> String {
         spec.cache_dir.display(),
         log.display()
     )
+}
+
+/// The mount served from `cache_dir` right now, as (source, mountpoint); None when no
+/// daemon answers on its control socket.
+pub(crate) fn live_mount(cache_dir: &Path) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+    use stagefs_cache::control::{self, Request, Response};
+    match control::query(&control::socket_path(cache_dir), &Request::Stats) {
+        Ok(Response::Stats {
+            source, mountpoint, ..
+        }) => Ok(Some((source, mountpoint))),
+        Ok(other) => bail!("unexpected answer from the running mount: {other:?}"),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(anyhow!(e).context("talking to the running mount")),
+    }
 }

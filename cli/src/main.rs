@@ -2,13 +2,17 @@
 //! complete local copy.
 
 mod args;
+mod config;
 mod control_server;
 mod daemon;
 mod demo;
+mod doctor;
 mod hfgen;
 mod manage;
 mod paths;
 mod prefetch;
+mod run;
+mod service;
 mod units;
 mod unmount;
 
@@ -19,7 +23,7 @@ use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command, GenDemoArgs, MountArgs};
-use crate::daemon::MountSpec;
+use crate::config::Config;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -28,7 +32,7 @@ fn main() -> ExitCode {
     };
     init_logging(default_log_filter(&cli.command));
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("stagefs: {e:#}");
             ExitCode::FAILURE
@@ -72,33 +76,33 @@ fn init_logging(default_filter: &str) {
         .init();
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Mount(args) => mount(&args),
-        Command::Unmount(args) => unmount::unmount(&args.mountpoint, args.lazy),
-        Command::Status(args) => manage::status(&args),
-        Command::Evict(args) => manage::evict(&args),
-        Command::Verify(args) => manage::verify(&args),
-        Command::Prefetch(args) => prefetch::run(&args),
-        Command::Demo(args) => demo::run(&args),
-        Command::GenDemo(args) => gen_demo(&args),
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = || Config::load(cli.config.as_deref(), cli.no_config);
+    match &cli.command {
+        Command::Mount(args) => mount(args, &config()?),
+        Command::Unmount(args) => {
+            let mountpoint = config()?.mountpoint(args.mountpoint.as_deref())?;
+            unmount::unmount(&mountpoint, args.lazy)
+        }
+        Command::Run(args) => return run::run(args, &config()?),
+        Command::Doctor(args) => return doctor::run(args, &config()?),
+        Command::Service(command) => service::run(command, &config()?),
+        Command::Status(args) => manage::status(args, &config()?),
+        Command::Evict(args) => manage::evict(args, &config()?),
+        Command::Verify(args) => manage::verify(args, &config()?),
+        Command::Prefetch(args) => prefetch::run(args, &config()?),
+        Command::Demo(args) => demo::run(args),
+        Command::GenDemo(args) => gen_demo(args),
     }
+    .map(|()| ExitCode::SUCCESS)
 }
 
-fn mount(args: &MountArgs) -> anyhow::Result<()> {
-    // Absolute paths: the daemon may outlive the caller's working directory.
-    let spec = MountSpec {
-        source: std::path::absolute(&args.source)?,
-        mountpoint: std::path::absolute(&args.mountpoint)?,
-        cache_dir: std::path::absolute(args.cache_dir()?)?,
-        fs: args.fs_config(),
-        max_size: args.max_size,
-        min_free: args.min_free,
-        copy: stagefs_cache::copy::CopyOptions {
-            streams: usize::from(args.copy_streams),
-            ..Default::default()
-        },
-    };
+fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
+    let spec = config.mount_spec(
+        args.source.as_deref(),
+        args.mountpoint.as_deref(),
+        &args.options,
+    )?;
     if args.foreground {
         daemon::serve_foreground(&spec, args.notify_ready)
     } else {

@@ -12,11 +12,12 @@ use stagefs_cache::control::{self, MountRecord, Request, Response};
 use stagefs_cache::{SourceTree, Store, StoreError};
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
+use crate::config::Config;
 use crate::units::format_bytes;
 
 /// `stagefs status`.
-pub(crate) fn status(args: &StatusArgs) -> anyhow::Result<()> {
-    let dir = args.cache.resolve()?;
+pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
+    let dir = config.cache_dir_for(&args.cache)?;
     let report = match ask(&dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
@@ -30,8 +31,8 @@ pub(crate) fn status(args: &StatusArgs) -> anyhow::Result<()> {
 }
 
 /// `stagefs evict`.
-pub(crate) fn evict(args: &EvictArgs) -> anyhow::Result<()> {
-    let dir = args.cache.resolve()?;
+pub(crate) fn evict(args: &EvictArgs, config: &Config) -> anyhow::Result<()> {
+    let dir = config.cache_dir_for(&args.cache)?;
     let selector = selector(args, &dir)?;
     let request = Request::Evict {
         selector,
@@ -52,8 +53,8 @@ pub(crate) fn evict(args: &EvictArgs) -> anyhow::Result<()> {
 }
 
 /// `stagefs verify`.
-pub(crate) fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
-    let dir = args.cache.resolve()?;
+pub(crate) fn verify(args: &VerifyArgs, config: &Config) -> anyhow::Result<()> {
+    let dir = config.cache_dir_for(&args.cache)?;
     let request = Request::Verify {
         model: args.model.clone(),
         repair: args.repair,

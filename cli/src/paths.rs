@@ -15,7 +15,8 @@ pub(crate) fn default_cache_dir() -> anyhow::Result<PathBuf> {
     }
 }
 
-fn home() -> anyhow::Result<PathBuf> {
+/// The user's home directory.
+pub(crate) fn home() -> anyhow::Result<PathBuf> {
     let home = std::env::var_os("HOME").context("HOME is not set; pass --cache-dir")?;
     if home.is_empty() {
         bail!("HOME is empty; pass --cache-dir");

@@ -15,25 +15,43 @@ use stagefs_cache::prefetch::{self, FileProgress, FileState, Job, Target};
 use stagefs_cache::{SourceTree, Stager};
 
 use crate::args::PrefetchArgs;
+use crate::config::Config;
 use crate::manage::{open_locally, source_relative};
 use crate::units::format_bytes;
 
 /// Runs the command; fails if any file could not be staged.
-pub(crate) fn run(args: &PrefetchArgs) -> anyhow::Result<()> {
-    let dir = args.cache.resolve()?;
-    let targets = args
-        .targets
+pub(crate) fn run(args: &PrefetchArgs, config: &Config) -> anyhow::Result<()> {
+    let dir = config.cache_dir_for(&args.cache)?;
+    let summary = stage(
+        &dir,
+        &args.targets,
+        args.revision.as_deref(),
+        usize::from(args.parallel),
+    )?;
+    println!("{summary}");
+    Ok(())
+}
+
+/// Stages `targets` (model ids or paths) into the cache at `dir`, through its mount
+/// if one is running, showing progress on stderr; returns a one-line summary.
+pub(crate) fn stage(
+    dir: &Path,
+    targets: &[String],
+    revision: Option<&str>,
+    parallel: usize,
+) -> anyhow::Result<String> {
+    let targets = targets
         .iter()
-        .map(|t| target(t, args.revision.as_deref(), &dir))
+        .map(|t| target(t, revision, dir))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut view = View::new(std::io::stderr().is_terminal());
     let request = Request::Prefetch {
         targets: targets.clone(),
     };
-    let files = match control::stream(&control::socket_path(&dir), &request) {
+    let files = match control::stream(&control::socket_path(dir), &request) {
         Ok(answers) => follow(answers, &mut view)?,
         Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
-            prefetch_locally(&dir, &targets, usize::from(args.parallel), &mut view)?
+            prefetch_locally(dir, &targets, parallel, &mut view)?
         }
         Err(e) => return Err(anyhow!(e).context("talking to the running mount")),
     };
@@ -136,7 +154,7 @@ impl View {
         }
     }
 
-    fn finish(mut self, files: &[FileProgress]) -> anyhow::Result<()> {
+    fn finish(mut self, files: &[FileProgress]) -> anyhow::Result<String> {
         self.update(files);
         if let Some((_, total, _)) = &self.bars {
             total.finish();
@@ -149,7 +167,7 @@ impl View {
         for f in &failed {
             eprintln!("{}", line(f));
         }
-        println!(
+        let summary = format!(
             "{} staged, {} already staged, {} failed ({})",
             count(|s| *s == FileState::Staged),
             count(|s| *s == FileState::AlreadyStaged),
@@ -157,9 +175,9 @@ impl View {
             format_bytes(files.iter().map(|f| f.total).sum())
         );
         if !failed.is_empty() {
-            bail!("{} file(s) could not be staged", failed.len());
+            bail!("{summary}: {} file(s) could not be staged", failed.len());
         }
-        Ok(())
+        Ok(summary)
     }
 }
 

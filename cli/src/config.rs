@@ -1,0 +1,348 @@
+//! The config file (`~/.config/stagefs/config.toml`): the mount a user runs every day,
+//! so `stagefs mount`, `run`, `status` and `service` need no arguments. Flags override
+//! it key by key; errors in it name the line and the key.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use stagefs_cache::copy::CopyOptions;
+use stagefs_fs::{FsConfig, OnFull};
+
+use crate::args::{CacheDirArg, MountOptions, OnFullArg};
+use crate::daemon::MountSpec;
+use crate::units::{parse_duration, parse_size};
+
+/// The keys a config file may hold; each is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileConfig {
+    #[serde(default, deserialize_with = "absolute_path")]
+    source: Option<PathBuf>,
+    #[serde(default, deserialize_with = "absolute_path")]
+    mountpoint: Option<PathBuf>,
+    #[serde(default, deserialize_with = "absolute_path")]
+    cache_dir: Option<PathBuf>,
+    #[serde(default, deserialize_with = "size")]
+    max_size: Option<u64>,
+    #[serde(default, deserialize_with = "size")]
+    min_free: Option<u64>,
+    #[serde(default, deserialize_with = "size")]
+    min_stage_size: Option<u64>,
+    on_full: Option<OnFullArg>,
+    prefetch: Option<bool>,
+    #[serde(default, deserialize_with = "count")]
+    prefetch_parallel: Option<u16>,
+    #[serde(default, deserialize_with = "count")]
+    copy_streams: Option<u16>,
+    #[serde(default, deserialize_with = "duration")]
+    source_timeout: Option<u64>,
+    passthrough: Option<bool>,
+    allow_other: Option<bool>,
+}
+
+/// The loaded config and where it came from.
+#[derive(Debug, Default)]
+pub(crate) struct Config {
+    /// The file that was read; None when there is none (or `--no-config`).
+    pub(crate) path: Option<PathBuf>,
+    file: FileConfig,
+}
+
+impl Config {
+    /// Reads `explicit` (`--config`), else `$STAGEFS_CONFIG`, else the default file if
+    /// it exists. A file that was named but is missing is an error.
+    pub(crate) fn load(explicit: Option<&Path>, disabled: bool) -> anyhow::Result<Config> {
+        if disabled {
+            return Ok(Config::default());
+        }
+        let named = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("STAGEFS_CONFIG").map(PathBuf::from));
+        let path = match named {
+            Some(path) => path,
+            None => match default_path() {
+                Ok(path) if path.exists() => path,
+                _ => return Ok(Config::default()),
+            },
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        let file = parse(&text).map_err(|e| anyhow!("config file {}, {e}", path.display()))?;
+        Ok(Config {
+            path: Some(std::path::absolute(&path)?),
+            file,
+        })
+    }
+
+    /// The cache directory: the flag, the config file, or the platform default.
+    pub(crate) fn cache_dir(&self, flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+        match flag.or(self.file.cache_dir.as_deref()) {
+            Some(dir) => Ok(std::path::absolute(dir)?),
+            None => crate::paths::default_cache_dir(),
+        }
+    }
+
+    /// The cache directory for commands that take `--cache-dir`.
+    pub(crate) fn cache_dir_for(&self, arg: &CacheDirArg) -> anyhow::Result<PathBuf> {
+        self.cache_dir(arg.cache_dir.as_deref())
+    }
+
+    /// The mount point: the argument or the config file.
+    pub(crate) fn mountpoint(&self, arg: Option<&Path>) -> anyhow::Result<PathBuf> {
+        self.required(arg, self.file.mountpoint.as_deref(), "mountpoint")
+    }
+
+    /// The configured source, if any (for `doctor`).
+    pub(crate) fn source(&self) -> Option<&Path> {
+        self.file.source.as_deref()
+    }
+
+    /// The configured mount point, if any (for `doctor`).
+    pub(crate) fn configured_mountpoint(&self) -> Option<&Path> {
+        self.file.mountpoint.as_deref()
+    }
+
+    /// The mount these arguments and the config file describe; flags win.
+    pub(crate) fn mount_spec(
+        &self,
+        source: Option<&Path>,
+        mountpoint: Option<&Path>,
+        flags: &MountOptions,
+    ) -> anyhow::Result<MountSpec> {
+        let file = &self.file;
+        let source = self.required(source, file.source.as_deref(), "source")?;
+        let mountpoint = self.mountpoint(mountpoint)?;
+        let cache_dir = self.cache_dir(flags.cache_dir.as_deref())?;
+        let on_full = flags.on_full.or(file.on_full).unwrap_or(OnFullArg::Fail);
+        let prefetch = !flags.no_prefetch && file.prefetch.unwrap_or(true);
+        let prefetch_parallel = flags.prefetch_parallel.or(file.prefetch_parallel);
+        let source_timeout = flags.source_timeout.or(file.source_timeout).unwrap_or(30);
+        let fs = FsConfig {
+            min_stage_size: (flags.min_stage_size.or(file.min_stage_size)).unwrap_or(1 << 20),
+            passthrough: !flags.no_passthrough && file.passthrough.unwrap_or(true),
+            on_full: match on_full {
+                OnFullArg::Fail => OnFull::Fail,
+                OnFullArg::Passthrough => OnFull::ReadSource,
+            },
+            prefetch: prefetch.then(|| usize::from(prefetch_parallel.unwrap_or(1))),
+            allow_other: flags.allow_other || file.allow_other.unwrap_or(false),
+            source_timeout: Duration::from_secs(source_timeout.max(1)),
+            ..FsConfig::default()
+        };
+        Ok(MountSpec {
+            source,
+            mountpoint,
+            cache_dir,
+            fs,
+            max_size: flags.max_size.or(file.max_size),
+            min_free: flags.min_free.or(file.min_free),
+            copy: CopyOptions {
+                streams: usize::from(flags.copy_streams.or(file.copy_streams).unwrap_or(4)),
+                ..CopyOptions::default()
+            },
+        })
+    }
+
+    fn required(
+        &self,
+        arg: Option<&Path>,
+        file: Option<&Path>,
+        key: &str,
+    ) -> anyhow::Result<PathBuf> {
+        match arg.or(file) {
+            // Absolute: the daemon may outlive the caller's working directory.
+            Some(path) => Ok(std::path::absolute(path)?),
+            None => {
+                let file = match &self.path {
+                    Some(path) => path.display().to_string(),
+                    None => default_path().map_or_else(
+                        |_| "~/.config/stagefs/config.toml".into(),
+                        |p| p.display().to_string(),
+                    ),
+                };
+                bail!("no {key} given: pass it on the command line or set `{key}` in {file}")
+            }
+        }
+    }
+}
+
+/// `$XDG_CONFIG_HOME/stagefs/config.toml`, else `~/.config/stagefs/config.toml` (on
+/// macOS too, where command-line tools conventionally keep their config there).
+pub(crate) fn default_path() -> anyhow::Result<PathBuf> {
+    match std::env::var_os("XDG_CONFIG_HOME") {
+        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir).join("stagefs/config.toml")),
+        _ => Ok(crate::paths::home()?.join(".config/stagefs/config.toml")),
+    }
+}
+
+/// Parses a config file's text; the error names the line and the key.
+fn parse(text: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e| locate(text, &e))
+}
+
+fn locate(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    let Some(span) = error.span() else {
+        return message.to_string();
+    };
+    let start = span.start.min(text.len());
+    let line_number = text[..start].matches('\n').count() + 1;
+    let line = text.lines().nth(line_number - 1).unwrap_or_default();
+    match line.split_once('=') {
+        Some((key, _)) if !key.trim().is_empty() => {
+            format!("line {line_number}, key `{}`: {message}", key.trim())
+        }
+        _ => format!("line {line_number}: {message}"),
+    }
+}
+
+fn absolute_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let text = String::deserialize(d)?;
+    let path = match text.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            let home = crate::paths::home().map_err(de::Error::custom)?;
+            home.join(rest.trim_start_matches('/'))
+        }
+        _ => PathBuf::from(&text),
+    };
+    if !path.is_absolute() {
+        return Err(de::Error::custom(format!(
+            "'{text}' must be an absolute path (or start with ~/)"
+        )));
+    }
+    Ok(Some(path))
+}
+
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    d.deserialize_any(Text(parse_size, "a size such as 200G or a byte count"))
+        .map(Some)
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    d.deserialize_any(Text(parse_duration, "a duration such as \"45s\" or \"2m\""))
+        .map(Some)
+}
+
+fn count<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+    let n = i64::deserialize(d)?;
+    match u16::try_from(n) {
+        Ok(n @ 1..=64) => Ok(Some(n)),
+        _ => Err(de::Error::custom(format!("{n} is not in 1..=64"))),
+    }
+}
+
+/// A value written as text and parsed by one of the flag parsers, so the file and
+/// the command line accept exactly the same spellings (a bare integer counts too).
+struct Text(fn(&str) -> Result<u64, String>, &'static str);
+
+impl Visitor<'_> for Text {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.1)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<u64, E> {
+        (self.0)(v).map_err(E::custom)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<u64, E> {
+        (self.0)(&v.to_string()).map_err(E::custom)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+        (self.0)(&v.to_string()).map_err(E::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(text: &str) -> String {
+        parse(text).expect_err("should be refused")
+    }
+
+    #[test]
+    fn reads_every_key() {
+        let file = parse(
+            r#"
+source = "/Volumes/nas/hub"
+mountpoint = "/tmp/hf"
+cache_dir = "/var/cache/stagefs"
+max_size = "200G"
+min_free = 1073741824
+min_stage_size = "4M"
+on_full = "passthrough"
+prefetch = false
+prefetch_parallel = 2
+copy_streams = 8
+source_timeout = "2m"
+passthrough = false
+allow_other = true
+"#,
+        )
+        .expect("valid");
+        assert_eq!(file.max_size, Some(200 << 30));
+        assert_eq!(file.min_free, Some(1 << 30));
+        assert_eq!(file.source_timeout, Some(120));
+        assert_eq!(file.on_full, Some(OnFullArg::Passthrough));
+        assert_eq!(file.copy_streams, Some(8));
+    }
+
+    #[test]
+    fn errors_name_line_and_key() {
+        let e = error("source = \"/a\"\nmax_size = \"20X\"\n");
+        assert!(e.starts_with("line 2, key `max_size`:"), "{e}");
+        assert!(e.contains("unknown size suffix"), "{e}");
+        let e = error("# comment\n\nmax_sise = \"20G\"\n");
+        assert!(e.starts_with("line 3, key `max_sise`:"), "{e}");
+        assert!(e.contains("unknown field"), "{e}");
+        let e = error("mountpoint = \"relative/dir\"\n");
+        assert!(e.contains("must be an absolute path"), "{e}");
+        let e = error("copy_streams = 0\n");
+        assert!(e.starts_with("line 1, key `copy_streams`"), "{e}");
+        let e = error("on_full = \"maybe\"\n");
+        assert!(e.contains("on_full"), "{e}");
+        let e = error("source = \n");
+        assert!(e.starts_with("line 1"), "{e}");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let config = Config {
+            path: None,
+            file: parse(
+                "source = \"/src\"\nmountpoint = \"/mnt\"\nmax_size = \"10G\"\ncopy_streams = 8\npassthrough = false\n",
+            )
+            .expect("valid"),
+        };
+        let flags = MountOptions {
+            max_size: Some(5 << 30),
+            cache_dir: Some("/cache".into()),
+            ..MountOptions::default()
+        };
+        let spec = config
+            .mount_spec(Some(Path::new("/other")), None, &flags)
+            .expect("spec");
+        assert_eq!(spec.source, Path::new("/other"));
+        assert_eq!(spec.mountpoint, Path::new("/mnt"));
+        assert_eq!(spec.cache_dir, Path::new("/cache"));
+        assert_eq!(spec.max_size, Some(5 << 30));
+        assert_eq!(spec.copy.streams, 8);
+        assert!(!spec.fs.passthrough);
+        assert_eq!(spec.fs.min_stage_size, 1 << 20);
+    }
+
+    #[test]
+    fn missing_source_says_where_to_set_it() {
+        let e = Config::default()
+            .mount_spec(None, Some(Path::new("/mnt")), &MountOptions::default())
+            .expect_err("no source");
+        assert!(e.to_string().contains("set `source` in"), "{e}");
+    }
+}

@@ -1,0 +1,120 @@
+//! A launchd agent (`~/Library/LaunchAgents/org.stagefs.mount.plist`).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use plist::{Dictionary, Value};
+
+use super::{Plan, Service, output_of};
+
+const LABEL: &str = "org.stagefs.mount";
+
+/// The agent file and the commands that load it into the login session.
+pub(super) fn install_plan(service: &Service) -> anyhow::Result<Plan> {
+    let file = agent_path()?;
+    Ok(Plan {
+        content: agent(service)?,
+        load: vec![launchctl(&[
+            "bootstrap",
+            &domain(),
+            &file.display().to_string(),
+        ])],
+        file,
+    })
+}
+
+/// The agent file and the command that unloads it.
+pub(super) fn uninstall_plan() -> anyhow::Result<(PathBuf, Vec<Vec<String>>)> {
+    Ok((
+        agent_path()?,
+        vec![launchctl(&["bootout", &format!("{}/{LABEL}", domain())])],
+    ))
+}
+
+/// `loaded` (with launchd's state line) or `not loaded`.
+pub(super) fn state() -> String {
+    match output_of(&launchctl(&["print", &format!("{}/{LABEL}", domain())])) {
+        Ok(out) => out
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with("state ="))
+            .map_or_else(|| "loaded".into(), |l| format!("loaded, {l}")),
+        Err(_) => "not loaded".into(),
+    }
+}
+
+/// The agent plist. RunAtLoad starts it at login; KeepAlive on an unsuccessful exit,
+/// throttled, retries a NAS that is not mounted yet, while `stagefs unmount` (a clean
+/// exit) stays stopped.
+pub(super) fn agent(service: &Service) -> anyhow::Result<String> {
+    let mut keep_alive = Dictionary::new();
+    keep_alive.insert("SuccessfulExit".into(), false.into());
+    let log = Value::from(service.log.display().to_string());
+    let mut agent = Dictionary::new();
+    agent.insert("Label".into(), LABEL.into());
+    agent.insert(
+        "ProgramArguments".into(),
+        Value::Array(service.arguments().into_iter().map(Value::from).collect()),
+    );
+    agent.insert("RunAtLoad".into(), true.into());
+    agent.insert("KeepAlive".into(), keep_alive.into());
+    agent.insert("ThrottleInterval".into(), 30.into());
+    agent.insert("StandardOutPath".into(), log.clone());
+    agent.insert("StandardErrorPath".into(), log);
+    let mut out = Vec::new();
+    plist::to_writer_xml(&mut out, &Value::Dictionary(agent)).context("writing the agent plist")?;
+    String::from_utf8(out).context("the agent plist is not UTF-8")
+}
+
+fn agent_path() -> anyhow::Result<PathBuf> {
+    super::in_home(&format!("Library/LaunchAgents/{LABEL}.plist"))
+}
+
+/// The login session's launchd domain.
+fn domain() -> String {
+    // SAFETY: getuid cannot fail.
+    format!("gui/{}", unsafe { libc::getuid() })
+}
+
+fn launchctl(args: &[&str]) -> Vec<String> {
+    std::iter::once("launchctl")
+        .chain(args.iter().copied())
+        .map(str::to_string)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_runs_the_configured_mount_at_login() {
+        let text = agent(&super::super::sample()).expect("plist");
+        let value: Value = plist::from_bytes(text.as_bytes()).expect("parses back");
+        let dict = value.as_dictionary().expect("a dictionary");
+        assert_eq!(dict["Label"].as_string(), Some(LABEL));
+        let args: Vec<&str> = dict["ProgramArguments"]
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(Value::as_string)
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "/opt/stage fs/bin/stagefs",
+                "--config",
+                "/home/ann/.config/stagefs/config.toml",
+                "mount",
+                "--foreground"
+            ]
+        );
+        assert_eq!(dict["RunAtLoad"].as_boolean(), Some(true));
+        let keep_alive = dict["KeepAlive"].as_dictionary().expect("dict");
+        assert_eq!(keep_alive["SuccessfulExit"].as_boolean(), Some(false));
+        assert_eq!(
+            dict["StandardErrorPath"].as_string(),
+            Some("/home/ann/.cache/stagefs/stagefs.log")
+        );
+    }
+}

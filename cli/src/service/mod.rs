@@ -1,0 +1,203 @@
+//! `stagefs service`: start the configured mount at login, as a launchd agent on
+//! macOS or a systemd user unit on Linux. The service runs `stagefs mount
+//! --foreground` with the config file, so editing the file and restarting the
+//! service is all a change needs.
+
+// Both managers are compiled (and unit-tested) everywhere; each platform uses one.
+#[cfg_attr(not(target_os = "macos"), allow(dead_code))]
+mod launchd;
+#[cfg_attr(target_os = "macos", allow(dead_code))]
+mod systemd;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::args::{MountOptions, ServiceCommand};
+use crate::config::Config;
+
+/// What the service starts: the program and the config file it reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Service {
+    pub(crate) exe: PathBuf,
+    pub(crate) config: PathBuf,
+    pub(crate) source: PathBuf,
+    pub(crate) mountpoint: PathBuf,
+    /// Where launchd sends the daemon's output (systemd has the journal).
+    pub(crate) log: PathBuf,
+}
+
+impl Service {
+    /// The command line the service manager runs.
+    pub(crate) fn arguments(&self) -> Vec<String> {
+        vec![
+            self.exe.display().to_string(),
+            "--config".into(),
+            self.config.display().to_string(),
+            "mount".into(),
+            "--foreground".into(),
+        ]
+    }
+}
+
+/// A service file and the commands that load or unload it.
+pub(crate) struct Plan {
+    pub(crate) file: PathBuf,
+    pub(crate) content: String,
+    pub(crate) load: Vec<Vec<String>>,
+}
+
+/// The platform's service manager.
+#[cfg(target_os = "macos")]
+use launchd as manager;
+#[cfg(not(target_os = "macos"))]
+use systemd as manager;
+
+/// Runs a service subcommand.
+pub(crate) fn run(command: &ServiceCommand, config: &Config) -> anyhow::Result<()> {
+    match command {
+        ServiceCommand::Install(args) => install(&service(config)?, args.dry_run),
+        ServiceCommand::Uninstall(args) => uninstall(args.dry_run),
+        ServiceCommand::Status => status(config),
+    }
+}
+
+/// The service for the configured mount; refuses what could never start.
+fn service(config: &Config) -> anyhow::Result<Service> {
+    let Some(path) = &config.path else {
+        bail!(
+            "no config file: the service mounts what {} describes; write it first (set at least `source` and `mountpoint`)",
+            crate::config::default_path()?.display()
+        );
+    };
+    let spec = config.mount_spec(None, None, &MountOptions::default())?;
+    let exe = std::env::current_exe()
+        .and_then(std::fs::canonicalize)
+        .context("finding the stagefs executable")?;
+    Ok(Service {
+        exe,
+        config: path.clone(),
+        log: spec.cache_dir.join("stagefs.log"),
+        source: spec.source,
+        mountpoint: spec.mountpoint,
+    })
+}
+
+fn install(service: &Service, dry_run: bool) -> anyhow::Result<()> {
+    let plan = manager::install_plan(service)?;
+    if dry_run {
+        println!("would write {}:\n{}", plan.file.display(), plan.content);
+        print_commands("would run", &plan.load);
+        return Ok(());
+    }
+    if let Some(dir) = plan.file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&plan.file, &plan.content)
+        .with_context(|| format!("writing {}", plan.file.display()))?;
+    println!("wrote {}", plan.file.display());
+    run_all(&plan.load).with_context(|| {
+        format!(
+            "the service file is written but could not be loaded; run these in your login session:\n  {}",
+            render(&plan.load).join("\n  ")
+        )
+    })?;
+    println!(
+        "the service mounts {} at {} now and at every login",
+        service.source.display(),
+        service.mountpoint.display()
+    );
+    Ok(())
+}
+
+fn uninstall(dry_run: bool) -> anyhow::Result<()> {
+    let (file, unload) = manager::uninstall_plan()?;
+    if dry_run {
+        print_commands("would run", &unload);
+        println!("would remove {}", file.display());
+        return Ok(());
+    }
+    if !file.exists() {
+        println!("no service installed ({} does not exist)", file.display());
+        return Ok(());
+    }
+    // Unloading fails when the service is not loaded, which is the goal anyway.
+    if let Err(e) = run_all(&unload) {
+        eprintln!("stagefs: {e:#}");
+    }
+    std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
+    println!("removed {}", file.display());
+    Ok(())
+}
+
+fn status(config: &Config) -> anyhow::Result<()> {
+    let (file, _) = manager::uninstall_plan()?;
+    if file.exists() {
+        println!("service: installed ({})", file.display());
+        println!("state:   {}", manager::state());
+    } else {
+        println!("service: not installed (`stagefs service install` adds it)");
+    }
+    let cache_dir = config.cache_dir(None)?;
+    match crate::daemon::live_mount(&cache_dir)? {
+        Some((source, mountpoint)) => println!(
+            "mount:   {} is up, serving {}",
+            mountpoint.display(),
+            source.display()
+        ),
+        None => println!("mount:   not running for cache {}", cache_dir.display()),
+    }
+    Ok(())
+}
+
+fn print_commands(prefix: &str, commands: &[Vec<String>]) {
+    for command in render(commands) {
+        println!("{prefix}: {command}");
+    }
+}
+
+fn render(commands: &[Vec<String>]) -> Vec<String> {
+    commands.iter().map(|c| c.join(" ")).collect()
+}
+
+/// Runs each command in turn; the first failure stops and names the command.
+fn run_all(commands: &[Vec<String>]) -> anyhow::Result<()> {
+    for command in commands {
+        output_of(command)?;
+    }
+    Ok(())
+}
+
+/// Runs `command` and returns its stdout; a failure carries its stderr.
+pub(crate) fn output_of(command: &[String]) -> anyhow::Result<String> {
+    let (program, args) = command.split_first().context("empty command")?;
+    let shown = command.join(" ");
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("`{shown}` could not be started"))?;
+    if !out.status.success() {
+        bail!(
+            "`{shown}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `~/<rest>`.
+fn in_home(rest: &str) -> anyhow::Result<PathBuf> {
+    Ok(crate::paths::home()?.join(rest))
+}
+
+#[cfg(test)]
+pub(crate) fn sample() -> Service {
+    Service {
+        exe: "/opt/stage fs/bin/stagefs".into(),
+        config: "/home/ann/.config/stagefs/config.toml".into(),
+        source: "/mnt/nas/hub".into(),
+        mountpoint: "/home/ann/hf".into(),
+        log: "/home/ann/.cache/stagefs/stagefs.log".into(),
+    }
+}

@@ -1,0 +1,105 @@
+//! A systemd user unit (`~/.config/systemd/user/stagefs.service`).
+
+use std::path::PathBuf;
+
+use super::{Plan, Service, output_of};
+
+const UNIT: &str = "stagefs.service";
+
+/// The unit file and the commands that enable and start it.
+pub(super) fn install_plan(service: &Service) -> anyhow::Result<Plan> {
+    Ok(Plan {
+        file: unit_path()?,
+        content: unit(service),
+        load: vec![
+            systemctl(&["daemon-reload"]),
+            systemctl(&["enable", "--now", UNIT]),
+        ],
+    })
+}
+
+/// The unit file and the commands that stop and disable it.
+pub(super) fn uninstall_plan() -> anyhow::Result<(PathBuf, Vec<Vec<String>>)> {
+    Ok((unit_path()?, vec![systemctl(&["disable", "--now", UNIT])]))
+}
+
+/// `enabled, active` as systemctl reports it, or why it cannot be asked.
+pub(super) fn state() -> String {
+    let ask = |verb: &str| match output_of(&systemctl(&[verb, UNIT])) {
+        Ok(out) => out.trim().to_string(),
+        Err(e) => format!("{e:#}"),
+    };
+    format!("{}, {}", ask("is-enabled"), ask("is-active"))
+}
+
+/// The unit text. Restart-on-failure with a pause covers a NAS that is not yet
+/// mounted at login: the mount refuses a missing source and is retried. SIGTERM
+/// makes the daemon unmount, so no ExecStop is needed.
+pub(super) fn unit(service: &Service) -> String {
+    let exec: Vec<String> = service.arguments().iter().map(|a| quote(a)).collect();
+    format!(
+        "# Written by `stagefs service install`; `stagefs service uninstall` removes it.\n\
+         [Unit]\n\
+         Description=stagefs: stage {source} at {mountpoint}\n\
+         \n\
+         [Service]\n\
+         Type=exec\n\
+         ExecStart={exec}\n\
+         Restart=on-failure\n\
+         RestartSec=30\n\
+         TimeoutStopSec=30\n\
+         \n\
+         [Install]\n\
+         WantedBy=default.target\n",
+        source = escape(&service.source.display().to_string()),
+        mountpoint = escape(&service.mountpoint.display().to_string()),
+        exec = exec.join(" "),
+    )
+}
+
+fn unit_path() -> anyhow::Result<PathBuf> {
+    let config_home = match std::env::var_os("XDG_CONFIG_HOME") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => super::in_home(".config")?,
+    };
+    Ok(config_home.join("systemd/user").join(UNIT))
+}
+
+fn systemctl(args: &[&str]) -> Vec<String> {
+    ["systemctl", "--user"]
+        .iter()
+        .chain(args)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// One ExecStart word: double-quoted, with systemd's escapes.
+fn quote(word: &str) -> String {
+    format!("\"{}\"", escape(word).replace('"', "\\\""))
+}
+
+/// `%` starts a specifier and `\` an escape in unit files.
+fn escape(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('%', "%%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_runs_the_configured_mount_in_the_foreground() {
+        let unit = unit(&super::super::sample());
+        assert!(unit.contains(
+            "ExecStart=\"/opt/stage fs/bin/stagefs\" \"--config\" \"/home/ann/.config/stagefs/config.toml\" \"mount\" \"--foreground\"\n"
+        ), "{unit}");
+        assert!(unit.contains("Description=stagefs: stage /mnt/nas/hub at /home/ann/hf\n"));
+        assert!(unit.contains("Restart=on-failure\n"));
+        assert!(unit.contains("[Install]\nWantedBy=default.target\n"));
+    }
+
+    #[test]
+    fn specifiers_and_quotes_are_escaped() {
+        assert_eq!(quote("/a b/100%\"x\\"), "\"/a b/100%%\\\"x\\\\\"");
+    }
+}

@@ -1,0 +1,286 @@
+//! The everyday workflow: a config file instead of flags, `stagefs run` around a
+//! loader, and the login service's files.
+
+use std::fs;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use stagefs_tests::{Scratch, generate, python, staged_files, stagefs_bin};
+
+/// Writes `text` as a config file in the scratch area.
+fn config_file(s: &Scratch, text: &str) -> PathBuf {
+    let path = s.dir.path().join("config.toml");
+    fs::write(&path, text).expect("writing config");
+    path
+}
+
+/// A config naming the scratch source, mount point and cache.
+fn daily_config(s: &Scratch) -> PathBuf {
+    config_file(
+        s,
+        &format!(
+            "# the NAS\nsource = \"{}\"\nmountpoint = \"{}\"\ncache_dir = \"{}\"\nmin_stage_size = \"64K\"\n",
+            s.hub.display(),
+            s.mnt.display(),
+            s.cache.display()
+        ),
+    )
+}
+
+fn stagefs(config: &Path, args: &[&str]) -> Output {
+    Command::new(stagefs_bin())
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .expect("running stagefs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Unmounts a background mount when the test ends, even a failing one.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new(stagefs_bin())
+            .args(["--no-config", "unmount", "--lazy"])
+            .arg(&self.0)
+            .output();
+    }
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let path = path.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(path.as_ref()))
+}
+
+#[test]
+fn the_config_file_drives_mount_and_unmount_and_flags_override_it() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "org/cfg-model", 2, "256K");
+    let config = daily_config(&s);
+    let other_cache = s.dir.path().join("flag-cache");
+    let _guard = Unmount(s.mnt.clone());
+
+    let out = stagefs(
+        &config,
+        &["mount", "--cache-dir", other_cache.to_str().expect("utf-8")],
+    );
+    assert!(out.status.success(), "mount: {}", text(&out.stderr));
+    assert!(is_mounted(&s.mnt), "the configured mount point is mounted");
+    let shard = &model.shards()[0];
+    fs::read(s.mnt.join(shard)).expect("read through the mount");
+
+    // The flag's cache got the copy, and the file's min_stage_size (64K, not the
+    // 1M default) is what made a 256K shard stage at all.
+    assert_eq!(staged_files(&other_cache).len(), 1);
+    assert!(staged_files(&s.cache).is_empty(), "config cache_dir unused");
+    let record: serde_json::Value =
+        serde_json::from_slice(&fs::read(other_cache.join("mount.json")).expect("mount.json"))
+            .expect("json");
+    assert_eq!(record["min_stage_size"], 65536);
+
+    let out = stagefs(&config, &["unmount"]);
+    assert!(out.status.success(), "unmount: {}", text(&out.stderr));
+    assert!(!is_mounted(&s.mnt));
+}
+
+#[test]
+fn config_errors_name_the_file_line_and_key() {
+    let s = Scratch::new();
+    let cases = [
+        (
+            "source = \"/srv/hub\"\n\nmax_size = \"20X\"\n",
+            "line 3, key `max_size`: '20X': unknown size suffix",
+        ),
+        (
+            "mount_point = \"/x\"\n",
+            "line 1, key `mount_point`: unknown field",
+        ),
+        (
+            "cache_dir = \"relative\"\n",
+            "line 1, key `cache_dir`: 'relative' must be an absolute path",
+        ),
+        (
+            "prefetch = \"yes\"\n",
+            "line 1, key `prefetch`: invalid type",
+        ),
+    ];
+    for (body, expected) in cases {
+        let config = config_file(&s, body);
+        let out = stagefs(&config, &["status"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{body}: {err}");
+        assert!(
+            err.contains(&format!("config file {}, {expected}", config.display())),
+            "{body}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+    }
+    let missing = s.dir.path().join("missing.toml");
+    let out = stagefs(&missing, &["status"]);
+    assert!(text(&out.stderr).contains("reading config file"));
+    let empty = config_file(&s, "");
+    let out = stagefs(&empty, &["mount"]);
+    assert!(
+        text(&out.stderr)
+            .contains("no source given: pass it on the command line or set `source` in"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "org/run-model", 3, "256K");
+    let config = daily_config(&s);
+    let _guard = Unmount(s.mnt.clone());
+    let show_env =
+        "echo \"$HF_HUB_CACHE|$HF_HUB_OFFLINE|${AGX_RELAX_CDM_CTXSTORE_TIMEOUT-unset}\"; exit 7";
+
+    let out = stagefs(
+        &config,
+        &["run", "--model", &model.repo, "--", "sh", "-c", show_env],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "exit code passed on: {err}");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("{}|1|unset", s.mnt.display())
+    );
+    assert!(err.contains("mounted"), "says it mounted: {err}");
+    assert!(is_mounted(&s.mnt), "the mount stays up");
+    assert_eq!(
+        staged_files(&s.cache).len(),
+        model.shards().len(),
+        "every shard staged before the command started"
+    );
+
+    let out = stagefs(
+        &config,
+        &["run", "--relax-gpu-watchdog", "--", "sh", "-c", show_env],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(text(&out.stdout).trim(), format!("{}|1|1", s.mnt.display()));
+    assert!(!err.contains("mounted"), "reuses the live mount: {err}");
+    assert!(
+        err.contains("AGX_RELAX_CDM_CTXSTORE_TIMEOUT=1"),
+        "never silent: {err}"
+    );
+
+    let resolve = format!(
+        "from huggingface_hub import hf_hub_download; print(hf_hub_download({:?}, 'model-00001-of-00003.safetensors'))",
+        model.repo
+    );
+    let out = Command::new(stagefs_bin())
+        .arg("--config")
+        .arg(&config)
+        .args(["run", "--"])
+        .arg(python())
+        .args(["-c", &resolve])
+        .env("HF_HUB_CACHE", "/nonexistent/elsewhere")
+        .output()
+        .expect("run python");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let resolved = PathBuf::from(text(&out.stdout).trim());
+    assert!(resolved.starts_with(&s.mnt), "{}", resolved.display());
+    assert_eq!(
+        fs::read(&resolved).expect("resolved file"),
+        fs::read(s.hub.join(&model.shards()[0])).expect("source file")
+    );
+
+    let out = stagefs(&config, &["run", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "signal passed on");
+    let out = stagefs(&config, &["run", "--", "/nonexistent/program"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(text(&out.stderr).contains("cannot run /nonexistent/program"));
+}
+
+#[test]
+fn run_refuses_a_cache_that_serves_another_mount() {
+    let s = Scratch::new();
+    let _live = s.mount(&[]);
+    let elsewhere = s.dir.path().join("mnt2");
+    fs::create_dir(&elsewhere).expect("mkdir");
+    let config = daily_config(&s);
+    let out = stagefs(
+        &config,
+        &[
+            "run",
+            "--mountpoint",
+            elsewhere.to_str().expect("utf-8"),
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("already serves"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!is_mounted(&elsewhere));
+}
+
+#[test]
+fn service_files_start_the_configured_mount() {
+    let s = Scratch::new();
+    let config = daily_config(&s);
+    let xdg = s.dir.path().join("xdg");
+    let service = |args: &[&str]| {
+        Command::new(stagefs_bin())
+            .arg("--config")
+            .arg(&config)
+            .arg("service")
+            .args(args)
+            .env("XDG_CONFIG_HOME", &xdg)
+            .output()
+            .expect("running stagefs service")
+    };
+    let out = service(&["install", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    let unit = xdg.join("systemd/user/stagefs.service");
+    assert!(
+        shown.starts_with(&format!("would write {}:\n", unit.display())),
+        "{shown}"
+    );
+    let exe = fs::canonicalize(stagefs_bin()).expect("exe");
+    let exec = format!(
+        "ExecStart=\"{}\" \"--config\" \"{}\" \"mount\" \"--foreground\"\n",
+        exe.display(),
+        config.display()
+    );
+    assert!(shown.contains(&exec), "{shown}");
+    assert!(shown.contains(&format!(
+        "Description=stagefs: stage {} at {}\n",
+        s.hub.display(),
+        s.mnt.display()
+    )));
+    assert!(shown.contains("Restart=on-failure\n"));
+    assert!(shown.contains("WantedBy=default.target\n"));
+    assert!(shown.contains("would run: systemctl --user enable --now stagefs.service"));
+    assert!(!unit.exists(), "a dry run writes nothing");
+
+    let out = service(&["uninstall", "--dry-run"]);
+    assert!(
+        text(&out.stdout).contains("would run: systemctl --user disable --now stagefs.service")
+    );
+    let out = service(&["status"]);
+    assert!(text(&out.stdout).contains("service: not installed"));
+
+    let out = Command::new(stagefs_bin())
+        .args(["--no-config", "service", "install", "--dry-run"])
+        .output()
+        .expect("running stagefs service");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no config file"));
+}
