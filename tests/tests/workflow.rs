@@ -233,7 +233,11 @@ fn run_refuses_a_cache_that_serves_another_mount() {
 #[test]
 fn service_files_start_the_configured_mount() {
     let s = Scratch::new();
-    let config = daily_config(&s);
+    // Spaces and `%` need quoting and escaping in a unit file.
+    let awkward = s.dir.path().join("my conf 100%");
+    fs::create_dir(&awkward).expect("mkdir");
+    let config = awkward.join("config.toml");
+    fs::rename(daily_config(&s), &config).expect("move config");
     let xdg = s.dir.path().join("xdg");
     let service = |args: &[&str]| {
         Command::new(stagefs_bin())
@@ -257,7 +261,7 @@ fn service_files_start_the_configured_mount() {
     let exec = format!(
         "ExecStart=\"{}\" \"--config\" \"{}\" \"mount\" \"--foreground\"\n",
         exe.display(),
-        config.display()
+        config.display().to_string().replace('%', "%%")
     );
     assert!(shown.contains(&exec), "{shown}");
     assert!(shown.contains(&format!(
@@ -269,6 +273,7 @@ fn service_files_start_the_configured_mount() {
     assert!(shown.contains("WantedBy=default.target\n"));
     assert!(shown.contains("would run: systemctl --user enable --now stagefs.service"));
     assert!(!unit.exists(), "a dry run writes nothing");
+    verify_unit(&s, &shown);
 
     let out = service(&["uninstall", "--dry-run"]);
     assert!(
@@ -283,4 +288,29 @@ fn service_files_start_the_configured_mount() {
         .expect("running stagefs service");
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("no config file"));
+}
+
+/// systemd's own parser accepts the unit: quoting, escaping, keys, an executable
+/// ExecStart.
+fn verify_unit(s: &Scratch, dry_run: &str) {
+    let body: String = dry_run
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("would run"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dir = s.dir.path().join("unit");
+    fs::create_dir(&dir).expect("mkdir");
+    let file = dir.join("stagefs.service");
+    fs::write(&file, body.trim_end()).expect("write unit");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&file)
+        .output()
+        .expect("systemd-analyze (apt-get install systemd)");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        text(&out.stderr)
+    );
 }

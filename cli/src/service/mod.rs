@@ -10,7 +10,7 @@ mod launchd;
 mod systemd;
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 
 use anyhow::{Context, bail};
 
@@ -97,12 +97,13 @@ fn install(service: &Service, dry_run: bool) -> anyhow::Result<()> {
     std::fs::write(&plan.file, &plan.content)
         .with_context(|| format!("writing {}", plan.file.display()))?;
     println!("wrote {}", plan.file.display());
-    run_all(&plan.load).with_context(|| {
-        format!(
-            "the service file is written but could not be loaded; run these in your login session:\n  {}",
-            render(&plan.load).join("\n  ")
-        )
-    })?;
+    if let Err(e) = run_all(&plan.load) {
+        bail!(
+            "{e:#}; {} is written, load it from your login session with: {}",
+            plan.file.display(),
+            render(&plan.load).join(" && ")
+        );
+    }
     println!(
         "the service mounts {} at {} now and at every login",
         service.source.display(),
@@ -171,19 +172,23 @@ fn run_all(commands: &[Vec<String>]) -> anyhow::Result<()> {
 
 /// Runs `command` and returns its stdout; a failure carries its stderr.
 pub(crate) fn output_of(command: &[String]) -> anyhow::Result<String> {
+    let (status, stdout, stderr) = answer_of(command)?;
+    if !status.success() {
+        bail!("`{}` failed: {stderr}", command.join(" "));
+    }
+    Ok(stdout)
+}
+
+/// Runs `command` and returns its status, stdout and stderr (trimmed), for commands
+/// like `systemctl is-active` whose answer is in stdout whatever the status.
+pub(crate) fn answer_of(command: &[String]) -> anyhow::Result<(ExitStatus, String, String)> {
     let (program, args) = command.split_first().context("empty command")?;
-    let shown = command.join(" ");
     let out = Command::new(program)
         .args(args)
         .output()
-        .with_context(|| format!("`{shown}` could not be started"))?;
-    if !out.status.success() {
-        bail!(
-            "`{shown}` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        .with_context(|| format!("`{}` could not be started", command.join(" ")))?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
+    Ok((out.status, text(&out.stdout), text(&out.stderr)))
 }
 
 /// `~/<rest>`.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::{Plan, Service, output_of};
+use super::{Plan, Service, answer_of};
 
 const UNIT: &str = "stagefs.service";
 
@@ -25,9 +25,10 @@ pub(super) fn uninstall_plan() -> anyhow::Result<(PathBuf, Vec<Vec<String>>)> {
 
 /// `enabled, active` as systemctl reports it, or why it cannot be asked.
 pub(super) fn state() -> String {
-    let ask = |verb: &str| match output_of(&systemctl(&[verb, UNIT])) {
-        Ok(out) => out.trim().to_string(),
-        Err(e) => format!("{e:#}"),
+    let ask = |verb: &str| match answer_of(&systemctl(&[verb, UNIT])) {
+        Ok((_, out, _)) if !out.is_empty() => out,
+        Ok((_, _, err)) => format!("unknown ({err})"),
+        Err(e) => format!("unknown ({e:#})"),
     };
     format!("{}, {}", ask("is-enabled"), ask("is-active"))
 }
