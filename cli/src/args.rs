@@ -229,6 +229,9 @@ pub(crate) struct DoctorArgs {
     /// Print the checks as JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Internal: run one step of a check for a parent doctor (JSON on stdin and stdout).
+    #[arg(long, hide = true)]
+    pub(crate) worker: bool,
 }
 
 #[derive(Debug, Subcommand)]

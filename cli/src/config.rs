@@ -101,6 +101,11 @@ impl Config {
         self.file.source.as_deref()
     }
 
+    /// The file's budget keys, (max_size, min_free), for `doctor`.
+    pub(crate) fn budget(&self) -> (Option<u64>, Option<u64>) {
+        (self.file.max_size, self.file.min_free)
+    }
+
     /// The configured mount point, if any (for `doctor`).
     pub(crate) fn configured_mountpoint(&self) -> Option<&Path> {
         self.file.mountpoint.as_deref()

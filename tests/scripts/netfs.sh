@@ -37,6 +37,8 @@ down() {
     if [[ -f $state/sshd.pid ]]; then
         kill "$(cat "$state/sshd.pid")" 2>/dev/null || true
     fi
+    # sshd's session processes for a cut connection outlive sshd itself.
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip link del "$host_if" 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
     rm -rf "$state"

@@ -1,0 +1,112 @@
+//! macOS: the filesystem holding a path from statfs(2), and whether its disk is on
+//! USB or external, from `diskutil info -plist` (run with a deadline).
+
+use std::ffi::{CString, OsString};
+use std::io::{self, Read};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::fskind::{Disk, FsInfo};
+
+/// How long `diskutil` may take before the disk is reported as unknown.
+const DISKUTIL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The filesystem holding `path`.
+pub(crate) fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
+    let st = statfs(path)?;
+    let fstype = String::from_utf8_lossy(&c_bytes(&st.f_fstypename)).into_owned();
+    let device = String::from_utf8_lossy(&c_bytes(&st.f_mntfromname)).into_owned();
+    let mount_point = PathBuf::from(OsString::from_vec(c_bytes(&st.f_mntonname)));
+    #[allow(clippy::unnecessary_cast)] // MNT_LOCAL is a c_int, f_flags a u32
+    let local = st.f_flags & (libc::MNT_LOCAL as u32) != 0;
+    let disk = if local && device.starts_with("/dev/disk") {
+        disk_of(&device)
+    } else {
+        Disk::Unknown
+    };
+    Ok(FsInfo::new(
+        &fstype,
+        &device,
+        mount_point,
+        disk,
+        Some(local),
+    ))
+}
+
+fn statfs(path: &Path) -> io::Result<libc::statfs> {
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let mut out = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: c_path is NUL-terminated and out points to writable statfs storage.
+    if unsafe { libc::statfs(c_path.as_ptr(), out.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs succeeded, so it initialised `out`.
+    Ok(unsafe { out.assume_init() })
+}
+
+/// The bytes of a NUL-terminated C array.
+#[allow(clippy::unnecessary_cast)] // c_char is i8 on some targets, u8 on others
+fn c_bytes(chars: &[libc::c_char]) -> Vec<u8> {
+    chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect()
+}
+
+/// The keys of `diskutil info -plist` that say where a disk is attached.
+#[derive(Debug, Deserialize)]
+struct DiskInfo {
+    #[serde(rename = "BusProtocol")]
+    bus: Option<String>,
+    #[serde(rename = "Internal")]
+    internal: Option<bool>,
+    #[serde(rename = "RemovableMedia")]
+    removable: Option<bool>,
+}
+
+fn disk_of(device: &str) -> Disk {
+    let Some(bytes) = diskutil_info(device) else {
+        return Disk::Unknown;
+    };
+    match plist::from_bytes::<DiskInfo>(&bytes) {
+        Ok(info) if info.bus.as_deref() == Some("USB") => Disk::Usb,
+        Ok(info) if info.internal == Some(false) || info.removable == Some(true) => Disk::External,
+        Ok(_) => Disk::Internal,
+        Err(e) => {
+            tracing::debug!("diskutil info for {device}: {e}");
+            Disk::Unknown
+        }
+    }
+}
+
+/// `diskutil info -plist DEVICE`'s output, or None if it fails or takes too long.
+fn diskutil_info(device: &str) -> Option<Vec<u8>> {
+    let mut child = Command::new("diskutil")
+        .args(["info", "-plist", device])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + DISKUTIL_TIMEOUT;
+    // Its output (a few KiB) fits in the pipe, so waiting before reading cannot block it.
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    child.stdout.take()?.read_to_end(&mut out).ok()?;
+    Some(out)
+}

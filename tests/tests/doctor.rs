@@ -1,0 +1,335 @@
+//! `stagefs doctor` against real sources: a local directory, a path inside a live
+//! stagefs mount, a capped sshfs share, and a share whose link was cut.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+use stagefs_tests::{NetFs, Scratch, generate, stagefs_bin};
+
+/// Far above doctor's own 10 s per step: only a doctor that hangs hits it.
+const HARNESS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What one doctor run printed.
+struct Run {
+    success: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "doctor --json printed no JSON ({e}): {}\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+/// Runs `stagefs ARGS` with `env` added to a clean HuggingFace environment, killing
+/// it if it outlives the harness timeout.
+fn stagefs(args: &[&dyn AsRef<OsStr>], env: &[(&str, &dyn AsRef<OsStr>)]) -> Run {
+    let mut command = Command::new(stagefs_bin());
+    command
+        .args(args.iter().map(|a| a.as_ref()))
+        .env_remove("STAGEFS_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for name in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"] {
+        command.env_remove(name);
+    }
+    for (name, value) in env {
+        command.env(name, value.as_ref());
+    }
+    let child = command.spawn().expect("starting stagefs");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(output) = rx.recv_timeout(HARNESS_TIMEOUT) else {
+        // SAFETY: kill(2) on the child we started; at worst it already exited.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        panic!("stagefs {} hung", display_args(args));
+    };
+    let output = output.expect("waiting for stagefs");
+    Run {
+        success: output.status.success(),
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn display_args(args: &[&dyn AsRef<OsStr>]) -> String {
+    args.iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The check called `name`.
+fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no `{name}` check in {report:#}"))
+}
+
+fn positive(value: &Value) -> bool {
+    value.as_f64().is_some_and(|v| v > 0.0)
+}
+
+/// A config file naming the scratch area's source, mount point and cache.
+fn config_file(s: &Scratch) -> PathBuf {
+    let path = s.dir.path().join("config.toml");
+    let text = format!(
+        "source = {:?}\nmountpoint = {:?}\ncache_dir = {:?}\n",
+        s.hub.display().to_string(),
+        s.mnt.display().to_string(),
+        s.cache.display().to_string()
+    );
+    fs::write(&path, text).expect("writing the config file");
+    path
+}
+
+#[test]
+fn a_local_directory_is_local_and_measured() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/local", 2, "8M");
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &s.hub,
+            &"--json",
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert!(run.success, "{}\n{}", run.stdout, run.stderr);
+    let report = run.json();
+    let source = &report["source"];
+    assert_eq!(source["kind"], "local", "{report:#}");
+    assert_eq!(source["network"], false);
+    assert!(positive(&source["probe"]["latency_ms"]), "{report:#}");
+    assert!(
+        positive(&source["probe"]["throughput_bytes_per_sec"]),
+        "{report:#}"
+    );
+    assert_eq!(check(&report, "source")["verdict"], "ok");
+    assert_eq!(report["failed"], false);
+
+    let human = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    let first = human.stdout.lines().next().unwrap_or_default();
+    assert!(first.starts_with("ok    fuse "), "{}", human.stdout);
+}
+
+#[test]
+fn a_path_in_a_stagefs_mount_names_its_source_and_stages_nothing() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/mounted", 2, "4M");
+    let mount = s.mount(&[]);
+    let inside = mount.path(&model.snapshot_rel);
+    let elsewhere = s.dir.path().join("doctor-cache");
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &inside,
+            &"--json",
+            &"--cache-dir",
+            &elsewhere,
+        ],
+        &[],
+    );
+    assert!(run.success, "{}\n{}", run.stdout, run.stderr);
+    let report = run.json();
+    let source = &report["source"];
+    let hub = fs::canonicalize(&s.hub).expect("hub");
+    assert_eq!(source["kind"], "stagefs", "{report:#}");
+    assert_eq!(source["stagefs_source"], hub.display().to_string());
+    assert_eq!(
+        source["mount_point"],
+        fs::canonicalize(&s.mnt).expect("mnt").display().to_string()
+    );
+    let summary = check(&report, "source")["summary"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        summary.contains("stagefs mount") && summary.contains(&hub.display().to_string()),
+        "{summary}"
+    );
+    // The measurement reads the mount's source, not the mount, so nothing is staged.
+    let probed = source["probe"]["file"].as_str().unwrap_or_default();
+    assert!(Path::new(probed).starts_with(&hub), "{probed}");
+    assert_eq!(report["model"]["id"], "acme/mounted");
+    assert_eq!(mount.metrics().stage_copies, 0);
+    drop(mount);
+}
+
+#[test]
+fn an_sshfs_source_is_network_and_measured() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/remote", 1, "24M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &remote.mnt,
+            &"--json",
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert!(run.success, "{}\n{}", run.stdout, run.stderr);
+    let report = run.json();
+    let source = &report["source"];
+    assert_eq!(source["kind"], "network", "{report:#}");
+    assert_eq!(source["network"], true);
+    assert_eq!(source["fstype"], "fuse.sshfs");
+    let rate = &source["probe"]["throughput_bytes_per_sec"];
+    assert!(positive(rate), "{report:#}");
+    // 200 Mbit/s is 25 MB/s: well below ten times that, or the page cache was measured.
+    assert!(rate.as_f64().unwrap_or_default() < 250e6, "{report:#}");
+    drop(remote);
+}
+
+#[test]
+fn a_cut_source_fails_instead_of_hanging() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/gone", 1, "4M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    remote.cut();
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &remote.mnt,
+            &"--json",
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let report = run.json();
+    assert_eq!(report["failed"], true);
+    let failed: Vec<&Value> = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|c| c["verdict"] == "fail")
+        .collect();
+    assert!(
+        failed.iter().any(|c| c["summary"]
+            .as_str()
+            .is_some_and(|t| t.contains("did not answer within"))),
+        "{report:#}"
+    );
+    drop(remote);
+}
+
+#[test]
+fn hf_hub_cache_is_judged_against_the_mount_point() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/env", 1, "2M");
+    let config = config_file(&s);
+    let doctor = |hub_cache: &Path| {
+        let run = stagefs(
+            &[&"--config", &config, &"doctor", &"--json"],
+            &[("HF_HUB_CACHE", &hub_cache)],
+        );
+        assert!(run.code.is_some(), "{}", run.stderr);
+        run.json()
+    };
+    let pointed = doctor(&s.mnt);
+    assert_eq!(check(&pointed, "hub-cache")["verdict"], "ok", "{pointed:#}");
+    assert_eq!(pointed["hub_cache"]["points_at_mount"], true);
+    assert_eq!(
+        check(&pointed, "mount")["verdict"],
+        "note",
+        "not mounted yet"
+    );
+
+    let elsewhere = doctor(&s.dir.path().join("somewhere-else"));
+    let hub_check = check(&elsewhere, "hub-cache");
+    assert_eq!(hub_check["verdict"], "warn", "{elsewhere:#}");
+    assert!(
+        hub_check["advice"]
+            .as_str()
+            .is_some_and(|a| a.contains("HF_HUB_CACHE"))
+    );
+
+    let mount = s.mount(&[]);
+    let up = doctor(&s.mnt);
+    assert_eq!(check(&up, "mount")["verdict"], "ok", "{up:#}");
+    assert_eq!(up["mount"]["up"], true);
+    drop(mount);
+}
+
+#[test]
+fn a_model_id_is_resolved_in_the_configured_source() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "stagefs/demo-model", 2, "4M");
+    let config = config_file(&s);
+    let run = stagefs(
+        &[
+            &"--config",
+            &config,
+            &"doctor",
+            &"stagefs/demo-model",
+            &"--json",
+        ],
+        &[],
+    );
+    assert!(run.code.is_some(), "{}", run.stderr);
+    let report = run.json();
+    let size: u64 = model.files.iter().map(|f| f.size).sum();
+    assert_eq!(report["model"]["id"], "stagefs/demo-model", "{report:#}");
+    assert_eq!(report["model"]["size_bytes"], size, "{report:#}");
+    assert!(positive(&report["model"]["staging_seconds"]), "{report:#}");
+    assert!(
+        report["cache"]["available_bytes"]
+            .as_u64()
+            .is_some_and(|b| b > 0)
+    );
+    assert!(report["cache"]["usable_bytes"].as_u64().is_some());
+    let space = check(&report, "space")["summary"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(space.contains("stagefs/demo-model needs"), "{space}");
+
+    let missing = stagefs(&[&"--config", &config, &"doctor", &"stagefs/absent"], &[]);
+    assert!(!missing.success);
+    assert!(
+        missing.stderr.contains("stagefs/absent is not in"),
+        "{}",
+        missing.stderr
+    );
+    let unconfigured = stagefs(&[&"--no-config", &"doctor", &"stagefs/demo-model"], &[]);
+    assert!(!unconfigured.success);
+    assert!(
+        unconfigured.stderr.contains("no source is configured"),
+        "{}",
+        unconfigured.stderr
+    );
+}
