@@ -76,6 +76,21 @@ fn display_args(args: &[&dyn AsRef<OsStr>]) -> String {
         .join(" ")
 }
 
+/// `stagefs --no-config doctor TARGET --json --cache-dir CACHE`.
+fn doctor_json(target: &dyn AsRef<OsStr>, cache: &Path) -> Run {
+    stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            target,
+            &"--json",
+            &"--cache-dir",
+            &cache,
+        ],
+        &[],
+    )
+}
+
 /// The check called `name`.
 fn check<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["checks"]
@@ -107,17 +122,7 @@ fn config_file(s: &Scratch) -> PathBuf {
 fn a_local_directory_is_local_and_measured() {
     let s = Scratch::new();
     generate(&s.hub, "acme/local", 2, "8M");
-    let run = stagefs(
-        &[
-            &"--no-config",
-            &"doctor",
-            &s.hub,
-            &"--json",
-            &"--cache-dir",
-            &s.cache,
-        ],
-        &[],
-    );
+    let run = doctor_json(&s.hub, &s.cache);
     assert!(run.success, "{}\n{}", run.stdout, run.stderr);
     let report = run.json();
     let source = &report["source"];
@@ -146,17 +151,7 @@ fn a_path_in_a_stagefs_mount_names_its_source_and_stages_nothing() {
     let mount = s.mount(&[]);
     let inside = mount.path(&model.snapshot_rel);
     let elsewhere = s.dir.path().join("doctor-cache");
-    let run = stagefs(
-        &[
-            &"--no-config",
-            &"doctor",
-            &inside,
-            &"--json",
-            &"--cache-dir",
-            &elsewhere,
-        ],
-        &[],
-    );
+    let run = doctor_json(&inside, &elsewhere);
     assert!(run.success, "{}\n{}", run.stdout, run.stderr);
     let report = run.json();
     let source = &report["source"];
@@ -188,17 +183,7 @@ fn an_sshfs_source_is_network_and_measured() {
     let s = Scratch::new();
     generate(&s.hub, "acme/remote", 1, "24M");
     let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
-    let run = stagefs(
-        &[
-            &"--no-config",
-            &"doctor",
-            &remote.mnt,
-            &"--json",
-            &"--cache-dir",
-            &s.cache,
-        ],
-        &[],
-    );
+    let run = doctor_json(&remote.mnt, &s.cache);
     assert!(run.success, "{}\n{}", run.stdout, run.stderr);
     let report = run.json();
     let source = &report["source"];
@@ -218,17 +203,7 @@ fn a_cut_source_fails_instead_of_hanging() {
     generate(&s.hub, "acme/gone", 1, "4M");
     let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
     remote.cut();
-    let run = stagefs(
-        &[
-            &"--no-config",
-            &"doctor",
-            &remote.mnt,
-            &"--json",
-            &"--cache-dir",
-            &s.cache,
-        ],
-        &[],
-    );
+    let run = doctor_json(&remote.mnt, &s.cache);
     assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
     let report = run.json();
     assert_eq!(report["failed"], true);
