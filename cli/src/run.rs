@@ -23,11 +23,7 @@ pub(crate) const RELAX_WATCHDOG_VAR: &str = "AGX_RELAX_CDM_CTXSTORE_TIMEOUT";
 
 /// Runs the command; only returns if COMMAND could not be started.
 pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
-    let spec = config.mount_spec(
-        args.source.as_deref(),
-        args.mountpoint.as_deref(),
-        &args.options,
-    )?;
+    let spec = mount_spec(args, config)?;
     ensure_mounted(&spec)?;
     if !args.models.is_empty() {
         // COMMAND owns stdout; everything stagefs says goes to stderr.
@@ -52,6 +48,28 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
         ErrorKind::NotFound => 127,
         _ => 126,
     }))
+}
+
+/// The mount asked for; with none given or configured, the one the cache directory
+/// already serves (so `stagefs mount SRC MNT` then `stagefs run -- ...` just works).
+fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
+    let asked = config.mount_spec(
+        args.source.as_deref(),
+        args.mountpoint.as_deref(),
+        &args.options,
+    );
+    let Err(missing) = asked else {
+        return asked;
+    };
+    let cache_dir = config.cache_dir(args.options.cache_dir.as_deref())?;
+    match daemon::live_mount(&cache_dir)? {
+        Some((source, mountpoint)) => config.mount_spec(
+            Some(args.source.as_deref().unwrap_or(&source)),
+            Some(args.mountpoint.as_deref().unwrap_or(&mountpoint)),
+            &args.options,
+        ),
+        None => Err(missing),
+    }
 }
 
 /// Leaves a matching mount alone, starts one if none runs, and refuses when the

@@ -205,6 +205,31 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
 }
 
 #[test]
+fn run_without_a_config_uses_the_mount_its_cache_serves() {
+    let s = Scratch::new();
+    let _live = s.mount(&[]);
+    let out = Command::new(stagefs_bin())
+        .args(["--no-config", "run", "--cache-dir"])
+        .arg(&s.cache)
+        .args(["--", "sh", "-c", "echo $HF_HUB_CACHE"])
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), s.mnt.display().to_string());
+    let out = Command::new(stagefs_bin())
+        .args(["--no-config", "run", "--cache-dir"])
+        .arg(s.dir.path().join("unused-cache"))
+        .args(["--", "true"])
+        .output()
+        .expect("run");
+    assert!(
+        text(&out.stderr).contains("no source given"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn run_refuses_a_cache_that_serves_another_mount() {
     let s = Scratch::new();
     let _live = s.mount(&[]);
