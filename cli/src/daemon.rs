@@ -201,6 +201,13 @@ fn store_open_error(e: StoreError, spec: &MountSpec) -> anyhow::Error {
 
 /// Refuses a mount that cannot work, before anything is created or mounted.
 fn validate(spec: &MountSpec) -> anyhow::Result<()> {
+    if let Err(why) = crate::doctor::responds(&spec.source, spec.fs.source_timeout) {
+        bail!(
+            "source {} {why}; check that the share is reachable (`stagefs doctor {}` examines it)",
+            spec.source.display(),
+            spec.source.display()
+        );
+    }
     let source = existing_dir(&spec.source, "source")?;
     recover_stale_mount(&spec.mountpoint)?;
     let mountpoint = existing_dir(&spec.mountpoint, "mount point")?;

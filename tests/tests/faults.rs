@@ -125,6 +125,33 @@ fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
 }
 
 #[test]
+fn mounting_an_unreachable_source_fails_with_a_clear_error_instead_of_hanging() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/dead", 1, "2M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    remote.cut();
+    let (source, mnt, cache) = (remote.mnt.clone(), s.mnt.clone(), s.cache.clone());
+    let (ok, _, err) = within(Duration::from_secs(60), move || {
+        run_stagefs(&[
+            &"mount",
+            &source,
+            &mnt,
+            &"--cache-dir",
+            &cache,
+            &"--source-timeout",
+            &"2s",
+        ])
+    });
+    assert!(!ok);
+    assert!(
+        err.contains("did not answer within 2s") && err.contains("stagefs doctor"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    drop(remote);
+}
+
+#[test]
 fn a_cache_disk_filling_up_mid_copy_gives_enospc_and_keeps_what_was_staged() {
     let s = Scratch::new();
     let small = generate(&s.hub, "acme/first", 1, "6M");

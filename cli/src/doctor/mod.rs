@@ -111,6 +111,17 @@ fn examine(target: &Target, cache_dir: &Path, config: &Config) -> anyhow::Result
     })
 }
 
+/// Fails when `path` does not answer a `stat` within `timeout` (resolving its name
+/// alone can be answered from the kernel's caches). It is asked from a child process,
+/// so a dead share cannot hang the caller (`stagefs mount` checks its source this
+/// way); whether the path exists is left to the caller.
+pub(crate) fn responds(path: &Path, timeout: std::time::Duration) -> Result<(), String> {
+    match worker::locate(path, timeout) {
+        Err(unanswered) => Err(unanswered.to_string()),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// What to look at: a model id in the configured source, a path, or the configured
 /// source.
 fn target(arg: Option<&str>, config: &Config) -> anyhow::Result<Target> {
