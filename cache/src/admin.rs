@@ -5,7 +5,7 @@
 //! plain relative path and turned into a [`Key`], so no request can reach outside the
 //! cache directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
@@ -216,14 +216,16 @@ pub fn status(
     })
 }
 
-/// Drops the copies `selector` names, except those in use.
+/// Drops the copies `selector` names, except those in use. The source, when
+/// reachable, resolves the snapshot links under a directory to the blobs they name.
 pub fn evict(
     store: &Store,
+    source: Option<&SourceTree>,
     selector: &EvictSelector,
     dry_run: bool,
     now_secs: u64,
 ) -> Result<EvictReport, AdminError> {
-    let chosen = select(store, selector, now_secs)?;
+    let chosen = select(store, source, selector, now_secs)?;
     let mut report = EvictReport {
         evicted: Vec::new(),
         in_use: Vec::new(),
@@ -261,6 +263,7 @@ pub fn evict(
 
 fn select(
     store: &Store,
+    source: Option<&SourceTree>,
     selector: &EvictSelector,
     now_secs: u64,
 ) -> Result<Vec<EntryInfo>, AdminError> {
@@ -275,10 +278,11 @@ fn select(
                 .collect()
         }
         EvictSelector::Path { path } => {
-            let key = Key::for_source_path(&checked_relative(path)?);
+            let path = checked_relative(path)?;
+            let keys = keys_under(source, &path);
             entries
                 .into_iter()
-                .filter(|i| i.key == key.as_str())
+                .filter(|i| keys.contains(&i.key) || i.entry.source.starts_with(&path))
                 .collect()
         }
         EvictSelector::OlderThan { secs } => entries
@@ -452,6 +456,22 @@ fn revisions(store: &Store, source: &SourceTree, repo_dir: &str) -> Vec<Revision
             status
         })
         .collect()
+}
+
+/// The key of `path`, and for a directory the keys of every file under it, with
+/// snapshot links followed to their blobs (a directory's own copies outside it are
+/// found only this way).
+fn keys_under(source: Option<&SourceTree>, path: &Path) -> HashSet<String> {
+    let mut keys = HashSet::from([Key::for_source_path(path).as_str().to_string()]);
+    if let Some(source) = source.filter(|s| s.stat(path).is_ok_and(|m| m.is_dir())) {
+        let files = hf::snapshot_files(source, path);
+        keys.extend(
+            files
+                .iter()
+                .map(|(_, resolved)| Key::for_source_path(resolved).as_str().to_string()),
+        );
+    }
+    keys
 }
 
 /// Files of a snapshot as (path the link resolves to, size).

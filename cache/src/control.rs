@@ -155,7 +155,7 @@ pub fn answer(
             report: Box::new(report),
         }),
         Request::Evict { selector, dry_run } => {
-            admin::evict(store, &selector, dry_run, crate::sys::now_secs())
+            admin::evict(store, source, &selector, dry_run, crate::sys::now_secs())
                 .map(|report| Response::Evicted { report })
         }
         Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)

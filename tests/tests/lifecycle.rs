@@ -162,6 +162,33 @@ fn status_evict_and_verify_work_with_and_without_a_mount() {
 }
 
 #[test]
+fn evicting_a_snapshot_directory_drops_the_blobs_it_links_to() {
+    let s = Scratch::new();
+    let kept = generate(&s.hub, "acme/kept", 2, "2M");
+    let dropped = generate(&s.hub, "acme/dropped", 3, "3M"); // other bytes, other blobs
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let mount = s.mount(&["--no-prefetch"]);
+    for shard in kept.shards().iter().chain(&dropped.shards()) {
+        fs::read(mount.path(shard)).expect("stage");
+    }
+    assert_eq!(staged_files(&s.cache).len(), 5);
+    let snapshot = mount.path(&dropped.snapshot_rel);
+    let (ok, out, err) = run_stagefs(&[&"evict", &snapshot, &"--cache-dir", cache]);
+    assert!(ok && out.contains("evicted 3 files"), "{out}{err}");
+    assert_eq!(staged_files(&s.cache).len(), 2, "the other model stays");
+    drop(mount);
+
+    // Without a mount, a directory of the source works the same way.
+    let mount = s.mount(&["--no-prefetch"]);
+    fs::read(mount.path(&dropped.shards()[0])).expect("stage again");
+    drop(mount);
+    let in_source = s.hub.join(&dropped.snapshot_rel);
+    let (ok, out, err) = run_stagefs(&[&"evict", &in_source, &"--cache-dir", cache]);
+    assert!(ok && out.contains("evicted 1 files"), "{out}{err}");
+    assert_eq!(staged_files(&s.cache).len(), 2);
+}
+
+#[test]
 fn a_corrupted_copy_is_staged_again_on_open_never_served() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/rot", 1, "2M");
