@@ -12,8 +12,10 @@ pub struct Metrics {
     pub stage_hits: AtomicU64,
     /// Copies started because no current staged copy existed.
     pub stage_copies: AtomicU64,
-    /// Bytes copied from the source into the cache.
+    /// Bytes copied from the source into the cache by those copies.
     pub bytes_copied: AtomicU64,
+    /// Copies of small files kept for when the source does not respond.
+    pub kept_copies: AtomicU64,
     /// Opens answered with kernel passthrough to the staged copy.
     pub passthrough_opens: AtomicU64,
     /// Opens of staged files whose reads the daemon serves.
@@ -33,6 +35,9 @@ pub struct MetricsSnapshot {
     pub stage_copies: u64,
     /// See [`Metrics::bytes_copied`].
     pub bytes_copied: u64,
+    /// See [`Metrics::kept_copies`].
+    #[serde(default)]
+    pub kept_copies: u64,
     /// See [`Metrics::passthrough_opens`].
     pub passthrough_opens: u64,
     /// See [`Metrics::daemon_opens`].
@@ -56,6 +61,7 @@ impl Metrics {
             stage_hits: get(&self.stage_hits),
             stage_copies: get(&self.stage_copies),
             bytes_copied: get(&self.bytes_copied),
+            kept_copies: get(&self.kept_copies),
             passthrough_opens: get(&self.passthrough_opens),
             daemon_opens: get(&self.daemon_opens),
             source_opens: get(&self.source_opens),

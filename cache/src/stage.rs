@@ -95,6 +95,8 @@ type StageResult = Result<Staged, StageError>;
 enum Purpose {
     Open,
     Prefetch,
+    /// A small file's copy, kept for when the source does not respond.
+    Keep,
 }
 
 #[derive(Debug, Clone)]
@@ -176,7 +178,7 @@ impl Stager {
         match result {
             // A prefetch may not evict; an open may, so it tries again on its own.
             Err(StageError::Store(StoreError::NoRoom { .. }))
-                if flight.purpose == Purpose::Prefetch =>
+                if flight.purpose != Purpose::Open =>
             {
                 self.flight_for(rel, Purpose::Open).result.await
             }
@@ -187,6 +189,13 @@ impl Stager {
     /// Stages `rel` ahead of use: like [`Stager::stage`], but never evicts anything.
     pub async fn prefetch(&self, rel: &Path) -> StageResult {
         self.flight_for(rel, Purpose::Prefetch).result.await
+    }
+
+    /// Keeps a copy of small file `rel`, to serve while the source does not respond:
+    /// like [`Stager::prefetch`], but counted apart (`kept_copies`), since the file
+    /// itself is still read from the source.
+    pub async fn keep(&self, rel: &Path) -> StageResult {
+        self.flight_for(rel, Purpose::Keep).result.await
     }
 
     /// A stored copy of source file `rel` at version `stamp`, without asking the source
@@ -294,15 +303,20 @@ impl Inner {
             progress.copied.store(stamp.size, Ordering::Relaxed);
             return Ok(staged(hit, stamp, false));
         }
-        if purpose == Purpose::Prefetch {
+        if purpose != Purpose::Open {
             self.yield_to_opens(progress);
         }
         let may_evict = purpose == Purpose::Open;
         let reservation = self.store.reserve(key, stamp.size, rel, may_evict)?;
-        Metrics::bump(&self.metrics.stage_copies);
+        let kept = purpose == Purpose::Keep;
+        Metrics::bump(if kept {
+            &self.metrics.kept_copies
+        } else {
+            &self.metrics.stage_copies
+        });
         let started = Instant::now();
         info!(path = %rel.display(), bytes = stamp.size, "staging");
-        let (tmp, blake3) = self.copy(rel, stamp, progress).inspect_err(|e| {
+        let (tmp, blake3) = self.copy(rel, stamp, progress, !kept).inspect_err(|e| {
             warn!(path = %rel.display(), error = %e, "staging failed");
         })?;
         let entry = Entry {
@@ -340,6 +354,7 @@ impl Inner {
         rel: &Path,
         expected: Stamp,
         progress: &Progress,
+        count_bytes: bool,
     ) -> Result<(NamedTempFile, String), StageError> {
         let src = self.source.open(rel)?;
         let mut tmp = self.store.create_temp()?;
@@ -359,7 +374,9 @@ impl Inner {
             |n| {
                 copied += n;
                 progress.copied.store(copied, Ordering::Relaxed);
-                self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
+                if count_bytes {
+                    self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
+                }
             },
         )
         .map_err(|e| match e {
@@ -541,7 +558,7 @@ mod tests {
             mtime_ns: 1,
         };
         assert!(matches!(
-            inner.copy(Path::new("f"), stale, &Progress::default()),
+            inner.copy(Path::new("f"), stale, &Progress::default(), true),
             Err(StageError::SourceChanged { .. })
         ));
         assert_eq!(

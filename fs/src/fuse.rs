@@ -246,6 +246,7 @@ impl Shared {
                 name,
             });
         }
+        self.inodes.remember_listing(ino.0, &entries);
         Ok(entries)
     }
 
@@ -254,7 +255,7 @@ impl Shared {
     async fn open(&self, node: &Node) -> Result<Opened, FsError> {
         let version = node.stamp.ok_or(FsError::NotADirectory)?;
         let opened = if version.size < self.config.min_stage_size {
-            self.open_source(&node.path).await?
+            self.open_small(node, version).await?
         } else {
             match self.stage_or_recall(node, version).await {
                 Ok(staged) => Opened {
@@ -290,21 +291,69 @@ impl Shared {
                 () = stalled(&self.stager, &node.path, limit) => self.source_timed_out(),
             }
         }
+        self.recall_stored(node, version)
+            .await
+            .ok_or_else(|| FsError::SourceTimeout {
+                path: node.path.clone(),
+                secs: limit.as_secs(),
+            })
+    }
+
+    /// Small files (configs, tokenizers, refs) are read from the source, so they are
+    /// never staler than it. A copy is kept in the background and served while the
+    /// source does not respond, so a staged model still loads with the NAS away.
+    async fn open_small(&self, node: &Node, version: Stamp) -> Result<Opened, FsError> {
+        if !self.source_unresponsive.load(Ordering::Relaxed) {
+            match self.open_source(&node.path).await {
+                Ok(opened) => {
+                    self.keep_copy(&node.path, opened.stamp);
+                    return Ok(opened);
+                }
+                Err(FsError::SourceTimeout { .. }) => self.source_timed_out(),
+                Err(e) => return Err(e),
+            }
+        }
+        match self.recall_stored(node, version).await {
+            Some(staged) => Ok(Opened {
+                stamp: staged.stamp,
+                file: staged.file,
+                pin: Some(staged.pin),
+            }),
+            None => Err(FsError::SourceTimeout {
+                path: node.path.clone(),
+                secs: self.config.source_timeout.as_secs(),
+            }),
+        }
+    }
+
+    /// Stores a copy of small file `path` unless this version is already stored; like
+    /// a prefetch, it never evicts anything and yields to opens.
+    fn keep_copy(&self, path: &Path, version: Stamp) {
+        let (stager, path) = (self.stager.clone(), path.to_path_buf());
+        self.runtime.spawn(async move {
+            let lookup = stager.clone();
+            let lookup_path = path.clone();
+            let stored =
+                tokio::task::spawn_blocking(move || lookup.stored(&lookup_path, version).is_some())
+                    .await;
+            if matches!(stored, Ok(false))
+                && let Err(e) = stager.keep(&path).await
+            {
+                debug!(path = %path.display(), error = %e, "keeping a copy of a small file failed");
+            }
+        });
+    }
+
+    /// A stored copy of exactly `version` of `node`, asking the source nothing.
+    async fn recall_stored(&self, node: &Node, version: Stamp) -> Option<Staged> {
         let (stager, path) = (self.stager.clone(), node.path.clone());
         let recalled = self
             .runtime
             .spawn_blocking(move || stager.stored(&path, version))
             .await;
-        match recalled {
-            Ok(Some(staged)) => {
-                warn!(path = %node.path.display(), "the source does not respond; serving the staged copy");
-                Ok(staged)
-            }
-            _ => Err(FsError::SourceTimeout {
-                path: node.path.clone(),
-                secs: limit.as_secs(),
-            }),
-        }
+        let staged = recalled.ok().flatten()?;
+        warn!(path = %node.path.display(), "the source does not respond; serving the stored copy");
+        Some(staged)
     }
 
     async fn open_source(&self, path: &Path) -> Result<Opened, FsError> {
@@ -550,11 +599,18 @@ impl Filesystem for StageFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.serve(
+        // The handle is made in `respond`, so a background probe of the source (which
+        // reruns the work) never leaves one behind.
+        let shared = Arc::clone(&self.shared);
+        self.serve_or_recall(
             "opendir",
-            move |s| s.list_dir(ino).map(|entries| s.dirs.insert(entries)),
+            move |s| s.list_dir(ino),
+            move |s| s.inodes.known_listing(ino.0),
             move |r| match r {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Ok(entries) => {
+                    let fh = shared.dirs.insert(entries);
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
                 Err(e) => reply.error(e),
             },
         );

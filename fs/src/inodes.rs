@@ -7,6 +7,8 @@
 //! Directories and symlinks are identified by path alone.
 //!
 //! Entries are never forgotten: an HF cache holds thousands of paths, not millions.
+//! Nor is what the source last said about them (attributes, link targets, directory
+//! listings), which answers for the source while it does not respond.
 
 use std::collections::HashMap;
 use std::fs::Metadata;
@@ -15,6 +17,8 @@ use std::sync::{Mutex, PoisonError};
 
 use fuser::FileAttr;
 use stagefs_cache::Stamp;
+
+use crate::handles::DirEntry;
 
 /// The root directory's inode, as the kernel expects.
 pub(crate) const ROOT_INO: u64 = 1;
@@ -45,6 +49,7 @@ struct Table {
     /// source does not respond.
     attrs: HashMap<u64, FileAttr>,
     links: HashMap<u64, Vec<u8>>,
+    listings: HashMap<u64, Vec<DirEntry>>,
 }
 
 /// Thread-safe map between inode numbers and source nodes.
@@ -66,6 +71,7 @@ impl Inodes {
             latest: HashMap::new(),
             attrs: HashMap::new(),
             links: HashMap::new(),
+            listings: HashMap::new(),
         };
         Inodes {
             table: Mutex::new(table),
@@ -129,6 +135,16 @@ impl Inodes {
         let table = self.lock();
         let ino = table.latest.get(path)?;
         table.attrs.get(ino).copied()
+    }
+
+    /// Records the listing of directory `ino`.
+    pub(crate) fn remember_listing(&self, ino: u64, entries: &[DirEntry]) {
+        self.lock().listings.insert(ino, entries.to_vec());
+    }
+
+    /// The last known listing of directory `ino`.
+    pub(crate) fn known_listing(&self, ino: u64) -> Option<Vec<DirEntry>> {
+        self.lock().listings.get(&ino).cloned()
     }
 
     /// The last known target of symlink `ino`.

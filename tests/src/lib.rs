@@ -359,6 +359,15 @@ pub fn temp_files(cache: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// The staged data files of at least `bytes` in a cache directory: the weight
+/// copies, without the copies of small files kept for when the source is away.
+pub fn staged_files_of_at_least(cache: &Path, bytes: u64) -> Vec<PathBuf> {
+    staged_files(cache)
+        .into_iter()
+        .filter(|f| fs::metadata(f).is_ok_and(|m| m.len() >= bytes))
+        .collect()
+}
+
 /// The staged data files in a cache directory.
 pub fn staged_files(cache: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(cache.join("v1/data"))

@@ -13,8 +13,8 @@ use std::thread::sleep;
 use std::time::{Duration, SystemTime};
 
 use stagefs_tests::{
-    Mount, NetFs, Scratch, Tmpfs, generate, run_stagefs, staged_files, stagefs_bin, temp_files,
-    wait_for,
+    Model, Mount, NetFs, Scratch, Tmpfs, generate, python, run_stagefs, staged_files, stagefs_bin,
+    temp_files, wait_for, workspace_root,
 };
 
 /// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a stuck test.
@@ -115,6 +115,61 @@ fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
     assert!(ok, "the mount stays responsive: {err}");
     assert!(mount.log_text().contains("did not respond"));
 
+    remote.restore();
+    let config = mount.path(model.snapshot_rel.join("config.json"));
+    wait_for("the source to answer again", || {
+        fs::metadata(&config).is_ok()
+    });
+    drop(mount);
+    drop(remote);
+}
+
+/// Runs tests/py/hf_offline_check.py against the mount: huggingface_hub resolves the
+/// model offline and safetensors reads every tensor, compared with `source_hub`.
+fn load_with_real_clients(mount: &Mount, model: &Model, source_hub: &Path) -> (bool, String) {
+    let mut command = Command::new(python());
+    command
+        .arg(workspace_root().join("tests/py/hf_offline_check.py"))
+        .args([&model.repo, &model.commit])
+        .arg(source_hub)
+        .env("HF_HUB_CACHE", &mount.mnt)
+        .env("HF_HOME", mount.cache.with_file_name("hf-home"))
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1");
+    let out = within(Duration::from_secs(120), move || command.output()).expect("python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_model_loaded_once_loads_again_with_real_clients_while_the_source_is_away() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/offline", 2, "2M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--source-timeout", "2s"]);
+    let (ok, out) = load_with_real_clients(&mount, &model, &s.hub);
+    assert!(ok, "first load: {out}");
+    // Every file of the snapshot, and refs/main, gets a local copy; the small ones in
+    // the background.
+    wait_for("copies of every file the load read", || {
+        mount.in_flight().is_empty() && staged_files(&s.cache).len() == model.files.len() + 1
+    });
+
+    remote.cut();
+    sleep(Duration::from_millis(1500)); // let the kernel's 1 s caches expire
+    let (ok, out) = load_with_real_clients(&mount, &model, &s.hub);
+    assert!(
+        ok,
+        "second load with the source away: {out}\n{}",
+        mount.log_text()
+    );
+    assert!(mount.log_text().contains("serving the stored copy"));
+
+    // Requests the daemon sent to the dead link end only once it is back.
     remote.restore();
     let config = mount.path(model.snapshot_rel.join("config.json"));
     wait_for("the source to answer again", || {

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
-use stagefs_tests::{Scratch, generate, staged_files};
+use stagefs_tests::{Scratch, generate, staged_files, wait_for};
 
 fn read_all(file: &mut File) -> Vec<u8> {
     let mut out = Vec::new();
@@ -181,15 +181,21 @@ fn a_remount_reuses_staged_copies_after_a_stat() {
 }
 
 #[test]
-fn small_files_are_read_from_the_source_without_staging() {
+fn small_files_are_read_from_the_source_and_a_copy_is_kept_in_the_background() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/small", 1, "2M");
     let mount = s.mount(&["--no-prefetch"]);
     let config = model.snapshot_rel.join("config.json");
-    assert!(
-        fs::read(mount.path(&config)).expect("read") == fs::read(s.hub.join(&config)).expect("src")
-    );
+    let expected = fs::read(s.hub.join(&config)).expect("src");
+    assert!(fs::read(mount.path(&config)).expect("read") == expected);
     let m = mount.metrics();
     assert_eq!((m.source_opens, m.stage_copies), (1, 0), "{m:?}");
-    assert!(staged_files(&s.cache).is_empty());
+    wait_for("the kept copy", || staged_files(&s.cache).len() == 1);
+    let kept = staged_files(&s.cache);
+    assert!(fs::read(&kept[0]).expect("kept copy") == expected);
+    // Opening it again reads the source again and copies nothing more.
+    assert!(fs::read(mount.path(&config)).expect("read") == expected);
+    sleep(Duration::from_millis(300));
+    let m = mount.metrics();
+    assert_eq!((m.source_opens, m.kept_copies), (2, 1), "{m:?}");
 }
