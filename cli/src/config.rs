@@ -59,9 +59,11 @@ impl Config {
         if disabled {
             return Ok(Config::default());
         }
-        let named = explicit
-            .map(Path::to_path_buf)
-            .or_else(|| std::env::var_os("STAGEFS_CONFIG").map(PathBuf::from));
+        let named = explicit.map(Path::to_path_buf).or_else(|| {
+            std::env::var_os("STAGEFS_CONFIG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
         let path = match named {
             Some(path) => path,
             None => match default_path() {
