@@ -114,14 +114,7 @@ fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
     });
     assert!(ok, "the mount stays responsive: {err}");
     assert!(mount.log_text().contains("did not respond"));
-
-    remote.restore();
-    let config = mount.path(model.snapshot_rel.join("config.json"));
-    wait_for("the source to answer again", || {
-        fs::metadata(&config).is_ok()
-    });
-    drop(mount);
-    drop(remote);
+    restore_and_unmount(remote, mount, &model);
 }
 
 /// Runs tests/py/hf_offline_check.py against the mount: huggingface_hub resolves the
@@ -168,8 +161,12 @@ fn a_model_loaded_once_loads_again_with_real_clients_while_the_source_is_away() 
         mount.log_text()
     );
     assert!(mount.log_text().contains("serving the stored copy"));
+    restore_and_unmount(remote, mount, &model);
+}
 
-    // Requests the daemon sent to the dead link end only once it is back.
+/// Brings a cut link back and waits until the mount sees the source again before
+/// unmounting: requests the daemon sent to the dead link end only once it is back.
+fn restore_and_unmount(remote: NetFs, mount: Mount, model: &Model) {
     remote.restore();
     let config = mount.path(model.snapshot_rel.join("config.json"));
     wait_for("the source to answer again", || {
