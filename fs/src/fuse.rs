@@ -108,7 +108,7 @@ impl StageFs {
         if shared.source_unresponsive.load(Ordering::Relaxed) {
             if let Some(known) = recall(&shared) {
                 respond(Ok(known));
-                shared.probe(work);
+                shared.probe();
                 return;
             }
             self.serve_timed(op, work, |_| None, respond);
@@ -131,7 +131,11 @@ impl StageFs {
             let task = tokio::task::spawn_blocking(move || work(&worker));
             let result = match tokio::time::timeout(limit, task).await {
                 Ok(Ok(result)) => {
-                    shared.source_answered();
+                    // A network client may have answered from its own cache: only
+                    // the probe can tell that the source itself is back.
+                    if shared.source_unresponsive.load(Ordering::Relaxed) {
+                        shared.probe();
+                    }
                     result
                 }
                 Ok(Err(e)) => Err(FsError::Read(io::Error::other(e))),
@@ -176,17 +180,17 @@ impl Shared {
         }
     }
 
-    /// Runs `work` once in the background to find out whether the source is back.
-    fn probe<T: Send + 'static>(
-        self: &Arc<Self>,
-        work: impl FnOnce(&Shared) -> Result<T, FsError> + Send + 'static,
-    ) {
+    /// Finds out in the background, one probe at a time, whether the source is back.
+    /// It asks for the source's statfs: sshfs, NFS and SMB clients answer stats and
+    /// lookups from their own caches while the server is gone, but send statfs to it,
+    /// so a cached answer cannot make a dead source look alive.
+    fn probe(self: &Arc<Self>) {
         if self.probing.swap(true, Ordering::Relaxed) {
             return;
         }
         let shared = Arc::clone(self);
         self.runtime.spawn_blocking(move || {
-            if work(&shared).is_ok() {
+            if stagefs_cache::sys::statvfs(shared.stager.source().root()).is_ok() {
                 shared.source_answered();
             }
             shared.probing.store(false, Ordering::Relaxed);
