@@ -323,6 +323,31 @@ impl Drop for Mount {
     }
 }
 
+/// Whether `path` is a mount point in this process's mount table.
+pub fn is_mounted(path: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let path = path.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(path.as_ref()))
+}
+
+/// Runs tests/py/hf_offline_check.py with the hub cache at `mnt`: huggingface_hub
+/// resolves `model` offline and safetensors reads every tensor, compared with the
+/// same files under `source_hub`. `hf_home` keeps the client away from the real home.
+pub fn hf_offline_check(mnt: &Path, model: &Model, source_hub: &Path, hf_home: &Path) -> Command {
+    let mut command = Command::new(python());
+    command
+        .arg(workspace_root().join("tests/py/hf_offline_check.py"))
+        .args([&model.repo, &model.commit])
+        .arg(source_hub)
+        .env("HF_HUB_CACHE", mnt)
+        .env("HF_HOME", hf_home)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_DISABLE_TELEMETRY", "1");
+    command
+}
+
 /// Runs `stagefs ARGS...`, returning (success, stdout, stderr).
 pub fn run_stagefs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, String) {
     let out = Command::new(stagefs_bin())

@@ -5,19 +5,13 @@ use std::process::{Command, Output};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use stagefs_tests::{Scratch, generate, run_stagefs, stagefs_bin};
+use stagefs_tests::{Scratch, generate, is_mounted, run_stagefs, stagefs_bin};
 
 fn stagefs(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(stagefs_bin())
         .args(args)
         .output()
         .expect("run stagefs")
-}
-
-fn is_mounted(path: &std::path::Path) -> bool {
-    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
-    let path = path.to_string_lossy();
-    mounts.lines().any(|l| l.split(' ').nth(1) == Some(&path))
 }
 
 #[test]

@@ -1,24 +1,15 @@
 //! Real clients read through the mount: huggingface_hub resolving offline, and
 //! safetensors' safe_open (mmap) reading every tensor.
 
-use std::process::Command;
-
 use serde_json::Value;
-use stagefs_tests::{Scratch, generate, python, workspace_root};
+use stagefs_tests::{Scratch, generate, hf_offline_check};
 
 fn huggingface_hub_resolves_and_safetensors_reads(extra: &[&str]) {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/clients", 3, "3M");
     let mount = s.mount(extra);
     let hf_home = s.dir.path().join("hf-home");
-    let out = Command::new(python())
-        .arg(workspace_root().join("tests/py/hf_offline_check.py"))
-        .args([&model.repo, &model.commit])
-        .arg(&s.hub)
-        .env("HF_HUB_CACHE", &mount.mnt)
-        .env("HF_HOME", &hf_home)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+    let out = hf_offline_check(&mount.mnt, &model, &s.hub, &hf_home)
         .output()
         .expect("running python");
     assert!(

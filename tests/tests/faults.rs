@@ -13,8 +13,8 @@ use std::thread::sleep;
 use std::time::{Duration, SystemTime};
 
 use stagefs_tests::{
-    Model, Mount, NetFs, Scratch, Tmpfs, generate, python, run_stagefs, staged_files, stagefs_bin,
-    temp_files, wait_for, workspace_root,
+    Model, Mount, NetFs, Scratch, Tmpfs, generate, hf_offline_check, run_stagefs, staged_files,
+    stagefs_bin, temp_files, wait_for,
 };
 
 /// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a stuck test.
@@ -120,15 +120,8 @@ fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
 /// Runs tests/py/hf_offline_check.py against the mount: huggingface_hub resolves the
 /// model offline and safetensors reads every tensor, compared with `source_hub`.
 fn load_with_real_clients(mount: &Mount, model: &Model, source_hub: &Path) -> (bool, String) {
-    let mut command = Command::new(python());
-    command
-        .arg(workspace_root().join("tests/py/hf_offline_check.py"))
-        .args([&model.repo, &model.commit])
-        .arg(source_hub)
-        .env("HF_HUB_CACHE", &mount.mnt)
-        .env("HF_HOME", mount.cache.with_file_name("hf-home"))
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_HUB_DISABLE_TELEMETRY", "1");
+    let hf_home = mount.cache.with_file_name("hf-home");
+    let mut command = hf_offline_check(&mount.mnt, model, source_hub, &hf_home);
     let out = within(Duration::from_secs(120), move || command.output()).expect("python");
     let text = format!(
         "{}{}",

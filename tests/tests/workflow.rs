@@ -6,7 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use stagefs_tests::{Scratch, generate, python, staged_files, stagefs_bin};
+use stagefs_tests::{Scratch, generate, is_mounted, python, staged_files, stagefs_bin};
 
 /// Writes `text` as a config file in the scratch area.
 fn config_file(s: &Scratch, text: &str) -> PathBuf {
@@ -51,14 +51,6 @@ impl Drop for Unmount {
             .arg(&self.0)
             .output();
     }
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
-    let path = path.to_string_lossy();
-    mounts
-        .lines()
-        .any(|l| l.split(' ').nth(1) == Some(path.as_ref()))
 }
 
 #[test]
