@@ -177,13 +177,9 @@ impl Config {
     }
 }
 
-/// `$XDG_CONFIG_HOME/stagefs/config.toml`, else `~/.config/stagefs/config.toml` (on
-/// macOS too, where command-line tools conventionally keep their config there).
+/// `stagefs/config.toml` in the config home (`~/.config` unless `$XDG_CONFIG_HOME`).
 pub(crate) fn default_path() -> anyhow::Result<PathBuf> {
-    match std::env::var_os("XDG_CONFIG_HOME") {
-        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir).join("stagefs/config.toml")),
-        _ => Ok(crate::paths::home()?.join(".config/stagefs/config.toml")),
-    }
+    Ok(crate::paths::config_home()?.join("stagefs/config.toml"))
 }
 
 /// Parses a config file's text; the error names the line and the key.

@@ -15,6 +15,15 @@ pub(crate) fn default_cache_dir() -> anyhow::Result<PathBuf> {
     }
 }
 
+/// `$XDG_CONFIG_HOME`, else `~/.config` (on macOS too: command-line tools keep their
+/// config there, and systemd user units live below it).
+pub(crate) fn config_home() -> anyhow::Result<PathBuf> {
+    match std::env::var_os("XDG_CONFIG_HOME") {
+        Some(dir) if !dir.is_empty() => Ok(PathBuf::from(dir)),
+        _ => Ok(home()?.join(".config")),
+    }
+}
+
 /// The user's home directory.
 pub(crate) fn home() -> anyhow::Result<PathBuf> {
     let home = std::env::var_os("HOME").context("HOME is not set; pass --cache-dir")?;

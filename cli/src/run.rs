@@ -14,6 +14,7 @@ use anyhow::{Context, bail};
 use crate::args::RunArgs;
 use crate::config::Config;
 use crate::daemon::{self, MountSpec};
+use crate::doctor::same_place;
 
 /// Files staged at a time for `--model`.
 const STAGE_PARALLEL: usize = 2;
@@ -77,7 +78,7 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
 fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
     match daemon::live_mount(&spec.cache_dir)? {
         Some((source, mountpoint))
-            if same_path(&mountpoint, &spec.mountpoint) && same_path(&source, &spec.source) =>
+            if same_place(&mountpoint, &spec.mountpoint) && same_place(&source, &spec.source) =>
         {
             Ok(())
         }
@@ -96,15 +97,6 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// Whether two paths name the same directory.
-pub(crate) fn same_path(a: &Path, b: &Path) -> bool {
-    a == b
-        || matches!(
-            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
-            (Ok(a), Ok(b)) if a == b
-        )
 }
 
 /// The variables COMMAND gets. HF_HUB_CACHE wins over HF_HOME and the legacy names in

@@ -2,12 +2,11 @@
 //! HuggingFace hub cache is the mount point), and whether the configured mount is up.
 
 use std::ffi::OsString;
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
-use stagefs_cache::control::{self, Request, Response};
+use stagefs_cache::control;
 
 use super::bounded::bounded;
 use super::fskind::FsKind;
@@ -127,8 +126,9 @@ fn resolve(path: &Path) -> PathBuf {
     }
 }
 
-/// Whether two paths name the same directory.
-fn same_place(a: &Path, b: &Path) -> bool {
+/// Whether two paths name the same directory, resolving each in a worker, so a dead
+/// mount among them cannot hang the caller.
+pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
     a == b || resolve(a) == resolve(b)
 }
 
@@ -142,20 +142,13 @@ pub(crate) fn mount_check(mountpoint: &Path, cache_dir: &Path) -> (Check, MountS
     };
     let socket = control::socket_path(cache_dir);
     let answer = bounded(SOCKET_TIMEOUT, {
-        let socket = socket.clone();
-        move || control::query(&socket, &Request::Stats)
+        let cache_dir = cache_dir.to_path_buf();
+        move || crate::daemon::live_mount(&cache_dir)
     });
     let check = match answer {
-        Ok(Ok(Response::Stats {
-            mountpoint: serving,
-            source,
-            ..
-        })) => serving_check(&mut state, &serving, source, cache_dir),
-        Ok(Err(e)) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
-            not_serving(mountpoint, &socket)
-        }
-        Ok(Ok(_)) => not_serving(mountpoint, &socket),
-        Ok(Err(e)) => Check::warn("mount", format!("cannot ask {}: {e}", socket.display())),
+        Ok(Ok(Some((source, serving)))) => serving_check(&mut state, &serving, source, cache_dir),
+        Ok(Ok(None)) => not_serving(mountpoint, &socket),
+        Ok(Err(e)) => Check::warn("mount", format!("cannot ask {}: {e:#}", socket.display())),
         Err(late) => {
             let shown = mountpoint.display();
             Check::warn("mount", format!("the mount's daemon {late}")).advise(format!(

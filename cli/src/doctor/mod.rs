@@ -27,6 +27,8 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 use serde::Serialize;
 
+pub(crate) use hub::same_place;
+
 use crate::args::DoctorArgs;
 use crate::config::Config;
 use bounded::SOURCE_TIMEOUT;

@@ -67,7 +67,7 @@ pub(super) fn agent(service: &Service) -> anyhow::Result<String> {
 }
 
 fn agent_path() -> anyhow::Result<PathBuf> {
-    super::in_home(&format!("Library/LaunchAgents/{LABEL}.plist"))
+    Ok(crate::paths::home()?.join(format!("Library/LaunchAgents/{LABEL}.plist")))
 }
 
 /// The login session's launchd domain.

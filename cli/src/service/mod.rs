@@ -191,11 +191,6 @@ pub(crate) fn answer_of(command: &[String]) -> anyhow::Result<(ExitStatus, Strin
     Ok((out.status, text(&out.stdout), text(&out.stderr)))
 }
 
-/// `~/<rest>`.
-fn in_home(rest: &str) -> anyhow::Result<PathBuf> {
-    Ok(crate::paths::home()?.join(rest))
-}
-
 #[cfg(test)]
 pub(crate) fn sample() -> Service {
     Service {

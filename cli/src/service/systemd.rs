@@ -59,11 +59,7 @@ pub(super) fn unit(service: &Service) -> String {
 }
 
 fn unit_path() -> anyhow::Result<PathBuf> {
-    let config_home = match std::env::var_os("XDG_CONFIG_HOME") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => super::in_home(".config")?,
-    };
-    Ok(config_home.join("systemd/user").join(UNIT))
+    Ok(crate::paths::config_home()?.join("systemd/user").join(UNIT))
 }
 
 fn systemctl(args: &[&str]) -> Vec<String> {
