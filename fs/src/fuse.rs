@@ -603,8 +603,8 @@ impl Filesystem for StageFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // The handle is made in `respond`, so a background probe of the source (which
-        // reruns the work) never leaves one behind.
+        // The handle is made in `respond`: a listing that arrives after its timeout
+        // was answered from memory is dropped instead of leaving a handle behind.
         let shared = Arc::clone(&self.shared);
         self.serve_or_recall(
             "opendir",
