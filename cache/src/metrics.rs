@@ -24,6 +24,9 @@ pub struct Metrics {
     pub source_opens: AtomicU64,
     /// Read requests the daemon answered (passthrough reads never arrive here).
     pub daemon_reads: AtomicU64,
+    /// Staged files handed out as a link to their local copy (readlink answers):
+    /// the kernel opens and reads the copy itself, so those reads never arrive here.
+    pub redirects: AtomicU64,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -46,6 +49,9 @@ pub struct MetricsSnapshot {
     pub source_opens: u64,
     /// See [`Metrics::daemon_reads`].
     pub daemon_reads: u64,
+    /// See [`Metrics::redirects`].
+    #[serde(default)]
+    pub redirects: u64,
 }
 
 impl Metrics {
@@ -66,6 +72,7 @@ impl Metrics {
             daemon_opens: get(&self.daemon_opens),
             source_opens: get(&self.source_opens),
             daemon_reads: get(&self.daemon_reads),
+            redirects: get(&self.redirects),
         }
     }
 }

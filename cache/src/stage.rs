@@ -210,6 +210,21 @@ impl Stager {
         Some(staged(hit, stamp, false))
     }
 
+    /// Where a stored copy of source file `rel` at version `stamp` can be read
+    /// directly, if one is whole and untouched. With `resolving`, the caller is
+    /// handing the path out, which keeps the copy in use for the store's redirect
+    /// grace. Asks the source nothing and never hashes: a stat of the copy at most.
+    pub fn redirect_target(&self, rel: &Path, stamp: Stamp, resolving: bool) -> Option<PathBuf> {
+        let key = Key::for_source_path(rel);
+        let accept = |e: &Entry| reusable(e, &key, rel, stamp);
+        let store = &self.inner.store;
+        if resolving {
+            store.resolve_redirect(&key, accept)
+        } else {
+            store.redirectable(&key, accept)
+        }
+    }
+
     /// Copies in progress.
     pub fn in_flight(&self) -> Vec<InFlight> {
         let inflight = self

@@ -14,15 +14,21 @@
 //! - a pinned copy (open, or being staged) is never evicted or removed;
 //! - space is reserved before a copy starts, evicting least-recently-used unpinned
 //!   copies to make room, so the budget holds even with copies in flight;
-//! - a copy from before this process started is re-hashed before it is first served;
-//!   a mismatch is dropped and staged again, never served.
+//! - a copy whose inode or change time differ from those recorded when it was hashed
+//!   (something wrote to it) is re-hashed before it is served; a mismatch is dropped
+//!   and staged again, never served;
+//! - a copy is read-only once committed, and can be handed out by path (a redirect)
+//!   only while its inode and change time are the ones recorded when it was hashed;
+//!   a copy whose path was handed out within the redirect grace counts as in use,
+//!   since opens of it by path never reach this process.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File, TryLockError};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
@@ -36,12 +42,21 @@ use crate::key::Key;
 /// Name of the layout directory; a new layout gets a new name.
 pub const LAYOUT_DIR: &str = "v1";
 
+/// How long a copy whose path was handed out stays in use. A process resolves a
+/// path and opens what it resolved to within one system call; the grace also covers
+/// one that resolved it in user space (`realpath`) a moment before opening it.
+pub const DEFAULT_REDIRECT_GRACE: Duration = Duration::from_secs(30);
+
+// Committed copies are read-only, so nothing writes to one by following a redirect.
+const COPY_MODE: u32 = 0o400;
+
 /// The cache directory, locked for the lifetime of this value.
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
     layout: PathBuf,
     budget: Budget,
+    redirect_grace: Duration,
     state: Arc<Mutex<State>>,
     _lock: File,
 }
@@ -51,7 +66,20 @@ struct State {
     index: Index,
     pins: HashMap<Key, usize>,
     reserved: u64,
-    verified: HashSet<Key>,
+    /// When each copy's path was last handed out (see [`Store::resolve_redirect`]).
+    redirected: HashMap<Key, Instant>,
+}
+
+impl State {
+    /// Whether `key` must not be evicted or removed: a handle or copy holds it, or its
+    /// path was handed out within `grace` and may be being opened right now.
+    fn in_use(&self, key: &Key, grace: Duration) -> bool {
+        self.pins.contains_key(key)
+            || self
+                .redirected
+                .get(key)
+                .is_some_and(|at| at.elapsed() < grace)
+    }
 }
 
 /// Keeps one staged copy from being evicted or removed while held.
@@ -118,6 +146,8 @@ impl Store {
     /// left over by a crash and reconciles the index with the data files.
     pub fn open(dir: impl Into<PathBuf>, budget: Budget) -> Result<Store, StoreError> {
         let dir = dir.into();
+        // Redirects hand out paths of copies, which must not depend on our cwd.
+        let dir = std::path::absolute(&dir).map_err(|e| StoreError::io(&dir, e))?;
         let layout = dir.join(LAYOUT_DIR);
         for sub in ["data", "tmp"] {
             let path = layout.join(sub);
@@ -134,14 +164,21 @@ impl Store {
             dir,
             layout,
             budget,
+            redirect_grace: DEFAULT_REDIRECT_GRACE,
             state: Arc::new(Mutex::new(State {
                 index,
                 pins: HashMap::new(),
                 reserved: 0,
-                verified: HashSet::new(),
+                redirected: HashMap::new(),
             })),
             _lock: lock,
         })
+    }
+
+    /// Sets how long a copy whose path was handed out counts as in use.
+    pub fn with_redirect_grace(mut self, grace: Duration) -> Store {
+        self.redirect_grace = grace;
+        self
     }
 
     /// The cache directory.
@@ -155,17 +192,16 @@ impl Store {
     }
 
     /// The usable copy for `key`, if one exists and `accept`s its entry. The copy is
-    /// checked for completeness and, the first time this process serves it, re-hashed;
-    /// a damaged copy is dropped (a miss), never returned.
+    /// checked for completeness and, if anything touched it since it was hashed,
+    /// re-hashed; a damaged copy is dropped (a miss), never returned.
     pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
-        let (mut entry, pin, verified) = {
+        let (mut entry, pin) = {
             let mut state = lock_state(&self.state);
             let entry = state.index.get(key).filter(|e| accept(e))?.clone();
-            let verified = state.verified.contains(key);
-            (entry, self.pin_locked(&mut state, key), verified)
+            (entry, self.pin_locked(&mut state, key))
         };
         let path = self.data_path(key);
-        let (file, rehashed) = match self.check_copy(&path, &entry, verified) {
+        let (file, rehashed) = match self.check_copy(&path, &entry) {
             Ok(checked) => checked,
             Err(reason) => {
                 warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
@@ -174,12 +210,13 @@ impl Store {
                 return None;
             }
         };
+        // Copies from before copies were made read-only become so once checked.
+        let rehashed = make_read_only(&path, &file).or(rehashed);
         let mut state = lock_state(&self.state);
         if let Some(copy) = rehashed {
             entry.copy = copy;
             let _ = state.index.put(key.clone(), entry.clone());
         }
-        state.verified.insert(key.clone());
         state.index.touch(key, crate::sys::now_secs());
         Some(Hit {
             entry,
@@ -189,14 +226,13 @@ impl Store {
         })
     }
 
-    /// Opens a copy and checks it is whole. The first time this process serves it,
-    /// a copy whose inode or change time differs from when it was hashed (something
-    /// wrote to it) is hashed again; returns the new identity when it was.
+    /// Opens a copy and checks it is whole. A copy whose inode or change time differs
+    /// from when it was hashed (something wrote to it) is hashed again; returns the
+    /// new identity when it was.
     fn check_copy(
         &self,
         path: &Path,
         entry: &Entry,
-        verified: bool,
     ) -> Result<(File, Option<CopyId>), &'static str> {
         let file = File::open(path).map_err(|_| "the copy is missing")?;
         let meta = file.metadata().map_err(|_| "the copy is unreadable")?;
@@ -204,13 +240,52 @@ impl Store {
             return Err("the copy has the wrong size");
         }
         let now = CopyId::of(&meta);
-        if verified || now == entry.copy {
+        if now == entry.copy {
             return Ok((file, None));
         }
         if hash_file(path).map_err(|_| "the copy is unreadable")? != entry.blake3 {
             return Err("the copy's blake3 does not match the index");
         }
         Ok((file, Some(now)))
+    }
+
+    /// The path of the copy for `key`, if one exists that `accept`s and can be
+    /// handed out as it is: whole, read-only, and untouched since it was hashed (its
+    /// inode and change time match). Never hashes; a copy that fails the check is
+    /// left for [`Store::lookup`] to re-hash on the next open through the mount.
+    pub fn redirectable(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
+        let entry = lock_state(&self.state)
+            .index
+            .get(key)
+            .filter(|e| accept(e))?
+            .clone();
+        let path = self.data_path(key);
+        let meta = fs::metadata(&path).ok()?;
+        let intact = meta.is_file()
+            && meta.len() == entry.stamp.size
+            && meta.permissions().mode() & 0o222 == 0
+            && CopyId::of(&meta) == entry.copy;
+        intact.then_some(path)
+    }
+
+    /// Like [`Store::redirectable`], for a caller about to hand the path out: the
+    /// copy then counts as in use for the redirect grace (an open by path never
+    /// reaches us, so this is the only sign of use we get) and as recently used.
+    pub fn resolve_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
+        let path = self.redirectable(key, &accept)?;
+        let mut state = lock_state(&self.state);
+        // It may have been evicted since it was checked; only a still-current
+        // entry may be handed out.
+        let current = state.index.get(key).is_some_and(accept);
+        if !current {
+            return None;
+        }
+        state.redirected.insert(key.clone(), Instant::now());
+        let now = crate::sys::now_secs();
+        if state.index.get(key).is_some_and(|e| e.last_use != now) {
+            state.index.touch(key, now);
+        }
+        Some(path)
     }
 
     /// Promises `bytes` of space to a new copy for `key`, evicting least-recently-used
@@ -231,7 +306,8 @@ impl Store {
         let replaced = state.index.get(key).map_or(0, |e| e.stamp.size);
         let used = |s: &State| s.index.bytes() + s.reserved - replaced;
         // The copy being replaced is never a victim: it goes when the new one lands.
-        let evictable = |s: &State, k: &Key| k != key && !s.pins.contains_key(k);
+        let grace = self.redirect_grace;
+        let evictable = |s: &State, k: &Key| k != key && !s.in_use(k, grace);
         let evictable_bytes: u64 = state
             .index
             .iter_lru()
@@ -292,7 +368,7 @@ impl Store {
             in_use: state
                 .index
                 .iter_lru()
-                .filter(|(k, _)| state.pins.contains_key(*k))
+                .filter(|(k, _)| state.in_use(k, self.redirect_grace))
                 .map(|(_, e)| e.stamp.size)
                 .sum::<u64>()
                 + state.reserved,
@@ -316,6 +392,12 @@ impl Store {
     ) -> Result<Hit, StoreError> {
         let data_path = self.data_path(key);
         let index_path = self.layout.join("index.jsonl");
+        // A copy followed through a redirect shows the source's mtime, as the mirror does.
+        tmp.as_file()
+            .set_modified(crate::sys::time_from_ns(entry.stamp.mtime_ns))
+            .map_err(|e| StoreError::io(tmp.path(), e))?;
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(COPY_MODE))
+            .map_err(|e| StoreError::io(tmp.path(), e))?;
         let mut state = lock_state(&self.state);
         state
             .index
@@ -330,7 +412,6 @@ impl Store {
             .index
             .put(key.clone(), entry.clone())
             .map_err(|e| StoreError::io(&index_path, e))?;
-        state.verified.insert(key.clone());
         let pin = self.pin_locked(&mut state, key);
         drop(state);
         // The copy now counts as used space; its reservation can go.
@@ -350,7 +431,7 @@ impl Store {
         let Some(entry) = state.index.get(key).cloned() else {
             return Ok(None);
         };
-        if state.pins.contains_key(key) {
+        if state.in_use(key, self.redirect_grace) {
             return Err(StoreError::InUse { path: entry.source });
         }
         self.evict_locked(&mut state, key, "on request")?;
@@ -363,7 +444,7 @@ impl Store {
             .index
             .remove(key)
             .map_err(|e| StoreError::io(&index_path, e))?;
-        state.verified.remove(key);
+        state.redirected.remove(key);
         let data = self.data_path(key);
         remove_if_present(&data)?;
         if let Some(entry) = entry {
@@ -394,7 +475,7 @@ impl Store {
             .map(|(k, e)| EntryInfo {
                 key: k.as_str().to_string(),
                 entry: e.clone(),
-                in_use: state.pins.contains_key(k),
+                in_use: state.in_use(k, self.redirect_grace),
             })
             .collect()
     }
@@ -474,6 +555,17 @@ fn reconcile(index: &mut Index, data_dir: &Path) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// Makes a copy written by an older stagefs read-only; returns its new identity
+/// (a mode change is a change of its change time), or None if it already was.
+fn make_read_only(path: &Path, file: &File) -> Option<CopyId> {
+    let meta = file.metadata().ok()?;
+    if meta.permissions().mode() & 0o222 == 0 {
+        return None;
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(COPY_MODE)).ok()?;
+    fs::metadata(path).ok().map(|m| CopyId::of(&m))
 }
 
 fn private_dir_builder() -> DirBuilder {
@@ -672,6 +764,91 @@ mod tests {
             Store::open(dir.path(), Budget::default()),
             Err(StoreError::Locked { pid: Some(p), .. }) if p == std::process::id()
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn a_committed_copy_is_read_only_and_carries_the_source_mtime() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        drop(stage(&store, "a", 10, 1)?);
+        let meta = fs::metadata(store.data_path(&key("a")))?;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o400);
+        assert_eq!(meta.modified()?, crate::sys::time_from_ns(1));
+        Ok(())
+    }
+
+    #[test]
+    fn a_redirect_is_handed_out_only_for_a_current_untouched_copy() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        drop(stage(&store, "a", 10, 1)?);
+        let path = store.data_path(&key("a"));
+        assert!(path.is_absolute());
+        assert_eq!(store.redirectable(&key("a"), |_| true), Some(path.clone()));
+        assert_eq!(store.redirectable(&key("a"), |_| false), None);
+        assert_eq!(store.redirectable(&key("missing"), |_| true), None);
+        // Anything done to the copy changes its change time: no redirect until an
+        // open through the mount has re-hashed it.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o400))?;
+        assert_eq!(store.redirectable(&key("a"), |_| true), None);
+        assert!(store.lookup(&key("a"), |_| true).is_some());
+        assert_eq!(store.redirectable(&key("a"), |_| true), Some(path));
+        Ok(())
+    }
+
+    #[test]
+    fn a_writable_copy_from_an_older_stagefs_is_made_read_only_when_served() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        drop(stage(&store, "a", 10, 1)?);
+        let path = store.data_path(&key("a"));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+        drop(store);
+        let store = Store::open(dir.path(), budget(1000))?;
+        assert_eq!(store.redirectable(&key("a"), |_| true), None);
+        assert!(store.lookup(&key("a"), |_| true).is_some());
+        assert_eq!(fs::metadata(&path)?.permissions().mode() & 0o777, 0o400);
+        assert_eq!(store.redirectable(&key("a"), |_| true), Some(path));
+        Ok(())
+    }
+
+    #[test]
+    fn a_followed_redirect_keeps_its_copy_for_the_grace_but_a_peek_does_not() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store =
+            Store::open(dir.path(), budget(200))?.with_redirect_grace(Duration::from_secs(3600));
+        drop(stage(&store, "a", 100, 1)?);
+        drop(stage(&store, "b", 100, 2)?);
+        assert!(store.redirectable(&key("a"), |_| true).is_some());
+        assert!(store.resolve_redirect(&key("b"), |_| true).is_some());
+        assert!(matches!(
+            store.remove(&key("b")),
+            Err(StoreError::InUse { .. })
+        ));
+        assert!(
+            store
+                .entries()
+                .iter()
+                .any(|e| e.key == key("b").as_str() && e.in_use)
+        );
+        // "a" was only looked at, so it goes; "b" was followed a moment ago, so it stays.
+        drop(stage(&store, "c", 100, 3)?);
+        assert_eq!(names(&store), ["b", "c"]);
+        drop(stage(&store, "d", 100, 4)?);
+        assert_eq!(names(&store), ["b", "d"]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_followed_redirect_is_evictable_once_its_grace_is_over() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(100))?.with_redirect_grace(Duration::ZERO);
+        drop(stage(&store, "a", 100, 1)?);
+        assert!(store.resolve_redirect(&key("a"), |_| true).is_some());
+        drop(stage(&store, "b", 100, 2)?);
+        assert_eq!(names(&store), ["b"]);
+        assert_eq!(store.resolve_redirect(&key("a"), |_| true), None);
         Ok(())
     }
 }

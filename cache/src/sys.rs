@@ -36,3 +36,13 @@ pub fn now_secs() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// A time given in nanoseconds since the Unix epoch (negative before it).
+pub fn time_from_ns(ns: i64) -> std::time::SystemTime {
+    let magnitude = std::time::Duration::from_nanos(ns.unsigned_abs());
+    if ns >= 0 {
+        std::time::UNIX_EPOCH + magnitude
+    } else {
+        std::time::UNIX_EPOCH - magnitude
+    }
+}

@@ -81,6 +81,14 @@ pub(crate) struct MountOptions {
     /// Serve reads of staged files from the daemon instead of kernel passthrough.
     #[arg(long)]
     pub(crate) no_passthrough: bool,
+    /// Serve reads of staged files from the daemon instead of presenting them as links
+    /// to their local copies (used where kernel passthrough is not).
+    #[arg(long)]
+    pub(crate) no_redirect: bool,
+    /// How long a copy whose link was just followed counts as in use and is not
+    /// evicted (10s, 2m, ...) [default: 30s].
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) redirect_grace: Option<u64>,
     /// Most bytes of staged copies to keep [default: no limit besides --min-free].
     #[arg(long, value_parser = parse_size)]
     pub(crate) max_size: Option<u64>,

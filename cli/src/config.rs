@@ -10,6 +10,7 @@ use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use stagefs_cache::copy::CopyOptions;
+use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
 use stagefs_fs::{FsConfig, OnFull};
 
 use crate::args::{CacheDirArg, MountOptions, OnFullArg};
@@ -41,6 +42,9 @@ pub(crate) struct FileConfig {
     #[serde(default, deserialize_with = "duration")]
     source_timeout: Option<u64>,
     passthrough: Option<bool>,
+    redirect: Option<bool>,
+    #[serde(default, deserialize_with = "duration")]
+    redirect_grace: Option<u64>,
     allow_other: Option<bool>,
 }
 
@@ -131,6 +135,7 @@ impl Config {
         let fs = FsConfig {
             min_stage_size: (flags.min_stage_size.or(file.min_stage_size)).unwrap_or(1 << 20),
             passthrough: !flags.no_passthrough && file.passthrough.unwrap_or(true),
+            redirect: !flags.no_redirect && file.redirect.unwrap_or(true),
             on_full: match on_full {
                 OnFullArg::Fail => OnFull::Fail,
                 OnFullArg::Passthrough => OnFull::ReadSource,
@@ -147,6 +152,10 @@ impl Config {
             fs,
             max_size: flags.max_size.or(file.max_size),
             min_free: flags.min_free.or(file.min_free),
+            redirect_grace: flags
+                .redirect_grace
+                .or(file.redirect_grace)
+                .map_or(DEFAULT_REDIRECT_GRACE, Duration::from_secs),
             copy: CopyOptions {
                 streams: usize::from(flags.copy_streams.or(file.copy_streams).unwrap_or(4)),
                 ..CopyOptions::default()

@@ -35,6 +35,8 @@ pub(crate) struct MountSpec {
     pub(crate) max_size: Option<u64>,
     /// None: the default share of the cache volume.
     pub(crate) min_free: Option<u64>,
+    /// How long a copy whose link was followed counts as in use.
+    pub(crate) redirect_grace: Duration,
     pub(crate) copy: CopyOptions,
 }
 
@@ -74,7 +76,9 @@ impl Running {
             .context("starting the worker runtime")?;
         let source = SourceTree::new(&spec.source)?;
         let budget = spec.budget()?;
-        let store = Store::open(&spec.cache_dir, budget).map_err(|e| store_open_error(e, spec))?;
+        let store = Store::open(&spec.cache_dir, budget)
+            .map_err(|e| store_open_error(e, spec))?
+            .with_redirect_grace(spec.redirect_grace);
         let record = MountRecord {
             source: spec.source.clone(),
             mountpoint: spec.mountpoint.clone(),
@@ -403,6 +407,7 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
         format!("--min-stage-size={}", fs.min_stage_size).into(),
         format!("--copy-streams={}", spec.copy.streams).into(),
         format!("--source-timeout={}s", fs.source_timeout.as_secs()).into(),
+        format!("--redirect-grace={}s", spec.redirect_grace.as_secs()).into(),
         format!(
             "--on-full={}",
             match fs.on_full {
@@ -420,6 +425,7 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
             None => Some("--no-prefetch".into()),
         },
         (!fs.passthrough).then(|| "--no-passthrough".into()),
+        (!fs.redirect).then(|| "--no-redirect".into()),
         fs.allow_other.then(|| "--allow-other".into()),
     ];
     args.extend(optional.into_iter().flatten().map(OsString::from));

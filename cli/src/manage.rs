@@ -190,10 +190,11 @@ fn render_status(r: &StatusReport) -> String {
     if let Some(m) = &r.metrics {
         let _ = writeln!(
             out,
-            "activity  {} hits, {} copies ({} copied) since the mount started",
+            "activity  {} hits, {} copies ({} copied), {} links to local copies followed since the mount started",
             m.stage_hits,
             m.stage_copies,
-            format_bytes(m.bytes_copied)
+            format_bytes(m.bytes_copied),
+            m.redirects
         );
     }
     for f in &r.in_flight {

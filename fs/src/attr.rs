@@ -2,10 +2,11 @@
 
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use fuser::{FileAttr, FileType, INodeNo};
 use stagefs_cache::Stamp;
+use stagefs_cache::sys::time_from_ns;
 
 /// The attributes of inode `ino`, mirroring `meta`. A file inode stands for one
 /// version, so it reports that version's size and mtime even after the source moved on.
@@ -40,13 +41,4 @@ pub(crate) fn attr_of(ino: u64, meta: &Metadata, version: Option<Stamp>) -> File
 /// The FUSE file type of `meta`.
 pub(crate) fn kind_of(meta: &Metadata) -> FileType {
     FileType::from_std(meta.file_type()).unwrap_or(FileType::RegularFile)
-}
-
-fn time_from_ns(ns: i64) -> SystemTime {
-    let magnitude = Duration::from_nanos(ns.unsigned_abs());
-    if ns >= 0 {
-        UNIX_EPOCH + magnitude
-    } else {
-        UNIX_EPOCH - magnitude
-    }
 }

@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +27,7 @@ use crate::handles::{DirEntry, Handles, OpenFile};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::passthrough::Passthrough;
 use crate::platform;
+use crate::redirect::{Presented, RedirectPolicy};
 use crate::{FsConfig, OnFull};
 
 /// A mounted mirror of the stager's source.
@@ -44,6 +45,7 @@ struct Shared {
     files: Handles<OpenFile>,
     dirs: Handles<Vec<DirEntry>>,
     passthrough: Passthrough,
+    redirect: RedirectPolicy,
     prefetcher: Option<Arc<Prefetcher>>,
     /// Set when a source operation timed out, cleared when one completes: while set,
     /// requests that can be answered from memory are, at once, instead of each
@@ -73,12 +75,13 @@ impl StageFs {
                 source_unresponsive: AtomicBool::new(false),
                 probing: AtomicBool::new(false),
                 stager,
-                config,
                 runtime,
                 inodes: Inodes::new(),
                 files: Handles::new(),
                 dirs: Handles::new(),
                 passthrough: Passthrough::new(),
+                redirect: RedirectPolicy::new(&config),
+                config,
             }),
         }
     }
@@ -204,10 +207,40 @@ impl Shared {
     fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<FileAttr, FsError> {
         let path = self.node(parent)?.path.join(name);
         let meta = self.stager.source().stat(&path)?;
-        let ino = self.inodes.intern(&path, &meta);
-        let attr = attr_of(ino, &meta, meta.is_file().then(|| Stamp::of(&meta)));
+        let attr = self.entry_attr(&path, &meta);
         self.inodes.remember_attr(attr);
         Ok(attr)
+    }
+
+    /// The inode and attributes `path` is presented with: a staged file as a link to
+    /// its copy where redirects are on, anything else as the source has it.
+    fn entry_attr(&self, path: &Path, meta: &std::fs::Metadata) -> FileAttr {
+        if meta.is_file() {
+            let version = Stamp::of(meta);
+            if let Presented::Link(copy) = self.presented(path, version) {
+                let ino = self.inodes.intern_redirect(path, version);
+                return link_attr(ino, meta, version, &copy);
+            }
+        }
+        let ino = self.inodes.intern(path, meta);
+        attr_of(ino, meta, meta.is_file().then(|| Stamp::of(meta)))
+    }
+
+    /// How version `version` of file `path` is presented; asks the store, not the source.
+    fn presented(&self, path: &Path, version: Stamp) -> Presented {
+        self.redirect
+            .present(version, self.passthrough.active(), || {
+                self.stager.redirect_target(path, version, false)
+            })
+    }
+
+    /// The target of redirect `node`, marking its copy in use; None if the copy is
+    /// gone or changed since the link was handed out.
+    fn redirect_target(&self, node: &Node) -> Option<Vec<u8>> {
+        let version = node.stamp?;
+        let copy = self.stager.redirect_target(&node.path, version, true)?;
+        Metrics::bump(&self.stager.metrics().redirects);
+        Some(copy.into_os_string().into_vec())
     }
 
     fn recall_lookup(&self, parent: INodeNo, name: &OsStr) -> Option<FileAttr> {
@@ -217,6 +250,12 @@ impl Shared {
 
     fn getattr(&self, ino: INodeNo) -> Result<FileAttr, FsError> {
         let node = self.node(ino)?;
+        // A redirect stands for one version; what it is does not depend on the source.
+        if node.redirect
+            && let Some(attr) = self.inodes.known_attr(ino.0)
+        {
+            return Ok(attr);
+        }
         let meta = self.stager.source().stat(&node.path)?;
         let attr = attr_of(ino.0, &meta, node.stamp);
         self.inodes.remember_attr(attr);
@@ -243,10 +282,14 @@ impl Shared {
             .unwrap_or(ROOT_INO);
         let mut entries = vec![dot_entry(ino.0, "."), dot_entry(parent_ino, "..")];
         for (name, meta) in self.stager.source().read_dir(&node.path)? {
-            let ino = self.inodes.intern(&node.path.join(&name), &meta);
+            let attr = self.entry_attr(&node.path.join(&name), &meta);
+            if attr.kind != kind_of(&meta) {
+                // A redirect: a lookup of it may be answered from memory later.
+                self.inodes.remember_attr(attr);
+            }
             entries.push(DirEntry {
-                ino,
-                kind: kind_of(&meta),
+                ino: attr.ino.0,
+                kind: attr.kind,
                 name,
             });
         }
@@ -423,6 +466,18 @@ impl Shared {
     }
 }
 
+/// The attributes of a link to staged copy `copy` standing for `version` of a file
+/// whose source metadata is `meta`.
+fn link_attr(ino: u64, meta: &std::fs::Metadata, version: Stamp, copy: &Path) -> FileAttr {
+    let mut attr = attr_of(ino, meta, Some(version));
+    attr.kind = FileType::Symlink;
+    attr.size = copy.as_os_str().len() as u64;
+    attr.blocks = 0;
+    attr.perm = 0o777;
+    attr.nlink = 1;
+    attr
+}
+
 /// Returns once the copy of `path` has made no progress for `limit`.
 async fn stalled(stager: &Stager, path: &Path, limit: std::time::Duration) {
     let tick = limit.min(std::time::Duration::from_millis(250));
@@ -472,6 +527,11 @@ impl Filesystem for StageFs {
         self.shared
             .passthrough
             .negotiate(self.shared.config.passthrough, config);
+        if self.shared.redirect.enabled() {
+            info!(
+                "staged files are presented as links to their local copies where kernel passthrough does not serve them"
+            );
+        }
         platform::tune_kernel(config);
         Ok(())
     }
@@ -505,6 +565,19 @@ impl Filesystem for StageFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        if let Some(node) = self.shared.inodes.get(ino.0).filter(|n| n.redirect) {
+            // Needs only the store, never the source: answered even while it is away.
+            let shared = Arc::clone(&self.shared);
+            self.shared.runtime.spawn_blocking(move || {
+                match shared.redirect_target(&node) {
+                    Some(target) => reply.data(&target),
+                    // Evicted or changed since the link was handed out: the kernel
+                    // looks the path up again and finds the file to stage.
+                    None => reply.error(errno_logged("readlink", &FsError::Stale)),
+                }
+            });
+            return;
+        }
         self.serve_or_recall(
             "readlink",
             move |s| s.readlink(ino),

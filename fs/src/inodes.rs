@@ -4,7 +4,9 @@
 //! changes, the next lookup hands out a new inode, so the kernel's page cache and any
 //! passthrough backing file of the old version can never be mixed with the new one,
 //! while handles already open on the old version keep reading what they opened.
-//! Directories and symlinks are identified by path alone.
+//! Directories and symlinks are identified by path alone. A staged file presented as
+//! a link to its local copy (a redirect) gets an inode of its own per version, apart
+//! from the regular file's, so the kernel sees the change of type as a new inode.
 //!
 //! Entries are never forgotten: an HF cache holds thousands of paths, not millions.
 //! Nor is what the source last said about them (attributes, link targets, directory
@@ -27,6 +29,7 @@ pub(crate) const ROOT_INO: u64 = 1;
 enum NodeKey {
     Path(PathBuf),
     Version(PathBuf, Stamp),
+    Redirect(PathBuf, Stamp),
 }
 
 /// What an inode stands for.
@@ -36,6 +39,8 @@ pub(crate) struct Node {
     pub(crate) path: PathBuf,
     /// For regular files, the version this inode was handed out for.
     pub(crate) stamp: Option<Stamp>,
+    /// Whether this inode presents that version as a link to its staged copy.
+    pub(crate) redirect: bool,
 }
 
 #[derive(Debug)]
@@ -63,6 +68,7 @@ impl Inodes {
         let root = Node {
             path: PathBuf::new(),
             stamp: None,
+            redirect: false,
         };
         let table = Table {
             by_key: HashMap::from([(NodeKey::Path(PathBuf::new()), ROOT_INO)]),
@@ -85,6 +91,16 @@ impl Inodes {
             Some(stamp) => NodeKey::Version(path.to_path_buf(), stamp),
             None => NodeKey::Path(path.to_path_buf()),
         };
+        self.intern_key(path, key, stamp, false)
+    }
+
+    /// The inode presenting version `stamp` of file `path` as a link to its staged copy.
+    pub(crate) fn intern_redirect(&self, path: &Path, stamp: Stamp) -> u64 {
+        let key = NodeKey::Redirect(path.to_path_buf(), stamp);
+        self.intern_key(path, key, Some(stamp), true)
+    }
+
+    fn intern_key(&self, path: &Path, key: NodeKey, stamp: Option<Stamp>, redirect: bool) -> u64 {
         let mut table = self.lock();
         if let Some(&ino) = table.by_key.get(&key) {
             table.latest.insert(path.to_path_buf(), ino);
@@ -97,6 +113,7 @@ impl Inodes {
         let node = Node {
             path: path.to_path_buf(),
             stamp,
+            redirect,
         };
         table.nodes.insert(ino, node);
         ino
@@ -177,6 +194,29 @@ mod tests {
         assert_eq!(inodes.get(a).map(|n| n.path), Some(PathBuf::from("f")));
         let d = inodes.intern(Path::new("d"), &fs::metadata(&dir)?);
         assert_eq!(inodes.dir_ino(Path::new("d")), Some(d));
+        fs::remove_dir_all(dir)
+    }
+
+    #[test]
+    fn a_redirect_is_its_own_inode_per_version() -> std::io::Result<()> {
+        let dir =
+            std::env::temp_dir().join(format!("stagefs-inodes-redirect-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let file = dir.join("w");
+        fs::write(&file, b"weights")?;
+        let meta = fs::metadata(&file)?;
+        let inodes = Inodes::new();
+        let regular = inodes.intern(Path::new("w"), &meta);
+        let link = inodes.intern_redirect(Path::new("w"), Stamp::of(&meta));
+        assert_ne!(regular, link);
+        assert_eq!(
+            link,
+            inodes.intern_redirect(Path::new("w"), Stamp::of(&meta))
+        );
+        let node = inodes.get(link).expect("handed out");
+        assert!(node.redirect);
+        assert_eq!(node.stamp, Some(Stamp::of(&meta)));
+        assert!(!inodes.get(regular).expect("handed out").redirect);
         fs::remove_dir_all(dir)
     }
 

@@ -13,6 +13,7 @@ mod handles;
 mod inodes;
 mod passthrough;
 mod platform;
+mod redirect;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub struct FsConfig {
     pub min_stage_size: u64,
     /// Use kernel passthrough for staged files when the kernel allows it.
     pub passthrough: bool,
+    /// Where passthrough is not in use, present staged files as links to their local
+    /// copies, so the kernel reads the copies directly (see `redirect.rs`).
+    pub redirect: bool,
     /// How long the kernel may cache names and attributes.
     pub attr_ttl: Duration,
     /// Shown as the filesystem name in the mount table.
@@ -59,6 +63,7 @@ impl Default for FsConfig {
         FsConfig {
             min_stage_size: 1 << 20,
             passthrough: true,
+            redirect: true,
             attr_ttl: Duration::from_secs(1),
             fs_name: "stagefs".into(),
             on_full: OnFull::Fail,

@@ -46,7 +46,7 @@ mod linux {
         /// Asks the kernel for passthrough during `init`, if `wanted`.
         pub(crate) fn negotiate(&self, wanted: bool, config: &mut KernelConfig) {
             if !wanted {
-                info!("passthrough disabled by --no-passthrough; the daemon serves reads");
+                info!("kernel passthrough disabled by --no-passthrough");
                 return;
             }
             let accepted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
@@ -54,9 +54,15 @@ mod linux {
             if accepted {
                 info!("kernel passthrough enabled for staged files");
             } else {
-                info!("this kernel does not offer FUSE passthrough; the daemon serves reads");
+                info!("this kernel does not offer FUSE passthrough");
             }
             self.active.store(accepted, Ordering::Relaxed);
+        }
+
+        /// Whether staged files are served by kernel passthrough (until an open finds
+        /// that registering backing files is not allowed).
+        pub(crate) fn active(&self) -> bool {
+            self.active.load(Ordering::Relaxed)
         }
 
         /// The backing id for `ino`'s staged copy `file`, or None to serve reads from the daemon.
@@ -77,7 +83,7 @@ mod linux {
                     Some(id)
                 }
                 Err(e) => {
-                    warn!(error = %e, "registering a passthrough file failed (needs CAP_SYS_ADMIN); the daemon serves reads from now on");
+                    warn!(error = %e, "registering a passthrough file failed (needs CAP_SYS_ADMIN); kernel passthrough is off from now on");
                     self.active.store(false, Ordering::Relaxed);
                     None
                 }
@@ -104,6 +110,10 @@ mod other {
         }
 
         pub(crate) fn negotiate(&self, _wanted: bool, _config: &mut KernelConfig) {}
+
+        pub(crate) fn active(&self) -> bool {
+            false
+        }
 
         pub(crate) fn backing(
             &self,

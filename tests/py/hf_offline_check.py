@@ -2,7 +2,9 @@
 
 Usage: HF_HUB_CACHE=<mount> HF_HUB_OFFLINE=1 python hf_offline_check.py REPO COMMIT SOURCE_HUB
 
-Checks that snapshot_download and hf_hub_download resolve inside the mount, that
+Checks that snapshot_download and hf_hub_download resolve inside the mount (a staged
+shard may resolve on into the stagefs cache named by STAGEFS_CACHE_DIR, when the mount
+presents it as a link to its local copy), that
 the small files are byte-identical to the source, and that safetensors' safe_open
 (which mmaps) reads every tensor identical to the same file read from the source.
 Prints one JSON line with what it checked.
@@ -15,6 +17,15 @@ import sys
 import numpy as np
 from huggingface_hub import hf_hub_download, snapshot_download
 from safetensors import safe_open
+
+
+def resolves_inside(path: str, mount: str) -> bool:
+    """Whether `path` resolves inside the mount, or on into the mount's local copies."""
+    real = os.path.realpath(path)
+    if real.startswith(mount + os.sep):
+        return True
+    cache = os.environ.get("STAGEFS_CACHE_DIR")
+    return bool(cache) and real.startswith(os.path.join(os.path.realpath(cache), "v1", "data") + os.sep)
 
 
 def main() -> None:
@@ -38,7 +49,7 @@ def main() -> None:
     tensors = 0
     for shard in sorted(set(weight_map.values())):
         path = hf_hub_download(repo, shard)
-        assert os.path.realpath(path).startswith(mount), path
+        assert resolves_inside(path, mount), (path, os.path.realpath(path))
         with safe_open(path, "np") as mounted, safe_open(os.path.join(source_snapshot, shard), "np") as source:
             assert sorted(mounted.keys()) == sorted(source.keys()), shard
             for name in mounted.keys():

@@ -2,14 +2,22 @@
 //! safetensors' safe_open (mmap) reading every tensor.
 
 use serde_json::Value;
-use stagefs_tests::{Scratch, generate, hf_offline_check};
+use stagefs_tests::{Model, Mount, Scratch, generate, hf_offline_check};
 
-fn huggingface_hub_resolves_and_safetensors_reads(extra: &[&str]) {
+fn huggingface_hub_resolves_and_safetensors_reads(extra: &[&str]) -> (Scratch, Mount, Model) {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/clients", 3, "3M");
     let mount = s.mount(extra);
+    run_client_check(&s, &mount, &model);
+    let m = mount.metrics();
+    assert_eq!(m.stage_copies, 3, "each shard staged once: {m:?}");
+    (s, mount, model)
+}
+
+fn run_client_check(s: &Scratch, mount: &Mount, model: &Model) {
     let hf_home = s.dir.path().join("hf-home");
-    let out = hf_offline_check(&mount.mnt, &model, &s.hub, &hf_home)
+    let out = hf_offline_check(&mount.mnt, model, &s.hub, &hf_home)
+        .env("STAGEFS_CACHE_DIR", &mount.cache)
         .output()
         .expect("running python");
     assert!(
@@ -22,8 +30,6 @@ fn huggingface_hub_resolves_and_safetensors_reads(extra: &[&str]) {
     let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
     assert_eq!(report["shards"], 3);
     assert_eq!(report["tensors"], 6);
-    let m = mount.metrics();
-    assert_eq!(m.stage_copies, 3, "each shard staged once: {m:?}");
 }
 
 #[test]
@@ -33,5 +39,20 @@ fn huggingface_hub_offline_and_safe_open_with_passthrough() {
 
 #[test]
 fn huggingface_hub_offline_and_safe_open_via_daemon() {
-    huggingface_hub_resolves_and_safetensors_reads(&["--no-passthrough"]);
+    huggingface_hub_resolves_and_safetensors_reads(&["--no-passthrough", "--no-redirect"]);
+}
+
+/// Without passthrough, a staged shard is a link to its local copy: the second load
+/// follows the links and opens no staged file through the daemon.
+#[test]
+fn huggingface_hub_offline_and_safe_open_via_links_to_local_copies() {
+    let (s, mount, model) = huggingface_hub_resolves_and_safetensors_reads(&["--no-passthrough"]);
+    // Past the kernel's 1 s entry timeout, lookups see the shards as staged.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let before = mount.metrics();
+    run_client_check(&s, &mount, &model);
+    let after = mount.metrics();
+    assert!(after.redirects > before.redirects, "{after:?}");
+    assert_eq!(after.daemon_opens, before.daemon_opens, "{after:?}");
+    assert_eq!(after.stage_copies, 3, "nothing staged again: {after:?}");
 }

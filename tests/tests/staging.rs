@@ -63,7 +63,7 @@ fn passthrough_handle_never_touches_the_source_after_open() {
 
 #[test]
 fn daemon_read_path_never_touches_the_source_after_open() {
-    let m = open_handle_reads_only_the_staged_copy(&["--no-passthrough"]);
+    let m = open_handle_reads_only_the_staged_copy(&["--no-passthrough", "--no-redirect"]);
     assert_eq!(m.passthrough_opens, 0, "{m:?}");
     assert_eq!(m.daemon_opens, 1, "{m:?}");
     assert!(m.daemon_reads > 0, "{m:?}");

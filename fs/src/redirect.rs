@@ -1,0 +1,156 @@
+//! Redirects: a staged file presented as a symbolic link to its local copy, so that
+//! the kernel opens the copy itself and no read or page fault crosses the daemon.
+//!
+//! This is how staged files reach local-file speed where kernel passthrough is not
+//! available (macOS, and every Linux mount made by an ordinary user). The decisions:
+//! - only files that are staged on open (at least `min_stage_size`) are redirected;
+//!   before a file is staged it is a regular file, whose open stages it;
+//! - never while kernel passthrough serves staged files: it keeps the file a regular
+//!   file and sees every open, which a redirect cannot;
+//! - never with `--allow-other`: copies are readable by the mounting user only, so a
+//!   link into the cache would fail other users with EACCES;
+//! - the copy must be whole and untouched since it was hashed (the store checks);
+//!   otherwise the regular file is presented, and its open re-checks or re-stages.
+
+use std::path::PathBuf;
+
+use stagefs_cache::Stamp;
+
+use crate::FsConfig;
+
+/// Whether a mount presents staged files as links to their copies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RedirectPolicy {
+    enabled: bool,
+    min_stage_size: u64,
+}
+
+/// How a regular file of the source is presented to the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Presented {
+    /// As itself: opens go through the mount (and stage it).
+    File,
+    /// As a link to its staged copy at this absolute path.
+    Link(PathBuf),
+}
+
+impl RedirectPolicy {
+    pub(crate) fn new(config: &FsConfig) -> Self {
+        RedirectPolicy {
+            enabled: config.redirect && !config.allow_other,
+            min_stage_size: config.min_stage_size,
+        }
+    }
+
+    /// Whether redirects can happen at all on this mount (for the startup log).
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// How version `version` of a file is presented. `passthrough` says whether kernel
+    /// passthrough currently serves staged files; `copy` finds a whole, untouched
+    /// staged copy of exactly this version, and is asked only when a link is possible.
+    pub(crate) fn present(
+        &self,
+        version: Stamp,
+        passthrough: bool,
+        copy: impl FnOnce() -> Option<PathBuf>,
+    ) -> Presented {
+        if !self.enabled || passthrough || version.size < self.min_stage_size {
+            return Presented::File;
+        }
+        copy().map_or(Presented::File, Presented::Link)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::path::Path;
+
+    use super::*;
+
+    const COPY: &str = "/cache/v1/data/sha256-00";
+
+    fn policy(edit: impl FnOnce(&mut FsConfig)) -> RedirectPolicy {
+        let mut config = FsConfig {
+            min_stage_size: 1 << 20,
+            ..FsConfig::default()
+        };
+        edit(&mut config);
+        RedirectPolicy::new(&config)
+    }
+
+    fn version(size: u64) -> Stamp {
+        Stamp {
+            size,
+            mtime_ns: 1_700_000_000_000_000_000,
+        }
+    }
+
+    fn staged() -> Option<PathBuf> {
+        Some(PathBuf::from(COPY))
+    }
+
+    #[test]
+    fn a_staged_large_file_is_presented_as_a_link_to_its_copy() {
+        let presented = policy(|_| {}).present(version(8 << 20), false, staged);
+        assert_eq!(presented, Presented::Link(Path::new(COPY).into()));
+    }
+
+    #[test]
+    fn a_file_without_a_usable_copy_stays_a_file() {
+        assert_eq!(
+            policy(|_| {}).present(version(8 << 20), false, || None),
+            Presented::File
+        );
+    }
+
+    #[test]
+    fn a_file_under_the_stage_size_stays_a_file_and_the_store_is_not_asked() {
+        let asked = Cell::new(false);
+        let presented = policy(|_| {}).present(version((1 << 20) - 1), false, || {
+            asked.set(true);
+            staged()
+        });
+        assert_eq!(presented, Presented::File);
+        assert!(!asked.get());
+    }
+
+    #[test]
+    fn a_file_of_exactly_the_stage_size_is_redirected() {
+        let presented = policy(|_| {}).present(version(1 << 20), false, staged);
+        assert!(matches!(presented, Presented::Link(_)));
+    }
+
+    #[test]
+    fn kernel_passthrough_keeps_files_regular() {
+        let asked = Cell::new(false);
+        let presented = policy(|_| {}).present(version(8 << 20), true, || {
+            asked.set(true);
+            staged()
+        });
+        assert_eq!(presented, Presented::File);
+        assert!(!asked.get());
+    }
+
+    #[test]
+    fn no_redirect_turns_it_off() {
+        let policy = policy(|c| c.redirect = false);
+        assert!(!policy.enabled());
+        assert_eq!(
+            policy.present(version(8 << 20), false, staged),
+            Presented::File
+        );
+    }
+
+    #[test]
+    fn allow_other_turns_it_off_since_copies_are_private() {
+        let policy = policy(|c| c.allow_other = true);
+        assert!(!policy.enabled());
+        assert_eq!(
+            policy.present(version(8 << 20), false, staged),
+            Presented::File
+        );
+    }
+}
