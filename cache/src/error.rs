@@ -81,7 +81,7 @@ pub enum StoreError {
         available: u64,
     },
     /// The copy is open or being staged, so it cannot be removed.
-    #[error("{path}: in use (open or being staged)")]
+    #[error("{path}: in use (open, being staged, or its link followed a moment ago)")]
     InUse {
         /// The source path of the copy.
         path: PathBuf,

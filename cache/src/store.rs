@@ -118,7 +118,7 @@ pub struct EntryInfo {
     pub key: String,
     /// What the index records.
     pub entry: Entry,
-    /// Whether it is open or being staged right now.
+    /// Whether it is open, being staged, or its link was followed a moment ago.
     pub in_use: bool,
 }
 

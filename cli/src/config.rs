@@ -295,6 +295,8 @@ prefetch_parallel = 2
 copy_streams = 8
 source_timeout = "2m"
 passthrough = false
+redirect = false
+redirect_grace = "10s"
 allow_other = true
 "#,
         )
@@ -304,6 +306,8 @@ allow_other = true
         assert_eq!(file.source_timeout, Some(120));
         assert_eq!(file.on_full, Some(OnFullArg::Passthrough));
         assert_eq!(file.copy_streams, Some(8));
+        assert_eq!(file.redirect, Some(false));
+        assert_eq!(file.redirect_grace, Some(10));
     }
 
     #[test]
@@ -348,6 +352,16 @@ allow_other = true
         assert_eq!(spec.copy.streams, 8);
         assert!(!spec.fs.passthrough);
         assert_eq!(spec.fs.min_stage_size, 1 << 20);
+        assert!(spec.fs.redirect);
+        assert_eq!(spec.redirect_grace, DEFAULT_REDIRECT_GRACE);
+        let flags = MountOptions {
+            no_redirect: true,
+            redirect_grace: Some(5),
+            ..MountOptions::default()
+        };
+        let spec = config.mount_spec(None, None, &flags).expect("spec");
+        assert!(!spec.fs.redirect);
+        assert_eq!(spec.redirect_grace, Duration::from_secs(5));
     }
 
     #[test]
