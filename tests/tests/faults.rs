@@ -362,7 +362,16 @@ fn thirty_two_readers_racing_evictions_always_get_the_right_bytes() {
         ok_reads.load(Ordering::Relaxed),
         full.load(Ordering::Relaxed)
     );
-    assert!(ok_reads.load(Ordering::Relaxed) > 100);
+    // How many racing reads find room depends on how many shards other readers hold
+    // open at that instant (a scheduling accident: 78 to 164 of 192 were seen), so
+    // the count is not asserted. What the cache promises is asserted instead: above,
+    // never a wrong byte and no refusal but ENOSPC; here, that the refusals were only
+    // ever for room held by open handles: with no reader left, every shard opens and
+    // reads right, evicting whatever the budget needs.
+    for (n, path) in paths.iter().enumerate() {
+        let bytes = fs::read(path).unwrap_or_else(|e| panic!("shard {n} alone: {e}"));
+        assert!(bytes == expected[n], "wrong bytes for shard {n} read alone");
+    }
     assert!(mount.log_text().contains("evicted"));
 }
 
