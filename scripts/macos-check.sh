@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Type-check the workspace for macOS from Linux, warnings denied, so code that would break the
+# macOS build fails here too. Nothing is linked or run, so no macOS SDK or macFUSE is needed.
+#   bash scripts/macos-check.sh [TARGET...]   (default: both Apple targets CI must keep building)
+#   MACOS_CHECK_TARGET_DIR=DIR overrides the target dir (default target/macos-check).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if (($#)); then targets=("$@"); else targets=(aarch64-apple-darwin x86_64-apple-darwin); fi
+
+# Debian's rust-web-src ships the std sources that -Zbuild-std needs, so no rustup
+# target download is required: CI's only network is the package registries.
+pkgs=(rustc-web cargo-web rust-web-src clang pkg-config)
+missing=()
+for p in "${pkgs[@]}"; do
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *' installed' ]] || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
+  # A fresh machine may have no package lists, or stale ones that name versions long gone.
+  compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || apt-get update -qq
+  apt_install || { apt-get update -qq && apt_install; }
+fi
+
+# fuser's build script asks pkg-config for fuse; a stand-in .pc answers it, as check never links.
+pc=$(mktemp -d)
+trap 'rm -rf "$pc"' EXIT
+printf 'Name: fuse\nDescription: stand-in for macFUSE (type-check only)\nVersion: 2.9.7\nLibs: -lfuse\nCflags:\n' >"$pc/fuse.pc"
+
+failed=()
+for t in "${targets[@]}"; do
+  echo "macos-check: cargo check --target $t"
+  # Absolute paths keep rustup's proxies (first on PATH) out of it: they would want a downloaded
+  # target. RUSTC_BOOTSTRAP unlocks -Zbuild-std on this stable compiler. CARGO_FEATURE_PURE
+  # stops blake3's build script compiling C/asm against a macOS SDK we do not have. Own target
+  # dir so the std built for macOS never invalidates the host build's cache.
+  if ! PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH="$pc" PKG_CONFIG_LIBDIR="$pc" CARGO_FEATURE_PURE=1 \
+    CC_aarch64_apple_darwin=clang CC_x86_64_apple_darwin=clang RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
+    RUSTFLAGS="-D warnings" CARGO_TARGET_DIR="${MACOS_CHECK_TARGET_DIR:-target/macos-check}" \
+    /usr/bin/cargo check -q -Zbuild-std=std,panic_abort --target "$t" --workspace --all-targets; then
+    echo "macos-check: FAILED $t" >&2
+    failed+=("$t")
+  fi
+done
+# Check every target before failing, so one run shows all that is broken.
+if ((${#failed[@]})); then
+  echo "macos-check: FAILED (${failed[*]})" >&2
+  exit 1
+fi
+echo "macos-check: ok (${targets[*]})"
