@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::StoreError;
-use crate::hf;
+use crate::hf::{self, INDEX_LIMIT as SMALL_TEXT};
 use crate::key::Key;
 use crate::metrics::MetricsSnapshot;
 use crate::source::SourceTree;
@@ -489,11 +489,7 @@ fn refs_by_commit(source: &SourceTree, repo: &Path) -> BTreeMap<String, Vec<Stri
         if !meta.is_file() {
             continue;
         }
-        let Ok(mut file) = source.open(&repo.join("refs").join(name)) else {
-            continue;
-        };
-        let mut commit = String::new();
-        if file.read_to_string(&mut commit).is_ok() {
+        if let Ok(commit) = source.read_text(&repo.join("refs").join(name), SMALL_TEXT) {
             refs.entry(commit.trim().to_string())
                 .or_default()
                 .push(name.to_string());

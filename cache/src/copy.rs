@@ -7,13 +7,13 @@
 //! that chunk is written.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use sha2::{Digest, Sha256};
+
+use crate::source::ReadAt;
 
 /// How a copy is spread over concurrent reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +68,7 @@ type Chunk = (u64, io::Result<Vec<u8>>);
 /// with each written amount. `bytes_read` counts bytes as they arrive, in any order
 /// and in pieces of at most 1 MiB, so a watcher can tell a slow source from a dead one.
 pub fn copy_file(
-    src: &File,
+    src: &dyn ReadAt,
     dst: &mut impl Write,
     size: u64,
     options: CopyOptions,
@@ -109,7 +109,7 @@ pub fn copy_file(
 
 /// One of the concurrent readers of a copy.
 struct Reader<'a> {
-    src: &'a File,
+    src: &'a dyn ReadAt,
     size: u64,
     chunk: u64,
     chunks: u64,
@@ -152,7 +152,7 @@ impl Reader<'_> {
 /// Reads `len` bytes of `file` at `offset`, fewer only at end of file, in reads of at
 /// most 1 MiB, calling `on_read` after each.
 pub fn read_at_most(
-    file: &File,
+    file: &(impl ReadAt + ?Sized),
     offset: u64,
     len: usize,
     mut on_read: impl FnMut(usize),

@@ -29,6 +29,14 @@ pub enum SourceError {
         /// The offending path.
         path: PathBuf,
     },
+    /// The source did not answer (it is slow, or gone).
+    #[error("{path}: {why}")]
+    Unanswered {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// Timed out, or every source thread is stuck.
+        why: crate::source_pool::Unanswered,
+    },
     /// Any other I/O failure on the source.
     #[error("{path}: reading the source failed: {source}")]
     Io {

@@ -9,6 +9,8 @@ use crate::source::SourceTree;
 /// Files whose presence in a snapshot means "model weights".
 const WEIGHT_SUFFIXES: [&str; 6] = [".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz"];
 const SAFETENSORS_INDEX: &str = "model.safetensors.index.json";
+/// Most bytes read of a ref or an index: real ones are far smaller.
+pub(crate) const INDEX_LIMIT: usize = 16 << 20;
 
 /// The repository directory (`models--org--name`) a source path lies in.
 pub fn repo_of(rel: &Path) -> Option<PathBuf> {
@@ -81,7 +83,7 @@ pub fn snapshot_files(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, PathBuf)
         let path = dir.join(&name);
         if meta.is_dir() {
             out.extend(snapshot_files(source, &path));
-        } else if meta.file_type().is_symlink() {
+        } else if meta.is_symlink() {
             if let Ok(target) = source.read_link(&path) {
                 let resolved = normalize(&dir.join(target));
                 out.push((path, resolved));
@@ -126,13 +128,9 @@ pub fn weight_files(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
 
 /// Shard file names from the snapshot's safetensors index, sorted (shard order).
 fn indexed_shards(source: &SourceTree, snapshot: &Path) -> Vec<String> {
-    let Ok(mut file) = source.open(&snapshot.join(SAFETENSORS_INDEX)) else {
+    let Ok(text) = source.read_text(&snapshot.join(SAFETENSORS_INDEX), INDEX_LIMIT) else {
         return Vec::new();
     };
-    let mut text = String::new();
-    if std::io::Read::read_to_string(&mut file, &mut text).is_err() {
-        return Vec::new();
-    }
     let Ok(index) = serde_json::from_str::<serde_json::Value>(&text) else {
         return Vec::new();
     };
@@ -166,12 +164,8 @@ pub fn snapshot_of(source: &SourceTree, id: &str, revision: &str) -> Option<Path
     if revision.contains('/') || revision.contains("..") {
         return None;
     }
-    let commit = match source.open(&repo.join("refs").join(revision)) {
-        Ok(mut file) => {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut file, &mut text).ok()?;
-            text.trim().to_string()
-        }
+    let commit = match source.read_text(&repo.join("refs").join(revision), INDEX_LIMIT) {
+        Ok(text) => text.trim().to_string(),
         Err(_) => revision.to_string(),
     };
     let snapshot = repo.join("snapshots").join(commit);

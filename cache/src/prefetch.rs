@@ -120,7 +120,7 @@ fn target_files(source: &SourceTree, target: &Target) -> Result<Vec<PathBuf>, Ad
                 .map_err(|e| AdminError::BadRequest(e.to_string()))?;
             if meta.is_dir() {
                 Ok(ordered_snapshot(source, path))
-            } else if meta.file_type().is_symlink() {
+            } else if meta.is_symlink() {
                 let target = source
                     .read_link(path)
                     .map_err(|e| AdminError::BadRequest(e.to_string()))?;
@@ -273,14 +273,20 @@ impl Prefetcher {
             return;
         }
         let (this, rel) = (Arc::clone(self), rel.to_path_buf());
-        let handle = runtime.clone();
         runtime.spawn(async move {
-            let source = this.stager.source().clone();
-            let scan = handle.spawn_blocking(move || {
+            let pool = this.stager.source_pool();
+            // A source that is slow or gone right now is left alone: the open that
+            // triggered this comes first, and a prefetch can wait for the next one.
+            if pool.is_unresponsive() {
+                return;
+            }
+            let (source, scanner) = (this.stager.source().clone(), Arc::clone(&this));
+            let scan = pool.run(move || {
                 hf::snapshots_containing(&source, &rel)
                     .into_iter()
+                    .filter(|s| !scanner.started(s))
                     .map(|s| {
-                        let files = hf::weight_files(&source, &s);
+                        let files = sized_weight_files(&source, &s, scanner.min_size);
                         (s, files)
                     })
                     .collect::<Vec<_>>()
@@ -292,16 +298,15 @@ impl Prefetcher {
         });
     }
 
-    async fn prefetch_snapshot(self: &Arc<Self>, snapshot: PathBuf, files: Vec<PathBuf>) {
+    /// Whether `snapshot` was prefetched already, or is being prefetched.
+    fn started(&self, snapshot: &Path) -> bool {
+        lock(&self.done).contains(snapshot) || lock(&self.active).contains(snapshot)
+    }
+
+    async fn prefetch_snapshot(self: &Arc<Self>, snapshot: PathBuf, files: Vec<(PathBuf, u64)>) {
         if lock(&self.done).contains(&snapshot) || !lock(&self.active).insert(snapshot.clone()) {
             return;
         }
-        let source = self.stager.source();
-        let files: Vec<(PathBuf, u64)> = files
-            .into_iter()
-            .filter_map(|f| source.stat(&f).ok().map(|m| (f, m.len())))
-            .filter(|(_, size)| *size >= self.min_size)
-            .collect();
         debug!(snapshot = %snapshot.display(), files = files.len(), "prefetching");
         let job = Job::new(self.stager.clone(), files);
         Arc::clone(&job).run(self.parallel, false).await;
@@ -321,6 +326,16 @@ impl Prefetcher {
         }
         lock(&self.active).remove(&snapshot);
     }
+}
+
+/// The weight files of `snapshot` in shard order with their sizes, those of at least
+/// `min_size` bytes (smaller ones are read from the source, never staged).
+fn sized_weight_files(source: &SourceTree, snapshot: &Path, min_size: u64) -> Vec<(PathBuf, u64)> {
+    hf::weight_files(source, snapshot)
+        .into_iter()
+        .filter_map(|f| source.stat(&f).ok().map(|m| (f, m.len())))
+        .filter(|(_, size)| *size >= min_size)
+        .collect()
 }
 
 fn lock<T>(set: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

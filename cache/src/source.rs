@@ -1,17 +1,24 @@
 //! The source tree: the slow directory (NAS share, USB disk) that stagefs mirrors.
 //!
-//! All paths handed in are relative to the source root and may only contain normal
-//! components, so no request can reach outside the root. Symlinks are never followed:
-//! the mirror returns them verbatim.
+//! [`Source`] is what a backend implements: [`LocalDir`] for a mounted directory, and
+//! [`crate::faulty::FaultySource`] for tests that need a source that hangs, slows
+//! down, fails or changes under a copy. [`SourceTree`] is the handle the rest of the
+//! code holds: it checks every path before a backend sees it, so no request can reach
+//! outside the root. Symlinks are never followed: the mirror returns them verbatim.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::fs::{self, File, Metadata};
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
-use std::time::UNIX_EPOCH;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::SourceError;
+use crate::sys::time_from_ns;
 
 /// What identifies one version of a source file: if either field changes, the file is
 /// considered new and any staged copy of the old version is stale.
@@ -24,8 +31,119 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    /// The stamp of a file as described by its metadata.
-    pub fn of(meta: &Metadata) -> Stamp {
+    /// The stamp of a file as its source describes it.
+    pub fn of(meta: &SourceMeta) -> Stamp {
+        Stamp {
+            size: meta.size,
+            mtime_ns: meta.mtime_ns,
+        }
+    }
+}
+
+/// What kind of entry a source path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (returned verbatim, never followed).
+    Symlink,
+    /// A named pipe: mirrored, never opened through the mount.
+    Fifo,
+    /// A socket: mirrored, never opened through the mount.
+    Socket,
+    /// A character device: mirrored, never opened through the mount.
+    CharDevice,
+    /// A block device: mirrored, never opened through the mount.
+    BlockDevice,
+}
+
+/// What a source says about one entry: everything the mirror shows. A backend fills
+/// it in however it can (an object store has no inode numbers or owners of its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SourceMeta {
+    /// The kind of entry.
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+    /// Status change time, nanoseconds since the Unix epoch.
+    pub ctime_ns: i64,
+    /// Access time, nanoseconds since the Unix epoch.
+    pub atime_ns: i64,
+    /// Permission bits (and setuid/setgid/sticky).
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Hard links.
+    pub nlink: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Preferred I/O size.
+    pub blksize: u64,
+    /// Device number, for device files.
+    pub rdev: u64,
+}
+
+impl SourceMeta {
+    /// Whether this is a regular file.
+    pub fn is_file(&self) -> bool {
+        self.kind == EntryKind::File
+    }
+
+    /// Whether this is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind == EntryKind::Dir
+    }
+
+    /// Whether this is a symbolic link.
+    pub fn is_symlink(&self) -> bool {
+        self.kind == EntryKind::Symlink
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the entry has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// Modification time.
+    pub fn modified(&self) -> SystemTime {
+        time_from_ns(self.mtime_ns)
+    }
+}
+
+fn ns(secs: i64, nanos: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+impl From<&Metadata> for SourceMeta {
+    fn from(meta: &Metadata) -> SourceMeta {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        let kind = if t.is_dir() {
+            EntryKind::Dir
+        } else if t.is_symlink() {
+            EntryKind::Symlink
+        } else if t.is_fifo() {
+            EntryKind::Fifo
+        } else if t.is_socket() {
+            EntryKind::Socket
+        } else if t.is_char_device() {
+            EntryKind::CharDevice
+        } else if t.is_block_device() {
+            EntryKind::BlockDevice
+        } else {
+            EntryKind::File
+        };
         let mtime_ns = match meta.modified() {
             Ok(t) => match t.duration_since(UNIX_EPOCH) {
                 Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
@@ -34,45 +152,163 @@ impl Stamp {
             // Platforms without mtime still get a usable (size-only) stamp.
             Err(_) => 0,
         };
-        Stamp {
+        SourceMeta {
+            kind,
             size: meta.len(),
             mtime_ns,
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            atime_ns: ns(meta.atime(), meta.atime_nsec()),
+            mode: meta.mode(),
+            uid: meta.uid(),
+            gid: meta.gid(),
+            nlink: meta.nlink(),
+            blocks: meta.blocks(),
+            blksize: meta.blksize(),
+            rdev: meta.rdev(),
         }
     }
 }
 
-/// A read-only view of the source directory.
+/// Positioned reads, as copies and the daemon's read path do them.
+pub trait ReadAt: Send + Sync + fmt::Debug {
+    /// Reads into `buf` at `offset`; fewer bytes only at end of file (or when
+    /// interrupted, like `pread`).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+}
+
+impl ReadAt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+}
+
+/// A source file open for reading.
+pub trait SourceFile: ReadAt {
+    /// What the source says about the open file now.
+    fn meta(&self) -> io::Result<SourceMeta>;
+}
+
+impl SourceFile for File {
+    fn meta(&self) -> io::Result<SourceMeta> {
+        self.metadata().map(|m| SourceMeta::from(&m))
+    }
+}
+
+/// A backend stagefs can mirror. Paths are relative to the root and already checked
+/// by [`SourceTree`] to hold only normal components.
+///
+/// Contract: every method may block for as long as the backend does (a dead NAS
+/// blocks forever); callers run them on [`crate::source_pool::SourcePool`], never on
+/// an async worker. Errors name the relative path; a missing entry is
+/// [`SourceError::NotFound`], so the mirror answers ENOENT.
+pub trait Source: Send + Sync + fmt::Debug {
+    /// Where the source lives, for messages and status.
+    fn root(&self) -> &Path;
+    /// The entry at `rel` itself (a symlink is not followed).
+    fn stat(&self, rel: &Path) -> Result<SourceMeta, SourceError>;
+    /// The entries of directory `rel` with their own metadata, in any order. An
+    /// entry that vanishes between listing and stat is left out.
+    fn read_dir(&self, rel: &Path) -> Result<Vec<(OsString, SourceMeta)>, SourceError>;
+    /// The target of symlink `rel`, verbatim.
+    fn read_link(&self, rel: &Path) -> Result<PathBuf, SourceError>;
+    /// Opens regular file `rel` for reading.
+    fn open(&self, rel: &Path) -> Result<Box<dyn SourceFile>, SourceError>;
+    /// The source filesystem's space and limits. A network client must ask its server
+    /// for this (nothing else it answers from its own caches), so it doubles as the
+    /// probe of whether the server is there.
+    fn statfs(&self) -> io::Result<libc::statvfs>;
+}
+
+/// A directory on a mounted filesystem: a NAS share, a USB disk, a local folder.
 #[derive(Debug, Clone)]
-pub struct SourceTree {
+pub struct LocalDir {
     root: PathBuf,
 }
 
-impl SourceTree {
-    /// Opens the source rooted at `root`, which must be an existing directory.
-    pub fn new(root: impl Into<PathBuf>) -> Result<Self, SourceError> {
+impl LocalDir {
+    /// The directory at `root`, which must exist.
+    pub fn new(root: impl Into<PathBuf>) -> Result<LocalDir, SourceError> {
         let root = root.into();
         let meta = fs::metadata(&root).map_err(|e| SourceError::io(&root, e))?;
         if !meta.is_dir() {
             return Err(SourceError::io(
                 &root,
-                std::io::Error::from_raw_os_error(libc::ENOTDIR),
+                io::Error::from_raw_os_error(libc::ENOTDIR),
             ));
         }
-        Ok(SourceTree { root })
+        Ok(LocalDir { root })
     }
+}
 
-    /// The absolute root directory.
-    pub fn root(&self) -> &Path {
+impl Source for LocalDir {
+    fn root(&self) -> &Path {
         &self.root
     }
 
-    /// Absolute path of `rel`, refusing anything but plain relative components.
-    pub fn resolve(&self, rel: &Path) -> Result<PathBuf, SourceError> {
+    fn stat(&self, rel: &Path) -> Result<SourceMeta, SourceError> {
+        fs::symlink_metadata(self.root.join(rel))
+            .map(|m| SourceMeta::from(&m))
+            .map_err(|e| SourceError::io(rel, e))
+    }
+
+    fn read_dir(&self, rel: &Path) -> Result<Vec<(OsString, SourceMeta)>, SourceError> {
+        let mut entries = Vec::new();
+        for entry in fs::read_dir(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))? {
+            let entry = entry.map_err(|e| SourceError::io(rel, e))?;
+            match entry.metadata() {
+                Ok(meta) => entries.push((entry.file_name(), SourceMeta::from(&meta))),
+                // Vanished between listing and stat: it is simply not there any more.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(SourceError::io(rel.join(entry.file_name()), e)),
+            }
+        }
+        Ok(entries)
+    }
+
+    fn read_link(&self, rel: &Path) -> Result<PathBuf, SourceError> {
+        fs::read_link(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))
+    }
+
+    fn open(&self, rel: &Path) -> Result<Box<dyn SourceFile>, SourceError> {
+        let file = File::open(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))?;
+        Ok(Box::new(file))
+    }
+
+    fn statfs(&self) -> io::Result<libc::statvfs> {
+        crate::sys::statvfs(&self.root)
+    }
+}
+
+/// The source being mirrored, as the rest of stagefs holds it: a cheap handle that
+/// checks paths and hands them to the backend.
+#[derive(Debug, Clone)]
+pub struct SourceTree {
+    backend: Arc<dyn Source>,
+}
+
+impl SourceTree {
+    /// A local directory at `root`, which must exist.
+    pub fn new(root: impl Into<PathBuf>) -> Result<Self, SourceError> {
+        Ok(Self::from_backend(Arc::new(LocalDir::new(root)?)))
+    }
+
+    /// Any backend.
+    pub fn from_backend(backend: Arc<dyn Source>) -> Self {
+        SourceTree { backend }
+    }
+
+    /// The root, for messages and status.
+    pub fn root(&self) -> &Path {
+        self.backend.root()
+    }
+
+    /// Refuses anything but plain relative components.
+    pub fn check(&self, rel: &Path) -> Result<(), SourceError> {
         if rel
             .components()
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
         {
-            Ok(self.root.join(rel))
+            Ok(())
         } else {
             Err(SourceError::OutsideRoot {
                 path: rel.to_path_buf(),
@@ -80,40 +316,53 @@ impl SourceTree {
         }
     }
 
-    /// Metadata of `rel` itself (symlinks are not followed).
-    pub fn stat(&self, rel: &Path) -> Result<Metadata, SourceError> {
-        let abs = self.resolve(rel)?;
-        fs::symlink_metadata(abs).map_err(|e| SourceError::io(rel, e))
+    /// Absolute path of `rel` under the root, refusing anything but plain relative
+    /// components.
+    pub fn resolve(&self, rel: &Path) -> Result<PathBuf, SourceError> {
+        self.check(rel)?;
+        Ok(self.root().join(rel))
+    }
+
+    /// The entry at `rel` itself (symlinks are not followed).
+    pub fn stat(&self, rel: &Path) -> Result<SourceMeta, SourceError> {
+        self.check(rel)?;
+        self.backend.stat(rel)
     }
 
     /// The entries of directory `rel` with their own metadata, sorted by name so that
     /// listings are stable across calls.
-    pub fn read_dir(&self, rel: &Path) -> Result<Vec<(OsString, Metadata)>, SourceError> {
-        let abs = self.resolve(rel)?;
-        let mut entries = Vec::new();
-        for entry in fs::read_dir(abs).map_err(|e| SourceError::io(rel, e))? {
-            let entry = entry.map_err(|e| SourceError::io(rel, e))?;
-            match entry.metadata() {
-                Ok(meta) => entries.push((entry.file_name(), meta)),
-                // Vanished between listing and stat: it is simply not there any more.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(SourceError::io(rel.join(entry.file_name()), e)),
-            }
-        }
+    pub fn read_dir(&self, rel: &Path) -> Result<Vec<(OsString, SourceMeta)>, SourceError> {
+        self.check(rel)?;
+        let mut entries = self.backend.read_dir(rel)?;
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(entries)
     }
 
     /// The target of symlink `rel`, verbatim.
     pub fn read_link(&self, rel: &Path) -> Result<PathBuf, SourceError> {
-        let abs = self.resolve(rel)?;
-        fs::read_link(abs).map_err(|e| SourceError::io(rel, e))
+        self.check(rel)?;
+        self.backend.read_link(rel)
     }
 
     /// Opens regular file `rel` for reading.
-    pub fn open(&self, rel: &Path) -> Result<File, SourceError> {
-        let abs = self.resolve(rel)?;
-        File::open(abs).map_err(|e| SourceError::io(rel, e))
+    pub fn open(&self, rel: &Path) -> Result<Box<dyn SourceFile>, SourceError> {
+        self.check(rel)?;
+        self.backend.open(rel)
+    }
+
+    /// The whole text of small file `rel` (refs, indexes, configs); at most `limit`
+    /// bytes are read, so a huge file named like one cannot fill memory.
+    pub fn read_text(&self, rel: &Path, limit: usize) -> Result<String, SourceError> {
+        let file = self.open(rel)?;
+        let bytes = crate::copy::read_at_most(file.as_ref(), 0, limit, |_| {})
+            .map_err(|e| SourceError::io(rel, e))?;
+        String::from_utf8(bytes)
+            .map_err(|e| SourceError::io(rel, io::Error::new(io::ErrorKind::InvalidData, e)))
+    }
+
+    /// The source filesystem's space; also the probe of whether it answers.
+    pub fn statfs(&self) -> io::Result<libc::statvfs> {
+        self.backend.statfs()
     }
 }
 
@@ -123,20 +372,17 @@ mod tests {
 
     #[test]
     fn resolve_rejects_escapes() {
-        let tree = SourceTree {
-            root: PathBuf::from("/src"),
-        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = SourceTree::new(dir.path()).expect("source");
         assert!(tree.resolve(Path::new("../etc/passwd")).is_err());
         assert!(tree.resolve(Path::new("/etc/passwd")).is_err());
         assert!(tree.resolve(Path::new("a/../../b")).is_err());
         assert_eq!(
             tree.resolve(Path::new("models--a--b/blobs/x")).ok(),
-            Some(PathBuf::from("/src/models--a--b/blobs/x"))
+            Some(dir.path().join("models--a--b/blobs/x"))
         );
-        assert_eq!(
-            tree.resolve(Path::new("")).ok(),
-            Some(PathBuf::from("/src/"))
-        );
+        assert!(tree.stat(Path::new("../x")).is_err());
+        assert!(tree.stat(Path::new("")).is_ok_and(|m| m.is_dir()));
     }
 
     #[test]
@@ -144,9 +390,9 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("f");
         fs::write(&path, b"abc")?;
-        let a = Stamp::of(&fs::metadata(&path)?);
+        let a = Stamp::of(&(&fs::metadata(&path)?).into());
         fs::write(&path, b"abcd")?;
-        let b = Stamp::of(&fs::metadata(&path)?);
+        let b = Stamp::of(&(&fs::metadata(&path)?).into());
         assert_ne!(a, b);
         assert_eq!(b.size, 4);
         Ok(())

@@ -31,7 +31,8 @@ use crate::error::{SourceError, StageError, StoreError};
 use crate::index::{CopyId, Entry};
 use crate::key::Key;
 use crate::metrics::Metrics;
-use crate::source::{SourceTree, Stamp};
+use crate::source::{SourceMeta, SourceTree, Stamp};
+use crate::source_pool::{DEFAULT_SOURCE_THREADS, SourcePool};
 use crate::store::{Hit, Pin, Store};
 
 /// A complete, verified local copy of one source file.
@@ -113,9 +114,31 @@ pub struct Stager {
     inner: Arc<Inner>,
 }
 
+/// How a stager copies and how long it waits for its source.
+#[derive(Debug, Clone, Copy)]
+pub struct StagerOptions {
+    /// Reads in flight and chunk size of each copy.
+    pub copy: CopyOptions,
+    /// How long a source operation may take before it fails.
+    pub source_timeout: std::time::Duration,
+    /// Threads for source operations: the most that can be stuck on a dead source.
+    pub source_threads: usize,
+}
+
+impl Default for StagerOptions {
+    fn default() -> Self {
+        StagerOptions {
+            copy: CopyOptions::default(),
+            source_timeout: std::time::Duration::from_secs(30),
+            source_threads: DEFAULT_SOURCE_THREADS,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     source: SourceTree,
+    pool: SourcePool,
     store: Store,
     metrics: Arc<Metrics>,
     runtime: Handle,
@@ -140,13 +163,29 @@ impl Stager {
         runtime: Handle,
         copy: CopyOptions,
     ) -> Self {
+        let options = StagerOptions {
+            copy,
+            ..StagerOptions::default()
+        };
+        Self::with_options(source, store, metrics, runtime, options)
+    }
+
+    /// A stager with every option spelled out.
+    pub fn with_options(
+        source: SourceTree,
+        store: Store,
+        metrics: Arc<Metrics>,
+        runtime: Handle,
+        options: StagerOptions,
+    ) -> Self {
         Stager {
             inner: Arc::new(Inner {
                 source,
+                pool: SourcePool::new(options.source_threads, options.source_timeout),
                 store,
                 metrics,
                 runtime,
-                copy,
+                copy: options.copy,
                 inflight: Mutex::new(HashMap::new()),
                 urgent_copies: Arc::default(),
             }),
@@ -156,6 +195,11 @@ impl Stager {
     /// The mirrored source.
     pub fn source(&self) -> &SourceTree {
         &self.inner.source
+    }
+
+    /// The executor every source operation runs on, and the source's health.
+    pub fn source_pool(&self) -> &SourcePool {
+        &self.inner.pool
     }
 
     /// The local store.
@@ -196,6 +240,31 @@ impl Stager {
     /// itself is still read from the source.
     pub async fn keep(&self, rel: &Path) -> StageResult {
         self.flight_for(rel, Purpose::Keep).result.await
+    }
+
+    /// A complete copy of version `version` of `rel`, which the caller looked up a
+    /// moment ago. A blob named by its sha256 is its content, so a stored copy of it is
+    /// served without asking the source anything; any other file is staged as its
+    /// current version (the caller checks that it is still `version`).
+    pub async fn stage_version(&self, rel: &Path, version: Stamp) -> StageResult {
+        if Key::for_source_path(rel).content_sha256().is_some()
+            && let Some(staged) = self.stored_off_thread(rel, version).await
+        {
+            Metrics::bump(&self.inner.metrics.stage_hits);
+            return Ok(staged);
+        }
+        self.stage(rel).await
+    }
+
+    /// [`Stager::stored`], run where it may block (it may re-hash the copy).
+    pub async fn stored_off_thread(&self, rel: &Path, version: Stamp) -> Option<Staged> {
+        let (stager, path) = (self.clone(), rel.to_path_buf());
+        self.inner
+            .runtime
+            .spawn_blocking(move || stager.stored(&path, version))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// A stored copy of source file `rel` at version `stamp`, without asking the source
@@ -305,7 +374,7 @@ impl Inner {
         progress: &Progress,
         purpose: Purpose,
     ) -> StageResult {
-        let meta = self.source.stat(rel)?;
+        let meta = self.stat_source(rel)?;
         if !meta.is_file() {
             return Err(StageError::NotAFile {
                 path: rel.to_path_buf(),
@@ -353,6 +422,19 @@ impl Inner {
         Ok(staged(hit, stamp, true))
     }
 
+    /// Stats `rel` on the source pool, so a dead source holds one of its threads
+    /// rather than one of the runtime's, and fails within the timeout.
+    fn stat_source(&self, rel: &Path) -> Result<SourceMeta, StageError> {
+        let (source, path) = (self.source.clone(), rel.to_path_buf());
+        self.pool
+            .run_blocking(move || source.stat(&path))
+            .map_err(|why| SourceError::Unanswered {
+                path: rel.to_path_buf(),
+                why,
+            })?
+            .map_err(StageError::from)
+    }
+
     /// Waits while opens wait for other copies, unless an open waits for this one.
     fn yield_to_opens(&self, progress: &Progress) {
         while self.urgent_copies.load(Ordering::Relaxed) > 0
@@ -380,7 +462,7 @@ impl Inner {
             .map(str::to_string);
         let with_sha256 = expected_sha256.is_some();
         let outcome = copy_file(
-            &src,
+            src.as_ref(),
             &mut tmp,
             expected.size,
             self.copy,
@@ -416,10 +498,10 @@ impl Inner {
         let changed = || StageError::SourceChanged {
             path: rel.to_path_buf(),
         };
-        let now = match self.source.stat(rel) {
+        let now = match self.stat_source(rel) {
             Ok(meta) => Stamp::of(&meta),
-            Err(SourceError::NotFound { .. }) => return Err(changed()),
-            Err(e) => return Err(e.into()),
+            Err(StageError::Source(SourceError::NotFound { .. })) => return Err(changed()),
+            Err(e) => return Err(e),
         };
         if now != expected || copied != expected.size {
             return Err(changed());
@@ -561,6 +643,7 @@ mod tests {
         fs::write(src.path().join("f"), b"0123456789").expect("write");
         let inner = Inner {
             source: SourceTree::new(src.path()).expect("source"),
+            pool: SourcePool::new(1, std::time::Duration::from_secs(10)),
             store: Store::open(cache.path(), Budget::default()).expect("store"),
             metrics: Arc::default(),
             runtime: rt.handle().clone(),

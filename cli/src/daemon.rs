@@ -17,7 +17,9 @@ use fuser::SessionUnmounter;
 use stagefs_cache::budget::volume_space;
 use stagefs_cache::control::MountRecord;
 use stagefs_cache::copy::CopyOptions;
-use stagefs_cache::{Budget, MetricsSnapshot, SourceTree, Stager, Store, StoreError};
+use stagefs_cache::{
+    Budget, MetricsSnapshot, SourceTree, Stager, StagerOptions, Store, StoreError,
+};
 use stagefs_fs::{FsConfig, OnFull, StageFs};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -88,12 +90,17 @@ impl Running {
         record
             .write(&spec.cache_dir)
             .context("recording the mount in the cache directory")?;
-        let stager = Stager::with_copy_options(
+        let options = StagerOptions {
+            copy: spec.copy,
+            source_timeout: spec.fs.source_timeout,
+            ..StagerOptions::default()
+        };
+        let stager = Stager::with_options(
             source,
             store,
             Arc::default(),
             runtime.handle().clone(),
-            spec.copy,
+            options,
         );
         let fs = StageFs::new(stager.clone(), spec.fs.clone(), runtime.handle().clone());
         let mut session =

@@ -75,6 +75,7 @@ fn source_errno(e: &SourceError) -> Errno {
     match e {
         SourceError::NotFound { .. } => Errno::ENOENT,
         SourceError::OutsideRoot { .. } => Errno::EINVAL,
+        SourceError::Unanswered { .. } => Errno::EIO,
         SourceError::Io { source, .. } => io_errno(source),
     }
 }

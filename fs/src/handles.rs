@@ -8,15 +8,25 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use fuser::FileType;
 
+use stagefs_cache::SourceFile;
 use stagefs_cache::store::Pin;
 
 use crate::passthrough::Backing;
 
+/// Where a handle's reads come from.
+#[derive(Debug, Clone)]
+pub(crate) enum Reader {
+    /// A staged copy on the local disk.
+    Copy(Arc<File>),
+    /// The file on the source itself (small files, or `--on-full` reading the source).
+    Source(Arc<dyn SourceFile>),
+}
+
 /// What an open file handle reads from.
 #[derive(Debug)]
 pub(crate) struct OpenFile {
-    /// The staged copy, or the source file itself for small files.
-    pub(crate) file: Arc<File>,
+    /// Where its reads come from.
+    pub(crate) reader: Reader,
     /// Keeps the kernel's passthrough backing id alive while this handle is open.
     pub(crate) _backing: Option<Backing>,
     /// Keeps the staged copy from being evicted while this handle is open.

@@ -13,12 +13,11 @@
 //! listings), which answers for the source while it does not respond.
 
 use std::collections::HashMap;
-use std::fs::Metadata;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use fuser::FileAttr;
-use stagefs_cache::Stamp;
+use stagefs_cache::{SourceMeta, Stamp};
 
 use crate::handles::DirEntry;
 
@@ -85,7 +84,7 @@ impl Inodes {
     }
 
     /// The inode for `path` as described by `meta`, allocating one if needed.
-    pub(crate) fn intern(&self, path: &Path, meta: &Metadata) -> u64 {
+    pub(crate) fn intern(&self, path: &Path, meta: &SourceMeta) -> u64 {
         let stamp = meta.is_file().then(|| Stamp::of(meta));
         let key = match stamp {
             Some(stamp) => NodeKey::Version(path.to_path_buf(), stamp),
@@ -186,13 +185,13 @@ mod tests {
         let file = dir.join("f");
         fs::write(&file, b"one")?;
         let inodes = Inodes::new();
-        let a = inodes.intern(Path::new("f"), &fs::metadata(&file)?);
-        assert_eq!(a, inodes.intern(Path::new("f"), &fs::metadata(&file)?));
+        let a = inodes.intern(Path::new("f"), &meta_of(&file)?);
+        assert_eq!(a, inodes.intern(Path::new("f"), &meta_of(&file)?));
         fs::write(&file, b"three")?;
-        let b = inodes.intern(Path::new("f"), &fs::metadata(&file)?);
+        let b = inodes.intern(Path::new("f"), &meta_of(&file)?);
         assert_ne!(a, b);
         assert_eq!(inodes.get(a).map(|n| n.path), Some(PathBuf::from("f")));
-        let d = inodes.intern(Path::new("d"), &fs::metadata(&dir)?);
+        let d = inodes.intern(Path::new("d"), &meta_of(&dir)?);
         assert_eq!(inodes.dir_ino(Path::new("d")), Some(d));
         fs::remove_dir_all(dir)
     }
@@ -204,7 +203,7 @@ mod tests {
         fs::create_dir_all(&dir)?;
         let file = dir.join("w");
         fs::write(&file, b"weights")?;
-        let meta = fs::metadata(&file)?;
+        let meta = meta_of(&file)?;
         let inodes = Inodes::new();
         let regular = inodes.intern(Path::new("w"), &meta);
         let link = inodes.intern_redirect(Path::new("w"), Stamp::of(&meta));
@@ -218,6 +217,10 @@ mod tests {
         assert_eq!(node.stamp, Some(Stamp::of(&meta)));
         assert!(!inodes.get(regular).expect("handed out").redirect);
         fs::remove_dir_all(dir)
+    }
+
+    fn meta_of(path: &Path) -> std::io::Result<SourceMeta> {
+        Ok(SourceMeta::from(&fs::metadata(path)?))
     }
 
     fn tempfile_dir() -> std::io::Result<PathBuf> {

@@ -13,6 +13,7 @@ mod handles;
 mod inodes;
 mod passthrough;
 mod platform;
+mod policy;
 mod redirect;
 
 use std::path::PathBuf;

@@ -85,7 +85,7 @@ fn newest_snapshot(tree: &SourceTree, id: &str) -> Option<PathBuf> {
         .ok()?
         .into_iter()
         .filter(|(_, meta)| meta.is_dir())
-        .max_by_key(|(_, meta)| meta.modified().ok())
+        .max_by_key(|(_, meta)| meta.modified())
         .map(|(name, _)| snapshots.join(name))
 }
 

@@ -1,0 +1,648 @@
+//! What the filesystem answers, apart from the kernel: lookups, attributes, links,
+//! listings, opens and reads, and how each behaves while the source is slow or gone.
+//! `fuse.rs` only turns fuser calls into these and their results into replies, so
+//! every rule here is tested without `/dev/fuse` (the tests at the bottom), through a
+//! fault-injecting source.
+//!
+//! Rules while the source does not answer:
+//! - every source operation runs on the stager's [`SourcePool`]: at most its threads
+//!   are ever stuck, and nothing local waits behind them;
+//! - a request that can be answered from what the source said last (attributes, link
+//!   targets, listings, stored copies of exactly the version looked up) is answered
+//!   from memory once the source is known to be unresponsive, or as soon as any source
+//!   operation is overdue ([`RECALL_AFTER`]), instead of waiting out the timeout;
+//! - a blob named by its sha256 is its content: a stored copy is served without
+//!   asking the source anything, up or not;
+//! - what was never seen fails with EIO within the source timeout (at once, when every
+//!   source thread is already stuck);
+//! - nothing marks the source back but a probe of it (its statfs, which network
+//!   clients cannot answer from a cache), and a request never skips the source just
+//!   because it was marked down: a source that came back serves the next request.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{FileAttr, FileType};
+use stagefs_cache::copy::read_at_most;
+use stagefs_cache::prefetch::Prefetcher;
+use stagefs_cache::store::Pin;
+use stagefs_cache::{
+    Metrics, SourceError, SourceMeta, SourcePool, StageError, Staged, Stager, Stamp, StoreError,
+    Unanswered,
+};
+use tokio::runtime::Handle;
+use tracing::{debug, info, warn};
+
+use crate::attr::{attr_of, kind_of, link_attr};
+use crate::error::FsError;
+use crate::handles::{DirEntry, Handles, OpenFile, Reader};
+use crate::inodes::{Inodes, Node, ROOT_INO};
+use crate::passthrough::{Backing, Passthrough};
+use crate::redirect::{Presented, RedirectPolicy};
+use crate::{FsConfig, OnFull};
+
+/// How long a request that could be answered from memory waits for the source before
+/// it is: a healthy source answers a stat in milliseconds, and a loader must not wait
+/// on a source that has just died.
+pub(crate) const RECALL_AFTER: Duration = Duration::from_millis(250);
+
+/// The filesystem's state and decisions.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    stager: Stager,
+    config: FsConfig,
+    runtime: Handle,
+    inodes: Inodes,
+    files: Handles<OpenFile>,
+    dirs: Handles<Vec<DirEntry>>,
+    passthrough: Passthrough,
+    redirect: RedirectPolicy,
+    prefetcher: Option<Arc<Prefetcher>>,
+}
+
+/// An open file ready to be handed to the kernel.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub(crate) reader: Reader,
+    pub(crate) stamp: Stamp,
+    /// Present for staged copies, absent for files read from the source.
+    pub(crate) pin: Option<Arc<Pin>>,
+}
+
+impl Opened {
+    fn staged(staged: Staged) -> Opened {
+        Opened {
+            reader: Reader::Copy(staged.file),
+            stamp: staged.stamp,
+            pin: Some(staged.pin),
+        }
+    }
+}
+
+impl Policy {
+    pub(crate) fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
+        let prefetcher = config
+            .prefetch
+            .map(|parallel| Prefetcher::new(stager.clone(), parallel, config.min_stage_size));
+        Policy {
+            prefetcher,
+            redirect: RedirectPolicy::new(&config),
+            stager,
+            config,
+            runtime,
+            inodes: Inodes::new(),
+            files: Handles::new(),
+            dirs: Handles::new(),
+            passthrough: Passthrough::new(),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &FsConfig {
+        &self.config
+    }
+
+    pub(crate) fn passthrough(&self) -> &Passthrough {
+        &self.passthrough
+    }
+
+    pub(crate) fn redirects_enabled(&self) -> bool {
+        self.redirect.enabled()
+    }
+
+    fn pool(&self) -> &SourcePool {
+        self.stager.source_pool()
+    }
+
+    fn node(&self, ino: u64) -> Result<Node, FsError> {
+        self.inodes.get(ino).ok_or(FsError::UnknownInode(ino))
+    }
+
+    fn timeout_error(&self, path: &Path) -> FsError {
+        FsError::SourceTimeout {
+            path: path.to_path_buf(),
+            secs: self.config.source_timeout.as_secs(),
+        }
+    }
+
+    // ------------------------------------------------------------ the source's health
+
+    fn source_timed_out(&self) {
+        if self.pool().mark_unresponsive() {
+            warn!(
+                source = %self.stager.source().root().display(),
+                "the source did not respond; answering from what it said last where possible"
+            );
+        }
+    }
+
+    /// Whether a request that can be answered from memory should be, now.
+    fn source_suspect(&self) -> bool {
+        self.pool().is_unresponsive() || self.pool().overdue(RECALL_AFTER)
+    }
+
+    /// Returns once the source is suspect.
+    async fn until_suspect(&self) {
+        while !self.source_suspect() {
+            tokio::time::sleep(RECALL_AFTER / 5).await;
+        }
+    }
+
+    /// Finds out in the background, one probe at a time, whether the source is back.
+    /// It asks for the source's statfs: sshfs, NFS and SMB clients answer stats and
+    /// lookups from their own caches while the server is gone, but send statfs to it,
+    /// so a cached answer cannot make a dead source look alive.
+    fn probe(self: &Arc<Self>) {
+        let Some(probing) = self.pool().start_probe() else {
+            return;
+        };
+        let source = self.stager.source().clone();
+        let asked = self.pool().run(move || source.statfs());
+        let this = Arc::clone(self);
+        self.runtime.spawn(async move {
+            if matches!(asked.await, Ok(Ok(_))) && this.pool().mark_answered() {
+                info!(source = %this.stager.source().root().display(), "the source responds again");
+            }
+            drop(probing);
+        });
+    }
+
+    /// Runs `work` on the source pool. `recall` answers from memory: at once while the
+    /// source is suspect, after [`RECALL_AFTER`] if the source has not answered by
+    /// then (the work goes on, so a late answer still updates memory), and when the
+    /// work times out. With nothing to recall, the request waits up to the timeout.
+    async fn ask<T: Send + 'static>(
+        self: &Arc<Self>,
+        what: &Path,
+        work: impl FnOnce(&Policy) -> Result<T, FsError> + Send + 'static,
+        recall: impl Fn(&Policy) -> Option<T>,
+    ) -> Result<T, FsError> {
+        if self.source_suspect()
+            && let Some(known) = recall(self)
+        {
+            self.probe_if_down();
+            return Ok(known);
+        }
+        let worker = Arc::clone(self);
+        let mut asked = Box::pin(self.pool().run(move || work(&worker)));
+        let early = tokio::time::sleep(RECALL_AFTER);
+        tokio::pin!(early);
+        let answer = tokio::select! {
+            answer = &mut asked => answer,
+            () = &mut early => match recall(self) {
+                Some(known) => {
+                    self.listen_for_late_answer(asked);
+                    return Ok(known);
+                }
+                None => asked.await,
+            },
+        };
+        match answer {
+            Ok(result) => {
+                // A network client may have answered from its own cache: only the
+                // probe can tell that the source itself is back.
+                self.probe_if_down();
+                result
+            }
+            Err(why) => {
+                debug!(path = %what.display(), %why, "no answer from the source");
+                self.source_timed_out();
+                recall(self).ok_or_else(|| self.timeout_error(what))
+            }
+        }
+    }
+
+    fn probe_if_down(self: &Arc<Self>) {
+        if self.pool().is_unresponsive() {
+            self.probe();
+        }
+    }
+
+    /// Waits in the background for an answer already given from memory, so that a
+    /// source that never answers is marked unresponsive.
+    fn listen_for_late_answer<T: Send + 'static>(
+        self: &Arc<Self>,
+        asked: impl std::future::Future<Output = Result<T, Unanswered>> + Send + 'static,
+    ) {
+        let this = Arc::clone(self);
+        self.runtime.spawn(async move {
+            if asked.await.is_err() {
+                this.source_timed_out();
+            }
+        });
+    }
+
+    // ------------------------------------------------------------ names and attributes
+
+    pub(crate) async fn lookup(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &OsStr,
+    ) -> Result<FileAttr, FsError> {
+        let path = self.node(parent)?.path.join(name);
+        let known_path = path.clone();
+        let work_path = path.clone();
+        self.ask(
+            &path,
+            move |p| {
+                let meta = p.stager.source().stat(&work_path)?;
+                let attr = p.entry_attr(&work_path, &meta);
+                p.inodes.remember_attr(attr);
+                Ok(attr)
+            },
+            move |p| p.inodes.known_attr_of_path(&known_path),
+        )
+        .await
+    }
+
+    /// The inode and attributes `path` is presented with: a staged file as a link to
+    /// its copy where redirects are on, anything else as the source has it.
+    fn entry_attr(&self, path: &Path, meta: &SourceMeta) -> FileAttr {
+        if meta.is_file() {
+            let version = Stamp::of(meta);
+            if let Presented::Link(copy) = self.presented(path, version) {
+                let ino = self.inodes.intern_redirect(path, version);
+                return link_attr(ino, meta, version, &copy);
+            }
+        }
+        let ino = self.inodes.intern(path, meta);
+        attr_of(ino, meta, meta.is_file().then(|| Stamp::of(meta)))
+    }
+
+    /// How version `version` of file `path` is presented; asks the store, not the source.
+    fn presented(&self, path: &Path, version: Stamp) -> Presented {
+        self.redirect
+            .present(version, self.passthrough.active(), || {
+                self.stager.redirect_target(path, version, false)
+            })
+    }
+
+    pub(crate) async fn getattr(self: &Arc<Self>, ino: u64) -> Result<FileAttr, FsError> {
+        let node = self.node(ino)?;
+        // A redirect stands for one version; what it is does not depend on the source.
+        if node.redirect
+            && let Some(attr) = self.inodes.known_attr(ino)
+        {
+            return Ok(attr);
+        }
+        let path = node.path.clone();
+        self.ask(
+            &path,
+            move |p| {
+                let meta = p.stager.source().stat(&node.path)?;
+                let attr = attr_of(ino, &meta, node.stamp);
+                p.inodes.remember_attr(attr);
+                Ok(attr)
+            },
+            move |p| p.inodes.known_attr(ino),
+        )
+        .await
+    }
+
+    pub(crate) async fn readlink(self: &Arc<Self>, ino: u64) -> Result<Vec<u8>, FsError> {
+        let node = self.node(ino)?;
+        if node.redirect {
+            // Needs only the store, never the source: answered even while it is away.
+            let this = Arc::clone(self);
+            let target = self
+                .runtime
+                .spawn_blocking(move || this.redirect_target(&node))
+                .await
+                .map_err(|e| FsError::Read(io::Error::other(e)))?;
+            // None: evicted or changed since the link was handed out; on ESTALE the
+            // kernel looks the path up again and finds the file to stage.
+            return target.ok_or(FsError::Stale);
+        }
+        let path = node.path.clone();
+        self.ask(
+            &path,
+            move |p| {
+                let target = p.stager.source().read_link(&node.path)?;
+                let target = target.as_os_str().as_bytes().to_vec();
+                p.inodes.remember_link(ino, &target);
+                Ok(target)
+            },
+            move |p| p.inodes.known_link(ino),
+        )
+        .await
+    }
+
+    /// The target of redirect `node`, marking its copy in use; None if the copy is
+    /// gone or changed since the link was handed out.
+    fn redirect_target(&self, node: &Node) -> Option<Vec<u8>> {
+        let version = node.stamp?;
+        let copy = self.stager.redirect_target(&node.path, version, true)?;
+        Metrics::bump(&self.stager.metrics().redirects);
+        Some(copy.into_os_string().into_vec())
+    }
+
+    // ------------------------------------------------------------ directories
+
+    /// Lists directory `ino` and returns a handle to the listing.
+    pub(crate) async fn opendir(self: &Arc<Self>, ino: u64) -> Result<u64, FsError> {
+        let node = self.node(ino)?;
+        if node.stamp.is_some() {
+            return Err(FsError::NotADirectory);
+        }
+        let path = node.path.clone();
+        let entries = self
+            .ask(
+                &path,
+                move |p| p.list_dir(ino, &node),
+                move |p| p.inodes.known_listing(ino),
+            )
+            .await?;
+        Ok(self.dirs.insert(entries))
+    }
+
+    fn list_dir(&self, ino: u64, node: &Node) -> Result<Vec<DirEntry>, FsError> {
+        let parent_ino = node
+            .path
+            .parent()
+            .and_then(|p| self.inodes.dir_ino(p))
+            .unwrap_or(ROOT_INO);
+        let mut entries = vec![dot_entry(ino, "."), dot_entry(parent_ino, "..")];
+        for (name, meta) in self.stager.source().read_dir(&node.path)? {
+            let attr = self.entry_attr(&node.path.join(&name), &meta);
+            if attr.kind != kind_of(&meta) {
+                // A redirect: a lookup of it may be answered from memory later.
+                self.inodes.remember_attr(attr);
+            }
+            entries.push(DirEntry {
+                ino: attr.ino.0,
+                kind: attr.kind,
+                name,
+            });
+        }
+        self.inodes.remember_listing(ino, &entries);
+        Ok(entries)
+    }
+
+    pub(crate) fn listing(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+        self.dirs.get(fh).ok_or(FsError::UnknownHandle(fh))
+    }
+
+    pub(crate) fn releasedir(&self, fh: u64) {
+        self.dirs.remove(fh);
+    }
+
+    pub(crate) async fn statfs(self: &Arc<Self>) -> Result<libc::statvfs, FsError> {
+        let root = self.stager.source().root().to_path_buf();
+        self.ask(
+            &root,
+            |p| p.stager.source().statfs().map_err(FsError::Read),
+            |_| None,
+        )
+        .await
+    }
+
+    // ------------------------------------------------------------ files
+
+    /// Opens `ino` for reading: small files straight from the source, large ones from
+    /// a complete staged copy (waiting for the copy if there is none yet). Opening any
+    /// file of a snapshot starts a prefetch of its other weight files.
+    pub(crate) async fn open(self: &Arc<Self>, ino: u64) -> Result<Opened, FsError> {
+        let node = self.node(ino)?;
+        if let Some(prefetcher) = &self.prefetcher {
+            prefetcher.on_open(&node.path, &self.runtime);
+        }
+        let version = node.stamp.ok_or(FsError::NotADirectory)?;
+        let opened = if version.size < self.config.min_stage_size {
+            self.open_small(&node, version).await?
+        } else {
+            match self.stage_or_recall(&node, version).await {
+                Ok(staged) => Opened::staged(staged),
+                Err(FsError::Stage(e @ StageError::Store(StoreError::NoRoom { .. })))
+                    if self.config.on_full == OnFull::ReadSource =>
+                {
+                    warn!(error = %e, "serving the file from the source (--on-full passthrough)");
+                    self.open_source(&node.path).await?
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        // The inode promised `version`; a newer one must come through a fresh lookup.
+        if opened.stamp != version {
+            return Err(FsError::Stale);
+        }
+        Ok(opened)
+    }
+
+    /// Stages `node`. While the source is suspect, a stored copy of exactly this
+    /// version is served instead (the source may be gone; the model is still here);
+    /// without one, the open fails with EIO once the source times out or the copy
+    /// makes no progress for the timeout.
+    async fn stage_or_recall(&self, node: &Node, version: Stamp) -> Result<Staged, FsError> {
+        if self.source_suspect()
+            && let Some(staged) = self.recall_stored(node, version).await
+        {
+            return Ok(staged);
+        }
+        let stage = self.stager.stage_version(&node.path, version);
+        let stall = stalled(&self.stager, &node.path, self.config.source_timeout);
+        let suspect = self.until_suspect();
+        tokio::pin!(stage, stall, suspect);
+        let mut recalled = false;
+        loop {
+            tokio::select! {
+                staged = &mut stage => match staged {
+                    Err(StageError::Source(SourceError::Unanswered { .. })) => break,
+                    staged => return staged.map_err(FsError::from),
+                },
+                () = &mut stall => break,
+                () = &mut suspect, if !recalled => {
+                    recalled = true;
+                    if let Some(staged) = self.recall_stored(node, version).await {
+                        return Ok(staged);
+                    }
+                }
+            }
+        }
+        self.source_timed_out();
+        self.recall_stored(node, version)
+            .await
+            .ok_or_else(|| self.timeout_error(&node.path))
+    }
+
+    /// Small files (configs, tokenizers, refs) are read from the source, so they are
+    /// never staler than it. A copy is kept in the background and served while the
+    /// source is suspect, so a staged model still loads with the NAS away.
+    async fn open_small(self: &Arc<Self>, node: &Node, version: Stamp) -> Result<Opened, FsError> {
+        if self.source_suspect()
+            && let Some(staged) = self.recall_stored(node, version).await
+        {
+            self.probe_if_down();
+            return Ok(Opened::staged(staged));
+        }
+        let opening = self.open_source(&node.path);
+        let suspect = self.until_suspect();
+        tokio::pin!(opening, suspect);
+        let mut recalled = false;
+        let opened = loop {
+            tokio::select! {
+                opened = &mut opening => break opened,
+                () = &mut suspect, if !recalled => {
+                    recalled = true;
+                    if let Some(staged) = self.recall_stored(node, version).await {
+                        return Ok(Opened::staged(staged));
+                    }
+                }
+            }
+        };
+        match opened {
+            Ok(opened) => {
+                self.probe_if_down();
+                self.keep_copy(&node.path, opened.stamp);
+                Ok(opened)
+            }
+            Err(FsError::SourceTimeout { .. }) => {
+                self.source_timed_out();
+                let staged = self.recall_stored(node, version).await;
+                staged
+                    .map(Opened::staged)
+                    .ok_or_else(|| self.timeout_error(&node.path))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Stores a copy of small file `path` unless this version is already stored; like
+    /// a prefetch, it never evicts anything and yields to opens.
+    fn keep_copy(&self, path: &Path, version: Stamp) {
+        let (stager, path) = (self.stager.clone(), path.to_path_buf());
+        self.runtime.spawn(async move {
+            if stager.stored_off_thread(&path, version).await.is_none()
+                && let Err(e) = stager.keep(&path).await
+            {
+                debug!(path = %path.display(), error = %e, "keeping a copy of a small file failed");
+            }
+        });
+    }
+
+    /// A stored copy of exactly `version` of `node`, asking the source nothing.
+    async fn recall_stored(&self, node: &Node, version: Stamp) -> Option<Staged> {
+        let staged = self.stager.stored_off_thread(&node.path, version).await?;
+        if self.pool().is_unresponsive() {
+            info!(path = %node.path.display(), "the source does not respond; serving the stored copy");
+        }
+        Some(staged)
+    }
+
+    async fn open_source(&self, path: &Path) -> Result<Opened, FsError> {
+        let (source, worker_path) = (self.stager.source().clone(), path.to_path_buf());
+        let opened = self.pool().run(move || -> Result<Opened, FsError> {
+            let file = source.open(&worker_path)?;
+            let meta = file.meta().map_err(FsError::Read)?;
+            Ok(Opened {
+                stamp: Stamp::of(&meta),
+                reader: Reader::Source(Arc::from(file)),
+                pin: None,
+            })
+        });
+        opened.await.map_err(|_| self.timeout_error(path))?
+    }
+
+    /// Makes a handle for `opened`, counting which path serves its reads.
+    pub(crate) fn register(&self, opened: Opened, backing: Option<Backing>) -> u64 {
+        let metrics = self.stager.metrics();
+        let counter = match (&backing, opened.pin.is_some()) {
+            (Some(_), _) => &metrics.passthrough_opens,
+            (None, true) => &metrics.daemon_opens,
+            (None, false) => &metrics.source_opens,
+        };
+        Metrics::bump(counter);
+        self.files.insert(OpenFile {
+            reader: opened.reader,
+            _backing: backing,
+            _pin: opened.pin,
+        })
+    }
+
+    /// Reads of a staged copy are local and run on the runtime's blocking pool;
+    /// reads of a file open on the source run on the source pool, under its timeout.
+    pub(crate) async fn read(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, FsError> {
+        Metrics::bump(&self.stager.metrics().daemon_reads);
+        let open = self.files.get(fh).ok_or(FsError::UnknownHandle(fh))?;
+        let size = size as usize;
+        match &open.reader {
+            Reader::Copy(file) => {
+                let file = Arc::clone(file);
+                self.runtime
+                    .spawn_blocking(move || read_at_most(file.as_ref(), offset, size, |_| {}))
+                    .await
+                    .map_err(|e| FsError::Read(io::Error::other(e)))?
+                    .map_err(FsError::Read)
+            }
+            Reader::Source(file) => {
+                let file = Arc::clone(file);
+                let read = self
+                    .pool()
+                    .run(move || read_at_most(file.as_ref(), offset, size, |_| {}));
+                match read.await {
+                    Ok(read) => read.map_err(FsError::Read),
+                    Err(_) => {
+                        self.source_timed_out();
+                        Err(FsError::SourceTimeout {
+                            path: PathBuf::from("read"),
+                            secs: self.config.source_timeout.as_secs(),
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// Closes handle `fh` off the request loop: unpinning a copy takes the store's
+    /// lock, and closing a file open on a dead NAS may block.
+    pub(crate) fn release(&self, fh: u64) {
+        if let Some(open) = self.files.remove(fh) {
+            self.runtime.spawn_blocking(move || drop(open));
+        }
+    }
+}
+
+/// Returns once the copy of `path` has made no progress for `limit`.
+async fn stalled(stager: &Stager, path: &Path, limit: Duration) {
+    let tick = limit.min(Duration::from_millis(250));
+    let mut last = None;
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let copied = stager
+            .in_flight()
+            .into_iter()
+            .find(|f| f.path == path)
+            .map(|f| f.read);
+        if copied != last {
+            last = copied;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= limit {
+            return;
+        }
+    }
+}
+
+fn dot_entry(ino: u64, name: &str) -> DirEntry {
+    DirEntry {
+        ino,
+        kind: FileType::Directory,
+        name: OsString::from(name),
+    }
+}
+
+/// A staged copy the kernel may use as a passthrough backing file.
+pub(crate) fn backing_file(opened: &Opened) -> Option<&Arc<File>> {
+    match (&opened.reader, &opened.pin) {
+        (Reader::Copy(file), Some(_)) => Some(file),
+        _ => None,
+    }
+}
