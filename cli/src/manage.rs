@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, anyhow, bail};
 use stagefs_cache::admin::{EvictReport, EvictSelector, Live, StatusReport, VerifyReport};
 use stagefs_cache::control::{self, MountRecord, Request, Response};
-use stagefs_cache::{SourceTree, Store, StoreError};
+use stagefs_cache::{SourceHealth, SourceTree, Store, StoreError};
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
 use crate::config::Config;
@@ -132,7 +132,7 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
         return Ok(EvictSelector::ToSize { bytes });
     }
     let target = args.target.as_deref().context("name what to evict")?;
-    if Path::new(target).exists() {
+    if names_a_path(target) {
         return Ok(EvictSelector::Path {
             path: source_relative(Path::new(target), dir)?,
         });
@@ -145,11 +145,25 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
     bail!("{target}: neither an existing path nor a model id like org/name")
 }
 
+/// Whether `text` names something on disk. The name itself is not followed: in a
+/// mount without kernel passthrough a staged file is a link to its copy, and
+/// following it would count as a use of that copy.
+pub(crate) fn names_a_path(text: &str) -> bool {
+    std::fs::symlink_metadata(text).is_ok()
+}
+
+/// `path`, inside the mount or the source, relative to the source root.
 pub(crate) fn source_relative(path: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
-    // Through the mount, canonicalize follows snapshot links to the blob they name.
-    let real = path
-        .canonicalize()
-        .with_context(|| format!("resolving {}", path.display()))?;
+    // Only the directories are resolved, not the final name: in a mount without
+    // kernel passthrough a staged file is a link to its copy in the cache, and
+    // following it would leave the mount (and count as a use of the copy). The
+    // mount resolves a snapshot link to its blob itself, from the source.
+    let absolute = std::path::absolute(path)?;
+    let resolving = || format!("resolving {}", path.display());
+    let real = match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => parent.canonicalize().with_context(resolving)?.join(name),
+        _ => absolute.canonicalize().with_context(resolving)?,
+    };
     let record = MountRecord::read(dir).context("this cache has never been mounted")?;
     for root in [&record.mountpoint, &record.source] {
         let root = root.canonicalize().unwrap_or_else(|_| root.clone());
@@ -175,7 +189,12 @@ fn render_status(r: &StatusReport) -> String {
         let _ = writeln!(out, "mount     not running");
     }
     if let Some(src) = &r.source {
-        let _ = writeln!(out, "source    {}", src.display());
+        let _ = writeln!(
+            out,
+            "source    {}{}",
+            src.display(),
+            health_note(r.source_health)
+        );
     }
     let max = u.budget.max_size.map_or("no limit".into(), format_bytes);
     let min_free = u.budget.min_free.map_or("none".into(), format_bytes);
@@ -276,4 +295,15 @@ fn render_verify(r: &VerifyReport) -> String {
         r.mismatches.len()
     );
     out
+}
+
+/// What status says of a source that does not answer, if anything.
+fn health_note(health: Option<SourceHealth>) -> String {
+    match health {
+        Some(h) if h.unresponsive || h.stuck > 0 => format!(
+            " (not answering: {} of {} source threads stuck; staged models are served from the cache)",
+            h.stuck, h.threads
+        ),
+        _ => String::new(),
+    }
 }

@@ -16,7 +16,7 @@ use stagefs_cache::{SourceTree, Stager};
 
 use crate::args::PrefetchArgs;
 use crate::config::Config;
-use crate::manage::{open_locally, source_relative};
+use crate::manage::{names_a_path, open_locally, source_relative};
 use crate::units::format_bytes;
 
 /// Runs the command; fails if any file could not be staged.
@@ -59,7 +59,7 @@ pub(crate) fn stage(
 }
 
 fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Target> {
-    if Path::new(text).exists() {
+    if names_a_path(text) {
         return Ok(Target::Path {
             path: source_relative(Path::new(text), dir)?,
         });

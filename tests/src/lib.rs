@@ -5,11 +5,16 @@
 //! The tests need the `stagefs` binary built first (`cargo build -p stagefs`), root
 //! (for FUSE and network namespaces), and for the Python client tests a venv at
 //! `.venv` with huggingface_hub, safetensors and numpy (`.ci/run` sets all of it up).
+//! [`Scratch::for_user`] mounts as an ordinary user instead ([`TestUser`]), which the
+//! harness creates (`useradd`) and lets use `/dev/fuse` (mode 0666).
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -57,6 +62,237 @@ pub fn python() -> PathBuf {
         python.display()
     );
     python
+}
+
+/// The ordinary user the unprivileged tests mount and read as.
+pub const TEST_USER: &str = "stagefs-it";
+
+/// The ordinary (non-root) user [`TEST_USER`], as on a desktop: no capabilities, mounts
+/// through the setuid `fusermount3`, reads its own mount. Its commands run with a clean
+/// environment and `home` as HOME (and so as the root of its XDG directories).
+#[derive(Debug, Clone)]
+pub struct TestUser {
+    /// Login name.
+    pub name: String,
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// HOME for its commands, owned by it.
+    pub home: PathBuf,
+}
+
+/// The user's ids, once the machine is set up for it.
+static TEST_USER_IDS: OnceLock<(u32, u32)> = OnceLock::new();
+
+/// How the user starts a Python with huggingface_hub, safetensors and numpy.
+static USER_PYTHON: OnceLock<(PathBuf, Option<PathBuf>)> = OnceLock::new();
+
+impl TestUser {
+    /// The user with `home` as HOME. The first call in a process sets the machine up,
+    /// idempotently: creates the user with `useradd` if missing, makes `/dev/fuse`
+    /// 0666 (as desktop distributions ship it), and checks that `fusermount3` is
+    /// setuid and the user can run the `stagefs` binary.
+    pub fn new(home: PathBuf) -> TestUser {
+        let &(uid, gid) = TEST_USER_IDS.get_or_init(set_up_test_user);
+        TestUser {
+            name: TEST_USER.to_string(),
+            uid,
+            gid,
+            home,
+        }
+    }
+
+    /// `program` run as this user (`setpriv --reuid --regid --init-groups`, so with no
+    /// capabilities), with only HOME, USER, LOGNAME, PATH and LANG set, in HOME. Add
+    /// arguments and environment as usual.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut command = Command::new("setpriv");
+        command
+            .arg(format!("--reuid={}", self.uid))
+            .arg(format!("--regid={}", self.gid))
+            .arg("--init-groups")
+            .arg("--")
+            .arg(program)
+            .env_clear()
+            .env("HOME", &self.home)
+            .env("USER", &self.name)
+            .env("LOGNAME", &self.name)
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .current_dir(&self.home);
+        command
+    }
+
+    /// A Python with huggingface_hub, safetensors and numpy, run as this user: the
+    /// venv's interpreter if the user can run it, else (the venv's interpreter lives
+    /// under a home the user cannot enter, as with pyenv under /root) a system python3
+    /// of the same version with the venv's packages on PYTHONPATH, or
+    /// `$STAGEFS_USER_PYTHON`.
+    pub fn python(&self) -> Command {
+        let (program, pythonpath) = USER_PYTHON.get_or_init(|| find_user_python(self));
+        let mut command = self.command(program);
+        if let Some(pythonpath) = pythonpath {
+            command.env("PYTHONPATH", pythonpath);
+        }
+        command
+    }
+
+    /// [`hf_offline_check`] run by this user.
+    pub fn hf_offline_check(
+        &self,
+        mnt: &Path,
+        model: &Model,
+        source_hub: &Path,
+        hf_home: &Path,
+    ) -> Command {
+        hf_offline_check_with(self.python(), mnt, model, source_hub, hf_home)
+    }
+
+    /// Runs `command` (made by [`TestUser::command`]) to completion, capturing output.
+    pub fn output(&self, command: &mut Command) -> Output {
+        command
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running {command:?} as {}: {e}", self.name))
+    }
+
+    /// The sha256 (hex) of `path` as this user reads it (`sha256sum`), or the error.
+    pub fn sha256(&self, path: &Path) -> Result<String, String> {
+        let out = self.output(self.command("sha256sum").arg("--").arg(path));
+        if out.status.success() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            Ok(text
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// The target of symlink `path` as this user sees it, or `None` if it is not one.
+    pub fn readlink(&self, path: &Path) -> Option<PathBuf> {
+        let out = self.output(self.command("readlink").arg("--").arg(path));
+        out.status
+            .success()
+            .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim_end_matches('\n')))
+    }
+
+    /// Gives `path` to this user.
+    pub fn chown(&self, path: &Path) {
+        std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+    }
+}
+
+fn set_up_test_user() -> (u32, u32) {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "setting up the test user {TEST_USER} needs root"
+    );
+    let ids = || {
+        let id = |flag: &str| -> Option<u32> {
+            let out = Command::new("id").arg(flag).arg(TEST_USER).output().ok()?;
+            String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+        };
+        Some((id("-u")?, id("-g")?))
+    };
+    let ids = ids().unwrap_or_else(|| {
+        let out = Command::new("useradd")
+            .args(["--system", "--user-group", "--no-create-home"])
+            .args(["--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"])
+            .arg(TEST_USER)
+            .output()
+            .expect("running useradd");
+        // Another test process may have created it meanwhile: look again either way.
+        ids().unwrap_or_else(|| {
+            panic!(
+                "useradd {TEST_USER} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    });
+    fs::set_permissions("/dev/fuse", fs::Permissions::from_mode(0o666))
+        .expect("chmod 666 /dev/fuse");
+    let fusermount = ["/usr/bin/fusermount3", "/bin/fusermount3"]
+        .iter()
+        .find_map(|p| fs::metadata(p).ok())
+        .expect("fusermount3 is missing: apt-get install fuse3");
+    assert!(
+        fusermount.permissions().mode() & 0o4000 != 0,
+        "fusermount3 must be setuid root for ordinary users to mount"
+    );
+    let probe = TestUser {
+        name: TEST_USER.to_string(),
+        uid: ids.0,
+        gid: ids.1,
+        home: PathBuf::from("/"),
+    };
+    let out = probe.output(probe.command(stagefs_bin()).arg("--version"));
+    assert!(
+        out.status.success(),
+        "{TEST_USER} cannot run {} (every directory above it must be searchable by others): {}",
+        stagefs_bin().display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ids
+}
+
+fn find_user_python(user: &TestUser) -> (PathBuf, Option<PathBuf>) {
+    const IMPORTS: &str = "import huggingface_hub, safetensors, numpy";
+    let works = |program: &Path, pythonpath: Option<&Path>| {
+        let mut command = user.command(program);
+        command.args(["-c", IMPORTS]);
+        if let Some(pythonpath) = pythonpath {
+            command.env("PYTHONPATH", pythonpath);
+        }
+        user.output(&mut command).status.success()
+    };
+    if let Some(program) = std::env::var_os("STAGEFS_USER_PYTHON") {
+        let program = PathBuf::from(program);
+        assert!(
+            works(&program, None),
+            "$STAGEFS_USER_PYTHON ({}) cannot import huggingface_hub, safetensors and numpy as {TEST_USER}",
+            program.display()
+        );
+        return (program, None);
+    }
+    let venv = python();
+    if works(&venv, None) {
+        return (venv, None);
+    }
+    // The venv's packages, and its version, asked of the venv as root.
+    let out = Command::new(&venv)
+        .args([
+            "-c",
+            "import sys, sysconfig; print(sysconfig.get_paths()['purelib']); print(sys.version_info[:2])",
+        ])
+        .output()
+        .expect("running the venv's python");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let (site, version) = (
+        PathBuf::from(lines.next().unwrap_or_default()),
+        lines.next().unwrap_or_default().to_string(),
+    );
+    for candidate in ["/usr/bin/python3", "/usr/local/bin/python3"] {
+        let candidate = Path::new(candidate);
+        let same_version = Command::new(candidate)
+            .args(["-c", "import sys; print(sys.version_info[:2])"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == version);
+        if same_version && works(candidate, Some(&site)) {
+            return (candidate.to_path_buf(), Some(site));
+        }
+    }
+    panic!(
+        "{TEST_USER} cannot run {} (is it under a home only root can enter?) and no system python3 {version} can use its packages; set STAGEFS_USER_PYTHON",
+        venv.display()
+    );
 }
 
 /// One file of a generated snapshot.
@@ -148,6 +384,8 @@ pub struct Scratch {
     pub mnt: PathBuf,
     /// The cache directory.
     pub cache: PathBuf,
+    /// The ordinary user that mounts and reads, for [`Scratch::for_user`]; `None`: root.
+    pub user: Option<TestUser>,
 }
 
 impl Scratch {
@@ -168,12 +406,39 @@ impl Scratch {
             hub,
             mnt,
             cache,
+            user: None,
         }
     }
 
-    /// Mounts `hub` at `mnt` with `extra` flags.
+    /// A scratch area for a mount made by the ordinary user [`TEST_USER`] (created if
+    /// missing, see [`TestUser`]): the scratch directory, `mnt/` and a fresh `home/`
+    /// are the user's; `hub/` stays root's, as a shared source would, and is readable.
+    /// [`Scratch::mount`] then mounts as that user, through fusermount3.
+    pub fn for_user() -> Scratch {
+        let mut scratch = Scratch::new();
+        let home = scratch.dir.path().join("home");
+        fs::create_dir_all(&home).expect("mkdir home");
+        let user = TestUser::new(home);
+        for dir in [scratch.dir.path(), &scratch.mnt, &user.home] {
+            user.chown(dir);
+        }
+        scratch.user = Some(user);
+        scratch
+    }
+
+    /// The ordinary user of a [`Scratch::for_user`] area.
+    pub fn user(&self) -> &TestUser {
+        self.user
+            .as_ref()
+            .expect("a scratch area made by Scratch::for_user")
+    }
+
+    /// Mounts `hub` at `mnt` with `extra` flags (as [`Scratch::user`] if there is one).
     pub fn mount(&self, extra: &[&str]) -> Mount {
-        Mount::start(&self.hub, &self.mnt, &self.cache, extra)
+        match &self.user {
+            Some(user) => Mount::start_as(user, &self.hub, &self.mnt, &self.cache, extra),
+            None => Mount::start(&self.hub, &self.mnt, &self.cache, extra),
+        }
     }
 }
 
@@ -186,6 +451,8 @@ impl Default for Scratch {
 /// A running `stagefs mount --foreground`, unmounted and reaped when dropped.
 pub struct Mount {
     child: Option<Child>,
+    /// Who mounted it: `None` for root, else an ordinary user, who also unmounts.
+    user: Option<TestUser>,
     /// The mount point.
     pub mnt: PathBuf,
     /// The cache directory.
@@ -199,11 +466,72 @@ static LOG_SEQ: AtomicU32 = AtomicU32::new(0);
 impl Mount {
     /// Starts the daemon and waits until the mount is live.
     pub fn start(source: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Mount {
+        Self::launch(Command::new(stagefs_bin()), None, source, mnt, cache, extra)
+    }
+
+    /// Starts the daemon as the ordinary `user` (who mounts through the setuid
+    /// fusermount3, as on a desktop) and waits until the mount is live. Checks that the
+    /// daemon runs as that user without capabilities and that the kernel records the
+    /// mount as the user's (`user_id=` in the mount table). Only that user can use the
+    /// mount: without `--allow-other` the kernel refuses even root (EACCES), so go
+    /// through [`TestUser::command`]; the control socket ([`Mount::metrics`]) works.
+    pub fn start_as(
+        user: &TestUser,
+        source: &Path,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+    ) -> Mount {
+        let mount = Self::launch(
+            user.command(stagefs_bin()),
+            Some(user.clone()),
+            source,
+            mnt,
+            cache,
+            extra,
+        );
+        let pid = mount.pid().expect("daemon pid");
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        let uid = user.uid.to_string();
+        assert!(
+            field("Uid:").iter().all(|u| *u == uid),
+            "the daemon runs as {}: {status}",
+            user.name
+        );
+        assert_eq!(
+            field("CapEff:"),
+            ["0000000000000000"],
+            "the daemon has no capabilities"
+        );
+        assert_eq!(
+            mount_owner(mnt),
+            Some(user.uid),
+            "the mount table records the mount as {}'s",
+            user.name
+        );
+        mount
+    }
+
+    fn launch(
+        mut command: Command,
+        user: Option<TestUser>,
+        source: &Path,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+    ) -> Mount {
         let log = cache.with_file_name(format!(
             "daemon-{}.log",
             LOG_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut child = Command::new(stagefs_bin())
+        let mut child = command
             .arg("mount")
             .arg(source)
             .arg(mnt)
@@ -231,6 +559,7 @@ impl Mount {
         }
         Mount {
             child: Some(child),
+            user,
             mnt: mnt.to_path_buf(),
             cache: cache.to_path_buf(),
             log,
@@ -258,6 +587,11 @@ impl Mount {
     /// Whether source file `rel` is being copied and bytes have started to arrive.
     pub fn copying(&self, rel: &Path) -> bool {
         self.in_flight().iter().any(|f| f.path == rel && f.read > 0)
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Everything the daemon logged so far.
@@ -289,31 +623,47 @@ impl Mount {
         }
     }
 
+    /// `stagefs unmount [--lazy] MNT`, run by whoever mounted (an ordinary user's
+    /// unmount goes through `fusermount3 -u`).
+    fn unmount_command(&self, lazy: bool) -> Command {
+        let mut command = match &self.user {
+            Some(user) => user.command(stagefs_bin()),
+            None => Command::new(stagefs_bin()),
+        };
+        command.arg("unmount");
+        if lazy {
+            command.arg("--lazy");
+        }
+        command.arg(&self.mnt).stderr(Stdio::null());
+        command
+    }
+
     fn shutdown(&mut self) {
-        let status = Command::new(stagefs_bin())
-            .arg("unmount")
-            .arg(&self.mnt)
-            .stderr(Stdio::null())
-            .status();
+        let status = self.unmount_command(false).status();
         if !status.is_ok_and(|s| s.success()) {
-            let _ = Command::new(stagefs_bin())
-                .args(["unmount", "--lazy"])
-                .arg(&self.mnt)
-                .stderr(Stdio::null())
-                .status();
+            let _ = self.unmount_command(true).status();
         }
         let Some(mut child) = self.child.take() else {
             return;
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
+        let exited = loop {
             if let Ok(Some(_)) = child.try_wait() {
-                return;
+                break true;
+            }
+            if Instant::now() >= deadline {
+                break false;
             }
             std::thread::sleep(Duration::from_millis(20));
+        };
+        if !exited {
+            let _ = child.kill();
+            let _ = child.wait();
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        if self.user.is_some() && is_mounted(&self.mnt) {
+            // The user's unmount failed: never leave a dead mount behind a test.
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
     }
 }
 
@@ -332,20 +682,49 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(1) == Some(path.as_ref()))
 }
 
+/// Whose mount `path` is: the `user_id=` the kernel records for a FUSE mount there.
+pub fn mount_owner(path: &Path) -> Option<u32> {
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let path = path.to_string_lossy();
+    mounts
+        .lines()
+        .filter(|l| l.split(' ').nth(1) == Some(path.as_ref()))
+        .filter_map(|l| l.split(' ').nth(3))
+        .flat_map(|options| options.split(','))
+        .find_map(|o| o.strip_prefix("user_id=")?.parse().ok())
+}
+
 /// Runs tests/py/hf_offline_check.py with the hub cache at `mnt`: huggingface_hub
 /// resolves `model` offline and safetensors reads every tensor, compared with the
 /// same files under `source_hub`. `hf_home` keeps the client away from the real home.
 pub fn hf_offline_check(mnt: &Path, model: &Model, source_hub: &Path, hf_home: &Path) -> Command {
-    let mut command = Command::new(python());
-    command
+    hf_offline_check_with(Command::new(python()), mnt, model, source_hub, hf_home)
+}
+
+/// [`hf_offline_check`] run by `python`, a command that starts the interpreter.
+fn hf_offline_check_with(
+    mut python: Command,
+    mnt: &Path,
+    model: &Model,
+    source_hub: &Path,
+    hf_home: &Path,
+) -> Command {
+    python
         .arg(workspace_root().join("tests/py/hf_offline_check.py"))
         .args([&model.repo, &model.commit])
-        .arg(source_hub)
+        .arg(source_hub);
+    hf_offline_env(&mut python, mnt, hf_home);
+    python
+}
+
+/// Sets up `command`'s environment as a huggingface_hub client of the hub cache at
+/// `mnt`, offline, with `hf_home` as its HF_HOME.
+pub fn hf_offline_env(command: &mut Command, mnt: &Path, hf_home: &Path) {
+    command
         .env("HF_HUB_CACHE", mnt)
         .env("HF_HOME", hf_home)
         .env("HF_HUB_OFFLINE", "1")
         .env("HF_HUB_DISABLE_TELEMETRY", "1");
-    command
 }
 
 /// Runs `stagefs ARGS...`, returning (success, stdout, stderr).
@@ -369,11 +748,28 @@ pub fn status_json(cache: &Path) -> Value {
 }
 
 /// Polls `done` until it holds; a minute without it fails the test rather than hang.
-pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+#[track_caller]
+pub fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    wait_for_within(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        done,
+    );
+}
+
+/// Polls `done` every `every` until it holds; `limit` without it fails the test.
+#[track_caller]
+pub fn wait_for_within(
+    what: &str,
+    limit: Duration,
+    every: Duration,
+    mut done: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + limit;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 

@@ -4,14 +4,16 @@
 use serde_json::Value;
 use stagefs_tests::{Model, Mount, Scratch, generate, hf_offline_check};
 
-fn huggingface_hub_resolves_and_safetensors_reads(extra: &[&str]) -> (Scratch, Mount, Model) {
+/// Returns the mount first, so that dropping the tuple unmounts before the scratch
+/// directory under it is removed.
+fn huggingface_hub_resolves_and_safetensors_reads(extra: &[&str]) -> (Mount, Scratch, Model) {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/clients", 3, "3M");
     let mount = s.mount(extra);
     run_client_check(&s, &mount, &model);
     let m = mount.metrics();
     assert_eq!(m.stage_copies, 3, "each shard staged once: {m:?}");
-    (s, mount, model)
+    (mount, s, model)
 }
 
 fn run_client_check(s: &Scratch, mount: &Mount, model: &Model) {
@@ -46,7 +48,7 @@ fn huggingface_hub_offline_and_safe_open_via_daemon() {
 /// follows the links and opens no staged file through the daemon.
 #[test]
 fn huggingface_hub_offline_and_safe_open_via_links_to_local_copies() {
-    let (s, mount, model) = huggingface_hub_resolves_and_safetensors_reads(&["--no-passthrough"]);
+    let (mount, s, model) = huggingface_hub_resolves_and_safetensors_reads(&["--no-passthrough"]);
     // Past the kernel's 1 s entry timeout, lookups see the shards as staged.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let before = mount.metrics();
