@@ -18,6 +18,7 @@ use crate::hf::{self, INDEX_LIMIT as SMALL_TEXT};
 use crate::key::Key;
 use crate::metrics::MetricsSnapshot;
 use crate::source::SourceTree;
+use crate::source_pool::SourceHealth;
 use crate::stage::InFlight;
 use crate::store::{EntryInfo, Store, Usage};
 
@@ -30,6 +31,8 @@ pub struct Live {
     pub in_flight: Vec<InFlight>,
     /// Where the mount is.
     pub mountpoint: Option<PathBuf>,
+    /// How the source answers the mount.
+    pub source_health: Option<SourceHealth>,
 }
 
 /// Everything `stagefs status` shows.
@@ -49,6 +52,9 @@ pub struct StatusReport {
     pub metrics: Option<MetricsSnapshot>,
     /// Copies in progress (running mounts only).
     pub in_flight: Vec<InFlight>,
+    /// How the source answers the mount (running mounts only).
+    #[serde(default)]
+    pub source_health: Option<SourceHealth>,
 }
 
 /// One repository's share of the cache.
@@ -213,6 +219,7 @@ pub fn status(
         models: models.into_values().collect(),
         metrics: live.metrics,
         in_flight: live.in_flight,
+        source_health: live.source_health,
     })
 }
 
@@ -463,13 +470,23 @@ fn revisions(store: &Store, source: &SourceTree, repo_dir: &str) -> Vec<Revision
 /// found only this way).
 fn keys_under(source: Option<&SourceTree>, path: &Path) -> HashSet<String> {
     let mut keys = HashSet::from([Key::for_source_path(path).as_str().to_string()]);
-    if let Some(source) = source.filter(|s| s.stat(path).is_ok_and(|m| m.is_dir())) {
-        let files = hf::snapshot_files(source, path);
-        keys.extend(
-            files
-                .iter()
-                .map(|(_, resolved)| Key::for_source_path(resolved).as_str().to_string()),
-        );
+    let Some(source) = source else {
+        return keys;
+    };
+    let key_of = |p: &Path| Key::for_source_path(p).as_str().to_string();
+    match source.stat(path) {
+        Ok(meta) if meta.is_dir() => {
+            let files = hf::snapshot_files(source, path);
+            keys.extend(files.iter().map(|(_, resolved)| key_of(resolved)));
+        }
+        // A snapshot file names its blob by a relative link.
+        Ok(meta) if meta.is_symlink() => {
+            if let Ok(target) = source.read_link(path) {
+                let parent = path.parent().unwrap_or(Path::new(""));
+                keys.insert(key_of(&hf::normalize(&parent.join(target))));
+            }
+        }
+        _ => {}
     }
     keys
 }

@@ -19,6 +19,10 @@ use tracing::debug;
 
 use crate::daemon::MountSpec;
 
+/// How long a source operation may run before status and evict stop waiting for
+/// the source: they must answer at once while it is away.
+const SUSPECT_AFTER: Duration = Duration::from_millis(250);
+
 /// A bound control socket, not yet serving.
 pub(crate) struct ControlServer {
     listener: UnixListener,
@@ -26,7 +30,6 @@ pub(crate) struct ControlServer {
     mountpoint: PathBuf,
     min_stage_size: u64,
     prefetch_parallel: usize,
-    source_timeout: Duration,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -46,7 +49,6 @@ pub(crate) async fn bind(
         mountpoint: spec.mountpoint.clone(),
         min_stage_size: spec.fs.min_stage_size,
         prefetch_parallel: spec.fs.prefetch.unwrap_or(1),
-        source_timeout: spec.fs.source_timeout,
     })
 }
 
@@ -92,29 +94,19 @@ impl ControlServer {
     ) -> std::io::Result<()> {
         let source = self.stager.source().clone();
         let min_size = self.min_stage_size;
-        let resolved =
-            tokio::task::spawn_blocking(move || prefetch::resolve(&source, &targets, min_size))
-                .await;
+        let resolved = match self.source_suspect() {
+            true => Err("the source is not answering; nothing can be staged from it now".into()),
+            false => self
+                .stager
+                .source_pool()
+                .run(move || prefetch::resolve(&source, &targets, min_size))
+                .await
+                .map_err(|why| format!("the source did not answer ({why})"))
+                .and_then(|resolved| resolved.map_err(|e| e.to_string())),
+        };
         let files = match resolved {
-            Ok(Ok(files)) => files,
-            Ok(Err(e)) => {
-                return send(
-                    write,
-                    &Response::Error {
-                        message: e.to_string(),
-                    },
-                )
-                .await;
-            }
-            Err(e) => {
-                return send(
-                    write,
-                    &Response::Error {
-                        message: e.to_string(),
-                    },
-                )
-                .await;
-            }
+            Ok(files) => files,
+            Err(message) => return send(write, &Response::Error { message }).await,
         };
         let job = Job::new(self.stager.clone(), files);
         let running = tokio::spawn(Arc::clone(&job).run(self.prefetch_parallel, true));
@@ -137,31 +129,72 @@ impl ControlServer {
         .await
     }
 
-    // Verify and status read the disk, so they run on the blocking pool; status also
-    // walks the source, which may not answer: then it is answered without it.
+    /// Answers every request but prefetch. Only status and evict consult the
+    /// source, and only while it answers: status and evict of staged data must
+    /// answer at once while the NAS is away (without status's per-revision totals,
+    /// and evicting by model id or cache path alone).
     async fn handle(&self, request: Request) -> Response {
-        // Only status walks the source; verify and evict read the cache alone and may
-        // rightly take long (verify hashes everything).
-        if request != Request::Status {
-            return self.answer_request(request, true).await;
-        }
-        let with_source = self.answer_request(request.clone(), true);
-        match tokio::time::timeout(self.source_timeout, with_source).await {
-            Ok(response) => response,
-            Err(_) => self.answer_request(request, false).await,
+        match request {
+            Request::Status => self.status().await,
+            Request::Evict { .. } if !self.source_suspect() => {
+                let (stager, live) = (self.stager.clone(), self.live());
+                let asked = self.stager.source_pool().run(move || {
+                    control::answer(request, stager.store(), Some(stager.source()), live)
+                });
+                asked.await.unwrap_or_else(|why| Response::Error {
+                    message: format!(
+                        "the source did not answer ({why}); name the copies by model id, or try again"
+                    ),
+                })
+            }
+            Request::Evict { .. } => self.answer_locally(request, false).await,
+            // Stats only names the source; verify reads the cache alone.
+            request => self.answer_locally(request, true).await,
         }
     }
 
-    async fn answer_request(&self, request: Request, use_source: bool) -> Response {
-        let stager = self.stager.clone();
-        let mountpoint = self.mountpoint.clone();
+    /// Status with the source's per-revision totals if it answers before it looks
+    /// stuck, else without them, at once.
+    async fn status(&self) -> Response {
+        if self.source_suspect() {
+            return self.answer_locally(Request::Status, false).await;
+        }
+        let (stager, live) = (self.stager.clone(), self.live());
+        let with_source = self.stager.source_pool().run(move || {
+            control::answer(Request::Status, stager.store(), Some(stager.source()), live)
+        });
+        tokio::select! {
+            Ok(response) = with_source => response,
+            () = self.until_suspect() => self.answer_locally(Request::Status, false).await,
+        }
+    }
+
+    fn source_suspect(&self) -> bool {
+        let pool = self.stager.source_pool();
+        pool.is_unresponsive() || pool.overdue(SUSPECT_AFTER)
+    }
+
+    async fn until_suspect(&self) {
+        while !self.source_suspect() {
+            tokio::time::sleep(SUSPECT_AFTER / 5).await;
+        }
+    }
+
+    fn live(&self) -> Live {
+        Live {
+            metrics: Some(self.stager.metrics().snapshot()),
+            in_flight: self.stager.in_flight(),
+            mountpoint: Some(self.mountpoint.clone()),
+            source_health: Some(self.stager.source_pool().health()),
+        }
+    }
+
+    /// Answers without asking the source anything, on the blocking pool (verify
+    /// hashes copies). `name_source` hands the source over for its name only.
+    async fn answer_locally(&self, request: Request, name_source: bool) -> Response {
+        let (stager, live) = (self.stager.clone(), self.live());
         let answered = tokio::task::spawn_blocking(move || {
-            let live = Live {
-                metrics: Some(stager.metrics().snapshot()),
-                in_flight: stager.in_flight(),
-                mountpoint: Some(mountpoint),
-            };
-            let source = use_source.then(|| stager.source());
+            let source = name_source.then(|| stager.source());
             control::answer(request, stager.store(), source, live)
         })
         .await;
