@@ -1,10 +1,14 @@
 //! The persistent index of staged files: an append-only journal of JSON lines
 //! (`v1/index.jsonl`) replayed into memory at startup and compacted then.
 //!
-//! Durability: `put` and `remove` records are fdatasync'ed before the caller goes on,
-//! so the journal never names a copy that is not complete on disk. `touch` records
-//! (recency) are written without a sync: losing the last few on power loss only makes
-//! the LRU order slightly older. A torn last line (kill -9 mid-append) is skipped.
+//! The [`Index`] is memory only: its changes queue records, which the owner writes to
+//! the [`Journal`] after letting go of the lock that guards the index, so nothing that
+//! only reads the index waits for a disk. Durability: the store writes `put` and
+//! `remove` records with an fdatasync before it goes on, so the journal never names a
+//! copy that is not complete on disk (and a copy the journal names but that is gone is
+//! dropped at startup). `touch` records (recency) are written without a sync: losing
+//! the last few on power loss only makes the LRU order slightly older. A torn last
+//! line (kill -9 mid-append) is skipped.
 //! Recency lives in memory in an LRU list and is persisted in the journal; it is never
 //! read from atime.
 
@@ -92,19 +96,26 @@ pub enum Record {
     },
 }
 
-/// The in-memory index, in recency order, backed by the journal.
+/// The in-memory index, in recency order. Every change queues the journal record
+/// that replays it, to be taken with [`Index::take_pending`].
 #[derive(Debug)]
 pub(crate) struct Index {
-    path: PathBuf,
-    journal: File,
     entries: LruCache<Key, Entry>,
     bytes: u64,
+    pending: Vec<Record>,
+}
+
+/// The journal file, appended to in the order the index changed.
+#[derive(Debug)]
+pub(crate) struct Journal {
+    path: PathBuf,
+    file: File,
     records_since_compaction: usize,
 }
 
 impl Index {
     /// Replays the journal at `path` (missing: empty) and rewrites it compacted.
-    pub(crate) fn load(path: &Path) -> io::Result<Index> {
+    pub(crate) fn load(path: &Path) -> io::Result<(Index, Journal)> {
         let mut ordered: Vec<(Key, Entry)> = replay(path)?.into_iter().collect();
         ordered.sort_by_key(|(_, e)| e.last_use);
         let mut entries = LruCache::unbounded();
@@ -113,14 +124,18 @@ impl Index {
             bytes += entry.stamp.size;
             entries.push(key, entry);
         }
-        let journal = write_compacted(path, &entries)?;
-        Ok(Index {
-            path: path.to_path_buf(),
-            journal,
+        let file = write_compacted(path, &entries)?;
+        let index = Index {
             entries,
             bytes,
+            pending: Vec::new(),
+        };
+        let journal = Journal {
+            path: path.to_path_buf(),
+            file,
             records_since_compaction: 0,
-        })
+        };
+        Ok((index, journal))
     }
 
     pub(crate) fn get(&self, key: &Key) -> Option<&Entry> {
@@ -141,36 +156,24 @@ impl Index {
         self.entries.iter().rev()
     }
 
-    pub(crate) fn put(&mut self, key: Key, entry: Entry) -> io::Result<()> {
-        self.append(
-            &Record::Put {
-                key: key.as_str().to_string(),
-                entry: entry.clone(),
-            },
-            true,
-        )?;
+    pub(crate) fn put(&mut self, key: Key, entry: Entry) {
+        self.pending.push(Record::Put {
+            key: key.as_str().to_string(),
+            entry: entry.clone(),
+        });
         self.bytes += entry.stamp.size;
         if let Some(old) = self.entries.push(key, entry) {
             self.bytes -= old.1.stamp.size;
         }
-        Ok(())
     }
 
-    pub(crate) fn remove(&mut self, key: &Key) -> io::Result<Option<Entry>> {
-        if !self.entries.contains(key) {
-            return Ok(None);
-        }
-        self.append(
-            &Record::Remove {
-                key: key.as_str().to_string(),
-            },
-            true,
-        )?;
-        let old = self.entries.pop(key);
-        if let Some(old) = &old {
-            self.bytes -= old.stamp.size;
-        }
-        Ok(old)
+    pub(crate) fn remove(&mut self, key: &Key) -> Option<Entry> {
+        let old = self.entries.pop(key)?;
+        self.pending.push(Record::Remove {
+            key: key.as_str().to_string(),
+        });
+        self.bytes -= old.stamp.size;
+        Some(old)
     }
 
     /// Marks `key` most recently used at `now`.
@@ -179,34 +182,67 @@ impl Index {
             return;
         };
         entry.last_use = now;
-        let record = Record::Touch {
+        self.pending.push(Record::Touch {
             key: key.as_str().to_string(),
             last_use: now,
-        };
-        if let Err(e) = self.append(&record, false) {
-            warn!(error = %e, path = %self.path.display(), "could not record recency");
-        }
+        });
     }
 
-    fn append(&mut self, record: &Record, durable: bool) -> io::Result<()> {
-        let mut line = serde_json::to_vec(record)?;
-        line.push(b'\n');
-        self.journal.write_all(&line)?;
-        if durable {
-            self.journal.sync_data()?;
+    /// The records of changes not yet written, oldest first.
+    pub(crate) fn take_pending(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Whether any change waits to be written.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// A copy of every entry, least recently used first, for a compaction.
+    pub(crate) fn snapshot(&self) -> LruCache<Key, Entry> {
+        let mut copy = LruCache::unbounded();
+        for (key, entry) in self.entries.iter().rev() {
+            copy.push(key.clone(), entry.clone());
         }
-        self.records_since_compaction += 1;
-        if self.records_since_compaction > 4 * self.entries.len() + 1024 {
-            self.compact()?;
+        copy
+    }
+}
+
+impl Journal {
+    /// Whether writing `records` more would make the journal worth compacting for an
+    /// index of `entries` entries.
+    pub(crate) fn due_for_compaction(&self, records: usize, entries: usize) -> bool {
+        self.records_since_compaction + records > 4 * entries + 1024
+    }
+
+    /// Appends `records`, with an fdatasync if `durable`.
+    pub(crate) fn append(&mut self, records: &[Record], durable: bool) -> io::Result<()> {
+        if !records.is_empty() {
+            let mut lines = Vec::new();
+            for record in records {
+                serde_json::to_writer(&mut lines, record)?;
+                lines.push(b'\n');
+            }
+            self.file.write_all(&lines)?;
+            self.records_since_compaction += records.len();
+        }
+        if durable {
+            self.file.sync_data()?;
         }
         Ok(())
     }
 
-    /// Rewrites the journal as a header plus one `put` per entry, atomically.
-    pub(crate) fn compact(&mut self) -> io::Result<()> {
-        self.journal = write_compacted(&self.path, &self.entries)?;
+    /// Rewrites the journal as a header plus one `put` per entry of `entries`,
+    /// atomically (the new file is synced and renamed into place).
+    pub(crate) fn compact(&mut self, entries: &LruCache<Key, Entry>) -> io::Result<()> {
+        self.file = write_compacted(&self.path, entries)?;
         self.records_since_compaction = 0;
         Ok(())
+    }
+
+    /// Where the journal lives.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -313,14 +349,15 @@ mod tests {
     fn survives_reload_with_recency() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("index.jsonl");
-        let mut index = Index::load(&path)?;
-        index.put(key(1), entry(10, 1))?;
-        index.put(key(2), entry(20, 2))?;
-        index.put(key(3), entry(30, 3))?;
+        let (mut index, mut journal) = Index::load(&path)?;
+        index.put(key(1), entry(10, 1));
+        index.put(key(2), entry(20, 2));
+        index.put(key(3), entry(30, 3));
         index.touch(&key(1), 4);
-        index.remove(&key(2))?;
-        drop(index);
-        let index = Index::load(&path)?;
+        index.remove(&key(2));
+        journal.append(&index.take_pending(), true)?;
+        drop((index, journal));
+        let (index, _) = Index::load(&path)?;
         let order: Vec<Key> = index.iter_lru().map(|(k, _)| k.clone()).collect();
         assert_eq!(order, vec![key(3), key(1)]);
         assert_eq!(index.bytes(), 40);
@@ -331,13 +368,30 @@ mod tests {
     fn a_torn_last_line_is_skipped() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("index.jsonl");
-        let mut index = Index::load(&path)?;
-        index.put(key(1), entry(10, 1))?;
-        drop(index);
+        let (mut index, mut journal) = Index::load(&path)?;
+        index.put(key(1), entry(10, 1));
+        journal.append(&index.take_pending(), true)?;
+        drop((index, journal));
         let mut file = OpenOptions::new().append(true).open(&path)?;
         file.write_all(br#"{"op":"put","key":"path-00"#)?;
-        let index = Index::load(&path)?;
+        let (index, _) = Index::load(&path)?;
         assert_eq!(index.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_compaction_keeps_exactly_the_entries() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("index.jsonl");
+        let (mut index, mut journal) = Index::load(&path)?;
+        index.put(key(1), entry(10, 1));
+        index.put(key(2), entry(20, 2));
+        index.remove(&key(1));
+        index.take_pending();
+        journal.compact(&index.snapshot())?;
+        let (index, _) = Index::load(&path)?;
+        let keys: Vec<Key> = index.iter_lru().map(|(k, _)| k.clone()).collect();
+        assert_eq!(keys, vec![key(2)]);
         Ok(())
     }
 

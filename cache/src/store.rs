@@ -14,6 +14,10 @@
 //! - a pinned copy (open, or being staged) is never evicted or removed;
 //! - space is reserved before a copy starts, evicting least-recently-used unpinned
 //!   copies to make room, so the budget holds even with copies in flight;
+//! - the state lock covers memory and renames only: journal writes and their syncs
+//!   (under a lock of their own, in the order the index changed), directory syncs and
+//!   the unlinking of evicted copies (first renamed into `tmp/`) happen outside it, so
+//!   an open, a readlink or `status` never waits for a disk;
 //! - a copy whose inode or change time differ from those recorded when it was hashed
 //!   (something wrote to it) is re-hashed before it is served; a mismatch is dropped
 //!   and staged again, never served;
@@ -36,7 +40,7 @@ use tracing::{info, warn};
 
 use crate::budget::{Budget, VolumeSpace, volume_space};
 use crate::error::StoreError;
-use crate::index::{CopyId, Entry, Index};
+use crate::index::{CopyId, Entry, Index, Journal};
 use crate::key::Key;
 
 /// Name of the layout directory; a new layout gets a new name.
@@ -58,6 +62,8 @@ pub struct Store {
     budget: Budget,
     redirect_grace: Duration,
     state: Arc<Mutex<State>>,
+    /// Taken after the state lock when both are, never the other way round.
+    journal: Mutex<Journal>,
     _lock: File,
 }
 
@@ -68,6 +74,10 @@ struct State {
     reserved: u64,
     /// When each copy's path was last handed out (see [`Store::resolve_redirect`]).
     redirected: HashMap<Key, Instant>,
+    /// Bytes of evicted copies not unlinked yet: free as far as the budget goes.
+    unlinking: u64,
+    /// Names for evicted copies moved aside to be unlinked.
+    next_evicted: u64,
 }
 
 impl State {
@@ -88,6 +98,22 @@ impl State {
 pub struct Pin {
     key: Key,
     state: Arc<Mutex<State>>,
+}
+
+/// A copy taken out of the index, waiting to be unlinked.
+#[derive(Debug)]
+struct Evicted {
+    /// Where it was moved aside; None if there was nothing to move.
+    path: Option<PathBuf>,
+    bytes: u64,
+}
+
+/// The volume as the budget sees it: evicted copies not yet unlinked count as free.
+fn with_unlinking(volume: VolumeSpace, state: &State) -> VolumeSpace {
+    VolumeSpace {
+        available: volume.available + state.unlinking,
+        ..volume
+    }
 }
 
 /// Space promised to a copy in progress; given back when dropped.
@@ -158,8 +184,12 @@ impl Store {
         let lock = take_lock(&dir.join("lock"))?;
         remove_all_in(&layout.join("tmp"))?;
         let index_path = layout.join("index.jsonl");
-        let mut index = Index::load(&index_path).map_err(|e| StoreError::io(&index_path, e))?;
+        let (mut index, mut journal) =
+            Index::load(&index_path).map_err(|e| StoreError::io(&index_path, e))?;
         reconcile(&mut index, &layout.join("data"))?;
+        journal
+            .append(&index.take_pending(), true)
+            .map_err(|e| StoreError::io(&index_path, e))?;
         Ok(Store {
             dir,
             layout,
@@ -170,7 +200,10 @@ impl Store {
                 pins: HashMap::new(),
                 reserved: 0,
                 redirected: HashMap::new(),
+                unlinking: 0,
+                next_evicted: 0,
             })),
+            journal: Mutex::new(journal),
             _lock: lock,
         })
     }
@@ -215,9 +248,14 @@ impl Store {
         let mut state = lock_state(&self.state);
         if let Some(copy) = rehashed {
             entry.copy = copy;
-            let _ = state.index.put(key.clone(), entry.clone());
+            state.index.put(key.clone(), entry.clone());
         }
         state.index.touch(key, crate::sys::now_secs());
+        drop(state);
+        // A new identity must be durable; recency need not be.
+        if self.write_journal(rehashed.is_some(), false).is_err() {
+            warn!(path = %entry.source.display(), "could not record a re-hashed copy");
+        }
         Some(Hit {
             entry,
             file,
@@ -285,6 +323,8 @@ impl Store {
         if state.index.get(key).is_some_and(|e| e.last_use != now) {
             state.index.touch(key, now);
         }
+        drop(state);
+        let _ = self.write_journal(false, false);
         Some(path)
     }
 
@@ -301,8 +341,24 @@ impl Store {
         source: &Path,
         may_evict: bool,
     ) -> Result<Reservation, StoreError> {
+        let mut evicted = Vec::new();
+        let reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
+        // The victims left the index under the lock; their bytes go now, outside it.
+        self.finish_evictions(evicted);
+        reserved
+    }
+
+    fn reserve_locked(
+        &self,
+        key: &Key,
+        bytes: u64,
+        source: &Path,
+        may_evict: bool,
+        evicted: &mut Vec<Evicted>,
+    ) -> Result<Reservation, StoreError> {
+        let volume = self.volume()?;
         let mut state = lock_state(&self.state);
-        let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+        let volume = with_unlinking(volume, &state);
         let replaced = state.index.get(key).map_or(0, |e| e.stamp.size);
         let used = |s: &State| s.index.bytes() + s.reserved - replaced;
         // The copy being replaced is never a victim: it goes when the new one lands.
@@ -325,8 +381,8 @@ impl Store {
         {
             return Err(self.no_room(&state, source, bytes, volume));
         }
+        let mut volume = volume;
         loop {
-            let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
             if self
                 .budget
                 .fits(used(&state), state.reserved, bytes, volume)
@@ -347,7 +403,16 @@ impl Store {
                 .cloned();
             match victim {
                 Some(victim) if may_evict => {
-                    self.evict_locked(&mut state, &victim, "to make room")?
+                    let freed = self.evict_locked(&mut state, &victim, "to make room");
+                    // Only a copy that was on disk frees space on the volume.
+                    if let Some(Evicted {
+                        path: Some(_),
+                        bytes,
+                    }) = &freed
+                    {
+                        volume.available += bytes;
+                    }
+                    evicted.extend(freed);
                 }
                 _ => return Err(self.no_room(&state, source, bytes, volume)),
             }
@@ -382,7 +447,9 @@ impl Store {
         NamedTempFile::new_in(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))
     }
 
-    /// Makes a fully written and synced temp file the copy for `key`.
+    /// Makes a fully written and synced temp file the copy for `key`. The old entry
+    /// goes (durably) before the new data is renamed into place, and the new entry
+    /// is written only once the data is synced, so a crash leaves at worst a miss.
     pub fn commit(
         &self,
         key: &Key,
@@ -391,29 +458,27 @@ impl Store {
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
         let data_path = self.data_path(key);
-        let index_path = self.layout.join("index.jsonl");
         // A copy followed through a redirect shows the source's mtime, as the mirror does.
         tmp.as_file()
             .set_modified(crate::sys::time_from_ns(entry.stamp.mtime_ns))
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(COPY_MODE))
             .map_err(|e| StoreError::io(tmp.path(), e))?;
-        let mut state = lock_state(&self.state);
-        state
-            .index
-            .remove(key)
-            .map_err(|e| StoreError::io(&index_path, e))?;
+        // Out of the index first: nothing serves or evicts this key in between (one
+        // copy per key is staged at a time), and the reservation pins it.
+        lock_state(&self.state).index.remove(key);
+        self.write_journal(true, true)?;
         tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
         sync_dir(&self.layout.join("data"))?;
         let meta = fs::metadata(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
         entry.copy = CopyId::of(&meta);
-        state
-            .index
-            .put(key.clone(), entry.clone())
-            .map_err(|e| StoreError::io(&index_path, e))?;
-        let pin = self.pin_locked(&mut state, key);
-        drop(state);
+        let pin = {
+            let mut state = lock_state(&self.state);
+            state.index.put(key.clone(), entry.clone());
+            self.pin_locked(&mut state, key)
+        };
+        self.write_journal(true, true)?;
         // The copy now counts as used space; its reservation can go.
         drop(reservation);
         let file = File::open(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
@@ -425,6 +490,42 @@ impl Store {
         })
     }
 
+    /// Writes the index's queued records to the journal, in order, with an fdatasync
+    /// if `durable`. A caller that must not wait for another's sync (recency from a
+    /// request) passes `wait` false and leaves its records for the next writer.
+    fn write_journal(&self, durable: bool, wait: bool) -> Result<(), StoreError> {
+        let mut journal = match self.journal.try_lock() {
+            Ok(journal) => journal,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) if !wait => return Ok(()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.journal.lock().unwrap_or_else(PoisonError::into_inner)
+            }
+        };
+        let (records, compacted) = {
+            let mut state = lock_state(&self.state);
+            if !durable && !state.index.has_pending() {
+                return Ok(());
+            }
+            let records = state.index.take_pending();
+            let compacted = journal
+                .due_for_compaction(records.len(), state.index.len())
+                .then(|| state.index.snapshot());
+            (records, compacted)
+        };
+        let written = match compacted {
+            // The snapshot already holds what the records say.
+            Some(entries) => journal.compact(&entries),
+            None => journal.append(&records, durable),
+        };
+        written.map_err(|e| StoreError::io(journal.path(), e))
+    }
+
+    /// The cache volume's space, asked without holding the state lock.
+    fn volume(&self) -> Result<VolumeSpace, StoreError> {
+        volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))
+    }
+
     /// Removes the copy for `key`; refuses if it is in use.
     pub fn remove(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let mut state = lock_state(&self.state);
@@ -434,23 +535,57 @@ impl Store {
         if state.in_use(key, self.redirect_grace) {
             return Err(StoreError::InUse { path: entry.source });
         }
-        self.evict_locked(&mut state, key, "on request")?;
+        let evicted = self.evict_locked(&mut state, key, "on request");
+        drop(state);
+        self.finish_evictions(evicted.into_iter().collect());
         Ok(Some(entry))
     }
 
-    fn evict_locked(&self, state: &mut State, key: &Key, why: &str) -> Result<(), StoreError> {
-        let index_path = self.layout.join("index.jsonl");
-        let entry = state
-            .index
-            .remove(key)
-            .map_err(|e| StoreError::io(&index_path, e))?;
+    /// Takes `key` out of the index and moves its copy aside into `tmp/` (a rename,
+    /// so a new copy of the same key can land at once); [`Store::finish_evictions`]
+    /// journals the removal and unlinks it once the lock is released.
+    fn evict_locked(&self, state: &mut State, key: &Key, why: &str) -> Option<Evicted> {
+        let entry = state.index.remove(key)?;
         state.redirected.remove(key);
+        state.next_evicted += 1;
+        let aside = self
+            .layout
+            .join("tmp")
+            .join(format!("evicted-{}", state.next_evicted));
         let data = self.data_path(key);
-        remove_if_present(&data)?;
-        if let Some(entry) = entry {
-            info!(path = %entry.source.display(), bytes = entry.stamp.size, why, "evicted");
+        let moved = match fs::rename(&data, &aside) {
+            Ok(()) => Some(aside),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => {
+                // Left in place: startup removes data files the index does not name.
+                warn!(path = %data.display(), error = %e, "could not move an evicted copy aside");
+                None
+            }
+        };
+        let bytes = entry.stamp.size;
+        if moved.is_some() {
+            state.unlinking += bytes;
         }
-        Ok(())
+        info!(path = %entry.source.display(), bytes, why, "evicted");
+        Some(Evicted { path: moved, bytes })
+    }
+
+    /// Journals evictions and unlinks their copies, outside the state lock.
+    fn finish_evictions(&self, evicted: Vec<Evicted>) {
+        if evicted.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write_journal(true, true) {
+            // The copies are gone either way; startup drops entries without data.
+            warn!(error = %e, "could not journal evictions");
+        }
+        for victim in evicted {
+            let Some(path) = victim.path else { continue };
+            if let Err(e) = remove_if_present(&path) {
+                warn!(error = %e, "could not unlink an evicted copy; startup removes it");
+            }
+            lock_state(&self.state).unlinking -= victim.bytes;
+        }
     }
 
     fn pin_locked(&self, state: &mut State, key: &Key) -> Pin {
@@ -540,9 +675,7 @@ fn reconcile(index: &mut Index, data_dir: &Path) -> Result<(), StoreError> {
         .collect();
     for key in stale {
         warn!(key = %key, "dropping an index entry whose copy is missing or incomplete");
-        index
-            .remove(&key)
-            .map_err(|e| StoreError::io(data_dir, e))?;
+        index.remove(&key);
     }
     for (name, (path, _)) in on_disk {
         let named = name
@@ -849,6 +982,49 @@ mod tests {
         drop(stage(&store, "b", 100, 2)?);
         assert_eq!(names(&store), ["b"]);
         assert_eq!(store.resolve_redirect(&key("a"), |_| true), None);
+        Ok(())
+    }
+
+    #[test]
+    fn serving_copies_never_waits_for_a_journal_write_in_progress() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(Store::open(dir.path(), budget(1000))?);
+        drop(stage(&store, "a", 10, 1)?);
+        // Another thread is in the middle of a slow journal sync.
+        let writing = store.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = Arc::clone(&store);
+        std::thread::spawn(move || {
+            let hit = server.lookup(&key("a"), |_| true).is_some();
+            let link = server.resolve_redirect(&key("a"), |_| true).is_some();
+            let listed = server.entries().len();
+            let _ = tx.send((hit, link, listed));
+        });
+        let served = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(writing);
+        assert_eq!(served?, (true, true, 1));
+        Ok(())
+    }
+
+    #[test]
+    fn an_evicted_copy_is_moved_aside_and_unlinked_and_its_key_restaged() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(100))?;
+        drop(stage(&store, "a", 100, 1)?);
+        drop(stage(&store, "b", 100, 2)?);
+        assert_eq!(names(&store), ["b"]);
+        assert_eq!(
+            fs::read_dir(dir.path().join("v1/tmp"))?.count(),
+            0,
+            "unlinked"
+        );
+        assert_eq!(lock_state(&store.state).unlinking, 0);
+        drop(stage(&store, "a", 100, 3)?);
+        let hit = store.lookup(&key("a"), |_| true).ok_or("restaged")?;
+        assert_eq!(fs::read(hit.path)?, vec![3; 100]);
+        drop(store);
+        let store = Store::open(dir.path(), budget(100))?;
+        assert_eq!(names(&store), ["a"], "the journal agrees after a reopen");
         Ok(())
     }
 }
