@@ -157,7 +157,7 @@ impl ControlServer {
     /// stuck, else without them, at once.
     async fn status(&self) -> Response {
         if self.source_suspect() {
-            return self.answer_locally(Request::Status, false).await;
+            return self.status_without_source().await;
         }
         let (stager, live) = (self.stager.clone(), self.live());
         let with_source = self.stager.source_pool().run(move || {
@@ -165,7 +165,18 @@ impl ControlServer {
         });
         tokio::select! {
             Ok(response) = with_source => response,
-            () = self.until_suspect() => self.answer_locally(Request::Status, false).await,
+            () = self.until_suspect() => self.status_without_source().await,
+        }
+    }
+
+    /// Status from the cache alone, still naming the source it could not ask.
+    async fn status_without_source(&self) -> Response {
+        match self.answer_locally(Request::Status, false).await {
+            Response::Status { mut report } => {
+                report.source = Some(self.stager.source().root().to_path_buf());
+                Response::Status { report }
+            }
+            other => other,
         }
     }
 

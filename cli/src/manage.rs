@@ -188,13 +188,16 @@ fn render_status(r: &StatusReport) -> String {
     } else {
         let _ = writeln!(out, "mount     not running");
     }
-    if let Some(src) = &r.source {
-        let _ = writeln!(
-            out,
-            "source    {}{}",
-            src.display(),
-            health_note(r.source_health)
-        );
+    let note = health_note(r.source_health);
+    match &r.source {
+        Some(src) => {
+            let _ = writeln!(out, "source    {}{note}", src.display());
+        }
+        // Answered without the source because it is away: say so.
+        None if !note.is_empty() => {
+            let _ = writeln!(out, "source   {note}");
+        }
+        None => {}
     }
     let max = u.budget.max_size.map_or("no limit".into(), format_bytes);
     let min_free = u.budget.min_free.map_or("none".into(), format_bytes);

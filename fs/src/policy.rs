@@ -526,9 +526,8 @@ impl Policy {
     /// A stored copy of exactly `version` of `node`, asking the source nothing.
     async fn recall_stored(&self, node: &Node, version: Stamp) -> Option<Staged> {
         let staged = self.stager.stored_off_thread(&node.path, version).await?;
-        if self.pool().is_unresponsive() {
-            info!(path = %node.path.display(), "the source does not respond; serving the stored copy");
-        }
+        // Only ever called when the source is suspect or timed out.
+        info!(path = %node.path.display(), "the source does not respond; serving the stored copy");
         Some(staged)
     }
 

@@ -414,3 +414,126 @@ fn a_stale_mount_after_a_crash_is_cleared_by_mount_and_by_unmount() {
     );
     drop(first);
 }
+
+/// The outage report: a model re-read while 24 programs open files never staged from
+/// a NAS whose link was cut. Every re-read serves the right bytes and every never-staged
+/// open fails with EIO, status answers (and says the source is not answering), and
+/// after the link returns a never-staged file reads right. The times are printed for
+/// docs/BENCHMARKS.md; nothing here asserts a duration but the hang bounds.
+#[test]
+fn a_staged_model_is_served_while_others_hammer_a_dead_source_and_the_source_comes_back() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/reread", 2, "4M");
+    let never = generate(&s.hub, "acme/never-staged", 4, "2M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    let mount = Mount::start(
+        &remote.mnt,
+        &s.mnt,
+        &s.cache,
+        &["--no-prefetch", "--source-timeout", "5s"],
+    );
+    let files: Vec<(PathBuf, Vec<u8>)> = model
+        .files
+        .iter()
+        .map(|f| {
+            let rel = model.snapshot_rel.join(&f.name);
+            (
+                mount.path(&rel),
+                fs::read(s.hub.join(&rel)).expect("source"),
+            )
+        })
+        .collect();
+    for (path, expected) in &files {
+        assert!(fs::read(path).expect("first read") == *expected);
+    }
+    wait_for("copies of the small files", || {
+        mount.in_flight().is_empty() && staged_files(&s.cache).len() == model.files.len()
+    });
+
+    // The programs had seen the other model's snapshot, as a loader listing it would.
+    assert_eq!(
+        fs::read_dir(mount.path(&never.snapshot_rel))
+            .expect("list")
+            .count(),
+        never.files.len()
+    );
+
+    remote.cut();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (refused, served_wrong) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let hammering: Vec<_> = (0..24)
+        .map(|i| {
+            let shards = never.shards();
+            let path = mount.path(&shards[i % shards.len()]);
+            let (stop, refused, served_wrong) = (
+                Arc::clone(&stop),
+                Arc::clone(&refused),
+                Arc::clone(&served_wrong),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match fs::read(&path) {
+                        Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => {
+                            served_wrong.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("a never-staged file while the source is away: {other:?}");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    // Past the kernel's 1 s caches, so every re-read asks the mount again.
+    let mut slowest_reread = Duration::ZERO;
+    for _ in 0..5 {
+        sleep(Duration::from_millis(1200));
+        for (path, expected) in &files {
+            let (path, expected) = (path.clone(), expected.clone());
+            let started = std::time::Instant::now();
+            let right = within(Duration::from_secs(60), move || {
+                fs::read(&path).is_ok_and(|bytes| bytes == expected)
+            });
+            slowest_reread = slowest_reread.max(started.elapsed());
+            assert!(right, "a staged file re-read while the source is away");
+        }
+    }
+    let cache = s.cache.clone();
+    let started = std::time::Instant::now();
+    let (ok, status, err) = within(Duration::from_secs(60), move || {
+        run_stagefs(&[&"status", &"--cache-dir", &cache])
+    });
+    let status_took = started.elapsed();
+    assert!(ok, "{err}");
+    assert!(status.contains("not answering"), "{status}");
+    stop.store(true, Ordering::Relaxed);
+
+    remote.restore();
+    let back = std::time::Instant::now();
+    let fresh = never.shards()[0].clone();
+    let (fresh_path, fresh_bytes) = (
+        mount.path(&fresh),
+        fs::read(s.hub.join(&fresh)).expect("src"),
+    );
+    wait_for(
+        "a never-staged file to read right once the link is back",
+        || fs::read(&fresh_path).is_ok_and(|b| b == fresh_bytes),
+    );
+    let recovered_after = back.elapsed();
+    for h in hammering {
+        within(Duration::from_secs(60), move || h.join()).expect("hammering thread");
+    }
+    println!(
+        "outage: slowest re-read of a staged file {:.3} s; status {:.3} s; \
+         {} never-staged opens refused with EIO; a never-staged file read right {:.1} s after the link returned",
+        slowest_reread.as_secs_f64(),
+        status_took.as_secs_f64(),
+        refused.load(Ordering::Relaxed),
+        recovered_after.as_secs_f64()
+    );
+    assert_eq!(served_wrong.load(Ordering::Relaxed), 0);
+    assert!(refused.load(Ordering::Relaxed) > 0);
+    drop(mount);
+    drop(remote);
+}
