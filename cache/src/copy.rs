@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
@@ -175,15 +176,75 @@ pub fn read_at_most(
     Ok(buf)
 }
 
+/// Writes chunks in order as they arrive. The two hashes run on threads of their own,
+/// fed the same buffers, so hashing does not hold up the disk: sha256 alone runs at
+/// about the speed of a fast SSD (1.8 GB/s with SHA-NI), and blake3, sha256 and the
+/// writes one after another made a 1.2 GiB blob copy from tmpfs take 3.8 s where cp +
+/// sync took 0.8 s. The bounded queues keep memory bounded: a hasher that falls
+/// behind holds up the writer.
 fn write_in_order(
     dst: &mut impl Write,
     chunks: u64,
     incoming: Receiver<Chunk>,
     tokens: SyncSender<()>,
-    mut sha256: Option<Sha256>,
+    sha256: Option<Sha256>,
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
-    let mut hasher = blake3::Hasher::new();
+    std::thread::scope(|scope| {
+        let (blake3_tx, blake3_rx) = sync_channel::<Arc<Vec<u8>>>(HASH_QUEUE);
+        let blake3 = scope.spawn(move || {
+            let mut hasher = blake3::Hasher::new();
+            for buf in blake3_rx {
+                hasher.update(&buf);
+            }
+            hasher.finalize().to_hex().to_string()
+        });
+        let sha256 = sha256.map(|mut hasher| {
+            let (tx, rx) = sync_channel::<Arc<Vec<u8>>>(HASH_QUEUE);
+            let done = scope.spawn(move || {
+                for buf in rx {
+                    hasher.update(&buf[..]);
+                }
+                format!("{:x}", hasher.finalize())
+            });
+            (tx, done)
+        });
+        let hashers: Vec<&SyncSender<Arc<Vec<u8>>>> = std::iter::once(&blake3_tx)
+            .chain(sha256.as_ref().map(|(tx, _)| tx))
+            .collect();
+        let written = write_chunks(dst, chunks, incoming, &tokens, &hashers, on_bytes);
+        // Closing the queues ends the hashers, whatever happened to the writes.
+        drop(hashers);
+        drop(blake3_tx);
+        let sha256 = sha256.map(|(tx, done)| {
+            drop(tx);
+            done.join()
+        });
+        let bytes = written?;
+        let hashed = |joined: std::thread::Result<String>| {
+            joined.map_err(|_| CopyError::Write(io::Error::other("a hashing thread failed")))
+        };
+        Ok(Copied {
+            bytes,
+            blake3: hashed(blake3.join())?,
+            sha256: sha256.map(hashed).transpose()?,
+        })
+    })
+}
+
+/// Chunks queued for each hasher: enough to keep it busy while the writer writes.
+const HASH_QUEUE: usize = 2;
+
+/// The writer's loop: takes chunks in order, hands each to the hashers, writes it,
+/// and returns its token. Returns the bytes written.
+fn write_chunks(
+    dst: &mut impl Write,
+    chunks: u64,
+    incoming: Receiver<Chunk>,
+    tokens: &SyncSender<()>,
+    hashers: &[&SyncSender<Arc<Vec<u8>>>],
+    on_bytes: &mut impl FnMut(u64),
+) -> Result<u64, CopyError> {
     let mut pending: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     let mut written = 0u64;
     let mut bytes = 0u64;
@@ -195,9 +256,11 @@ fn write_in_order(
             pending.insert(index, data.map_err(CopyError::Read)?);
             continue;
         };
-        hasher.update(&buf);
-        if let Some(sha) = sha256.as_mut() {
-            sha.update(&buf);
+        let buf = Arc::new(buf);
+        for hasher in hashers {
+            hasher
+                .send(Arc::clone(&buf))
+                .map_err(|_| CopyError::Write(io::Error::other("a hashing thread stopped")))?;
         }
         dst.write_all(&buf).map_err(CopyError::Write)?;
         bytes += buf.len() as u64;
@@ -207,11 +270,7 @@ fn write_in_order(
         // compares `bytes` with the size it asked for.
         let _ = tokens.send(());
     }
-    Ok(Copied {
-        bytes,
-        blake3: hasher.finalize().to_hex().to_string(),
-        sha256: sha256.map(|sha| sha.finalize().iter().map(|b| format!("{b:02x}")).collect()),
-    })
+    Ok(bytes)
 }
 
 #[cfg(test)]
