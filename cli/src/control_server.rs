@@ -11,6 +11,7 @@ use anyhow::Context;
 use stagefs_cache::Stager;
 use stagefs_cache::admin::Live;
 use stagefs_cache::control::{self, Request, Response};
+use stagefs_cache::models::ModelSource;
 use stagefs_cache::prefetch::{self, Job, Target};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
@@ -27,6 +28,7 @@ pub(crate) struct ControlServer {
     min_stage_size: u64,
     prefetch_parallel: usize,
     source_timeout: Duration,
+    model_dirs: Arc<[PathBuf]>,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -47,6 +49,7 @@ pub(crate) async fn bind(
         min_stage_size: spec.fs.min_stage_size,
         prefetch_parallel: spec.fs.prefetch.unwrap_or(1),
         source_timeout: spec.fs.source_timeout,
+        model_dirs: spec.model_dirs.clone().into(),
     })
 }
 
@@ -91,10 +94,16 @@ impl ControlServer {
         write: &mut OwnedWriteHalf,
     ) -> std::io::Result<()> {
         let source = self.stager.source().clone();
+        let model_dirs = Arc::clone(&self.model_dirs);
         let min_size = self.min_stage_size;
-        let resolved =
-            tokio::task::spawn_blocking(move || prefetch::resolve(&source, &targets, min_size))
-                .await;
+        let resolved = tokio::task::spawn_blocking(move || {
+            let source = ModelSource {
+                tree: &source,
+                model_dirs: &model_dirs,
+            };
+            prefetch::resolve(source, &targets, min_size)
+        })
+        .await;
         let files = match resolved {
             Ok(Ok(files)) => files,
             Ok(Err(e)) => {
@@ -155,13 +164,17 @@ impl ControlServer {
     async fn answer_request(&self, request: Request, use_source: bool) -> Response {
         let stager = self.stager.clone();
         let mountpoint = self.mountpoint.clone();
+        let model_dirs = Arc::clone(&self.model_dirs);
         let answered = tokio::task::spawn_blocking(move || {
             let live = Live {
                 metrics: Some(stager.metrics().snapshot()),
                 in_flight: stager.in_flight(),
                 mountpoint: Some(mountpoint),
             };
-            let source = use_source.then(|| stager.source());
+            let source = use_source.then(|| ModelSource {
+                tree: stager.source(),
+                model_dirs: &model_dirs,
+            });
             control::answer(request, stager.store(), source, live)
         })
         .await;

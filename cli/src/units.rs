@@ -1,5 +1,20 @@
 //! Human sizes: `4096`, `512K`, `64M`, `200G`, `1.5T` (binary multiples), and back.
 
+/// Parses a path inside the source (`model_dirs`): relative, without `..`.
+pub(crate) fn parse_source_dir(text: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::Path::new(text.trim_end_matches('/'));
+    let plain = path
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if plain && !text.is_empty() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(format!(
+            "'{text}' must be a directory inside the source, relative to it (e.g. teams/nlp/hf/hub)"
+        ))
+    }
+}
+
 /// Parses a size; suffixes K, M, G, T (optionally followed by `B` or `iB`) are powers of 1024.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
