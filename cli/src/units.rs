@@ -6,7 +6,8 @@ pub(crate) fn parse_source_dir(text: &str) -> Result<std::path::PathBuf, String>
     let plain = path
         .components()
         .all(|c| matches!(c, std::path::Component::Normal(_)));
-    if plain && !text.is_empty() {
+    // "/" trims to nothing: the root, which is searched anyway, and not relative.
+    if plain && !path.as_os_str().is_empty() {
         Ok(path.to_path_buf())
     } else {
         Err(format!(
@@ -123,6 +124,17 @@ mod tests {
     fn rejects_garbage() {
         for bad in ["", "M", "12X", "-1", "1.5", "1e3", "9999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn source_dirs_are_relative_and_inside() {
+        assert_eq!(
+            parse_source_dir("teams/hf/hub/"),
+            Ok(std::path::PathBuf::from("teams/hf/hub"))
+        );
+        for bad in ["", "/", "/abs/hub", "../up", "a/../../b", "./a"] {
+            assert!(parse_source_dir(bad).is_err(), "{bad}");
         }
     }
 

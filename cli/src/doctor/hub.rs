@@ -112,7 +112,9 @@ pub(crate) fn hub_cache_check(
         return (check, Some(hub));
     };
     let resolved = resolve(&hub.path);
-    let check = match shape.map(|s| (s, s.hub_cache(mountpoint))) {
+    // With no model recognised, the source may yet become either kind of HF cache.
+    let known = shape.filter(|s| *s != Shape::Unknown);
+    let check = match known.map(|s| (s, s.hub_cache(mountpoint))) {
         Some((Shape::ModelFolders, _)) | Some((_, None)) => Check::note(
             "hub-cache",
             format!(
