@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::StoreError;
-use crate::hf::{self, INDEX_LIMIT as SMALL_TEXT};
+use crate::hf;
 use crate::key::Key;
 use crate::metrics::MetricsSnapshot;
+use crate::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
 use crate::source::SourceTree;
 use crate::source_pool::SourceHealth;
 use crate::stage::InFlight;
@@ -57,26 +58,39 @@ pub struct StatusReport {
     pub source_health: Option<SourceHealth>,
 }
 
-/// One repository's share of the cache.
+/// One model's share of the cache.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelStatus {
-    /// `org/name` (datasets and spaces keep their `datasets--` prefix).
+    /// `org/name` for an HF repository (datasets and spaces keep their type,
+    /// `datasets/org/name`); the path in the source for a folder or a file.
     pub model: String,
-    /// Staged copies belonging to this repository.
+    /// The form it is kept in.
+    pub kind: ModelKind,
+    /// Relative to the source root: the repository directory, the folder, the file.
+    pub path: PathBuf,
+    /// Staged copies belonging to this model.
     pub staged_files: usize,
     /// Their bytes.
     pub staged_bytes: u64,
-    /// Per snapshot, when the source is reachable.
+    /// Per snapshot of a repository, when the source is reachable.
     pub revisions: Vec<RevisionStatus>,
+    /// Files of a folder or file model, when the source is reachable.
+    pub total_files: Option<usize>,
+    /// Their bytes.
+    pub total_bytes: Option<u64>,
 }
 
 impl ModelStatus {
-    fn empty(repo_dir: &str) -> ModelStatus {
+    fn empty(model: &ModelRef) -> ModelStatus {
         ModelStatus {
-            model: model_id(repo_dir),
+            model: model.id.clone(),
+            kind: model.kind,
+            path: model.path.clone(),
             staged_files: 0,
             staged_bytes: 0,
             revisions: Vec::new(),
+            total_files: None,
+            total_bytes: None,
         }
     }
 }
@@ -176,44 +190,42 @@ pub enum AdminError {
     /// The request named something that is not a model id or a relative source path.
     #[error("{0}")]
     BadRequest(String),
+    /// The request named a model the source does not have, or not that way.
+    #[error(transparent)]
+    Model(#[from] ModelError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// The status of `store`, with per-snapshot totals when `source` is reachable.
+/// The status of `store`, grouped by model, with per-model totals when `source` is
+/// reachable. Without it, only copies of HF repositories can be told apart by their
+/// paths; copies of folders and files are counted in the usage alone.
 pub fn status(
     store: &Store,
-    source: Option<&SourceTree>,
+    source: Option<ModelSource<'_>>,
     live: Live,
 ) -> Result<StatusReport, AdminError> {
-    let entries = store.entries();
-    let mut models: BTreeMap<String, ModelStatus> = BTreeMap::new();
-    for info in &entries {
-        let Some(repo_dir) = repo_dir_of(&info.entry.source) else {
+    let catalog = source
+        .map(|s| models::discover(s.tree, s.model_dirs))
+        .unwrap_or_default();
+    let mut models: BTreeMap<PathBuf, ModelStatus> = BTreeMap::new();
+    for info in &store.entries() {
+        let Some(owner) = catalog.owner(&info.entry.source) else {
             continue;
         };
         let model = models
-            .entry(repo_dir.clone())
-            .or_insert_with(|| ModelStatus::empty(&repo_dir));
+            .entry(owner.path.clone())
+            .or_insert_with(|| ModelStatus::empty(&owner));
         model.staged_files += 1;
         model.staged_bytes += info.entry.stamp.size;
     }
     if let Some(source) = source {
-        for repo_dir in repo_dirs(source) {
-            let revisions = revisions(store, source, &repo_dir);
-            if revisions.is_empty() {
-                continue;
-            }
-            let model = models
-                .entry(repo_dir.clone())
-                .or_insert_with(|| ModelStatus::empty(&repo_dir));
-            model.revisions = revisions;
-        }
+        add_totals(store, source.tree, &catalog, &mut models);
     }
     Ok(StatusReport {
         cache_dir: store.dir().to_path_buf(),
-        source: source.map(|s| s.root().to_path_buf()),
+        source: source.map(|s| s.tree.root().to_path_buf()),
         mountpoint: live.mountpoint,
         usage: store.usage()?,
         models: models.into_values().collect(),
@@ -278,10 +290,10 @@ fn select(
     Ok(match selector {
         EvictSelector::All => entries,
         EvictSelector::Model { id } => {
-            let dir = repo_dir_for(id)?;
+            let id = checked_id(id)?;
             entries
                 .into_iter()
-                .filter(|i| i.entry.source.starts_with(&dir))
+                .filter(|i| models::id_matches(id, &i.entry.source))
                 .collect()
         }
         EvictSelector::Path { path } => {
@@ -322,7 +334,7 @@ pub fn verify(
     model: Option<&str>,
     repair: bool,
 ) -> Result<VerifyReport, AdminError> {
-    let dir = model.map(repo_dir_for).transpose()?;
+    let model = model.map(checked_id).transpose()?;
     let mut report = VerifyReport {
         checked: 0,
         bytes: 0,
@@ -330,10 +342,7 @@ pub fn verify(
         repaired: Vec::new(),
     };
     for info in store.entries() {
-        if dir
-            .as_ref()
-            .is_some_and(|d| !info.entry.source.starts_with(d))
-        {
+        if model.is_some_and(|id| !models::id_matches(id, &info.entry.source)) {
             continue;
         }
         let Some(key) = Key::parse(&info.key) else {
@@ -392,10 +401,16 @@ fn hash_both(path: &Path) -> io::Result<(String, String)> {
     Ok((blake3.finalize().to_hex().to_string(), sha))
 }
 
-/// `org/name` → `models--org--name`; refuses anything else.
-fn repo_dir_for(id: &str) -> Result<PathBuf, AdminError> {
-    hf::repo_dir_for(id)
-        .ok_or_else(|| AdminError::BadRequest(format!("'{id}' is not a model id like org/name")))
+/// A model id (`org/name`, or a folder's or file's path in the source); refuses
+/// absolute paths and `..`.
+fn checked_id(id: &str) -> Result<&str, AdminError> {
+    if models::is_model_id(id) {
+        Ok(id)
+    } else {
+        Err(AdminError::BadRequest(format!(
+            "'{id}' is not a model id like org/name or a path in the source"
+        )))
+    }
 }
 
 fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
@@ -410,39 +425,47 @@ fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
     }
 }
 
-/// The repository directory (`models--org--name`) a source path belongs to.
-fn repo_dir_of(path: &Path) -> Option<String> {
-    let first = path.components().next()?.as_os_str().to_str()?;
-    first.contains("--").then(|| first.to_string())
-}
-
-/// `models--org--name` → `org/name`; other repo types keep their prefix.
-fn model_id(repo_dir: &str) -> String {
-    match repo_dir.strip_prefix("models--") {
-        Some(rest) => rest.replacen("--", "/", 1),
-        None => repo_dir.replacen("--", "/", 2),
+/// Fills in per-snapshot totals of the repositories and totals of the folders and
+/// files in `catalog`, adding those with nothing staged. A repository without a
+/// snapshot (a download that never finished) is left out.
+fn add_totals(
+    store: &Store,
+    source: &SourceTree,
+    catalog: &Catalog,
+    models: &mut BTreeMap<PathBuf, ModelStatus>,
+) {
+    for found in &catalog.models {
+        let files = match found.kind {
+            ModelKind::HfRepo => {
+                let revisions = revisions(store, source, &found.path);
+                if revisions.is_empty() {
+                    continue;
+                }
+                model_entry(models, found).revisions = revisions;
+                continue;
+            }
+            ModelKind::Folder => sized(source, hf::all_files(source, &found.path)),
+            ModelKind::File => sized(source, vec![found.path.clone()]),
+        };
+        let model = model_entry(models, found);
+        model.total_files = Some(files.len());
+        model.total_bytes = Some(files.iter().map(|(_, size)| size).sum());
     }
 }
 
-fn repo_dirs(source: &SourceTree) -> Vec<String> {
-    source
-        .read_dir(Path::new(""))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(_, meta)| meta.is_dir())
-        .filter_map(|(name, _)| name.to_str().map(str::to_string))
-        .filter(|name| name.contains("--"))
-        .collect()
+fn model_entry<'a>(
+    models: &'a mut BTreeMap<PathBuf, ModelStatus>,
+    found: &ModelRef,
+) -> &'a mut ModelStatus {
+    models
+        .entry(found.path.clone())
+        .or_insert_with(|| ModelStatus::empty(found))
 }
 
-fn revisions(store: &Store, source: &SourceTree, repo_dir: &str) -> Vec<RevisionStatus> {
-    let repo = Path::new(repo_dir);
-    let refs = refs_by_commit(source, repo);
-    let snapshots = source.read_dir(&repo.join("snapshots")).unwrap_or_default();
-    snapshots
+fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionStatus> {
+    let refs = hf::refs_by_commit(source, repo);
+    hf::snapshots(source, repo)
         .into_iter()
-        .filter(|(_, meta)| meta.is_dir())
-        .filter_map(|(name, _)| name.to_str().map(str::to_string))
         .map(|rev| {
             let mut status = RevisionStatus {
                 refs: refs.get(&rev).cloned().unwrap_or_default(),
@@ -493,40 +516,40 @@ fn keys_under(source: Option<&SourceTree>, path: &Path) -> HashSet<String> {
 
 /// Files of a snapshot as (path the link resolves to, size).
 fn snapshot_files(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, u64)> {
-    hf::snapshot_files(source, dir)
-        .into_iter()
-        .filter_map(|(_, resolved)| source.stat(&resolved).ok().map(|m| (resolved, m.len())))
-        .collect()
+    sized(
+        source,
+        hf::snapshot_files(source, dir)
+            .into_iter()
+            .map(|(_, resolved)| resolved)
+            .collect(),
+    )
 }
 
-fn refs_by_commit(source: &SourceTree, repo: &Path) -> BTreeMap<String, Vec<String>> {
-    let mut refs: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (name, meta) in source.read_dir(&repo.join("refs")).unwrap_or_default() {
-        let Some(name) = name.to_str() else { continue };
-        if !meta.is_file() {
-            continue;
-        }
-        if let Ok(commit) = source.read_text(&repo.join("refs").join(name), SMALL_TEXT) {
-            refs.entry(commit.trim().to_string())
-                .or_default()
-                .push(name.to_string());
-        }
-    }
-    refs
+/// Each file that can be stat'ed, with its size.
+fn sized(source: &SourceTree, files: Vec<PathBuf>) -> Vec<(PathBuf, u64)> {
+    files
+        .into_iter()
+        .filter_map(|file| source.stat(&file).ok().map(|m| (file, m.len())))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::os::unix::fs::symlink;
+    use std::sync::Arc;
+
     use super::*;
+    use crate::budget::Budget;
+    use crate::stage::Stager;
 
     #[test]
     fn model_ids_and_paths_are_validated() {
-        assert_eq!(
-            repo_dir_for("org/name").ok(),
-            Some("models--org--name".into())
-        );
-        for bad in ["org", "../x", "org/..", "a/b/c", "org/na me", "/abs"] {
-            assert!(repo_dir_for(bad).is_err(), "{bad}");
+        for good in ["org/name", "models/mlx-community/m", "solo.gguf"] {
+            assert!(checked_id(good).is_ok(), "{good}");
+        }
+        for bad in ["../x", "org/..", "/abs", "", "./a"] {
+            assert!(checked_id(bad).is_err(), "{bad}");
         }
         assert!(checked_relative(Path::new("models--a--b/blobs/x")).is_ok());
         for bad in ["", "/etc/passwd", "../x", "a/../../b", "./a"] {
@@ -534,10 +557,89 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ids_round_trip() {
-        assert_eq!(model_id("models--org--name"), "org/name");
-        assert_eq!(model_id("models--org--name--x"), "org/name--x");
-        assert_eq!(model_id("datasets--org--set"), "datasets/org/set");
+    /// An HF_HOME-like source holding all three forms, with one file of each staged.
+    async fn mixed() -> Result<(tempfile::TempDir, Stager), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let src = dir.path().join("src");
+        let repo = src.join("hub/models--org--r");
+        fs::create_dir_all(repo.join("snapshots/c1"))?;
+        fs::create_dir_all(repo.join("blobs"))?;
+        fs::create_dir_all(repo.join("refs"))?;
+        fs::write(repo.join("refs/main"), "c1")?;
+        fs::write(repo.join("blobs/w"), "repo weights")?;
+        symlink("../../blobs/w", repo.join("snapshots/c1/model.safetensors"))?;
+        let folder = src.join("models/org/m");
+        fs::create_dir_all(&folder)?;
+        fs::write(folder.join("config.json"), "{}")?;
+        fs::write(folder.join("model.safetensors"), "folder weights")?;
+        fs::write(src.join("models/solo.gguf"), "gguf")?;
+        let store = Store::open(dir.path().join("cache"), Budget::default())?;
+        let source = SourceTree::new(&src)?;
+        let stager = Stager::new(
+            source,
+            store,
+            Arc::default(),
+            tokio::runtime::Handle::current(),
+        );
+        for file in [
+            "hub/models--org--r/blobs/w",
+            "models/org/m/model.safetensors",
+            "models/solo.gguf",
+        ] {
+            stager.stage(Path::new(file)).await?;
+        }
+        Ok((dir, stager))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_names_every_form_of_model() -> Result<(), Box<dyn std::error::Error>> {
+        let (_dir, stager) = mixed().await?;
+        let source = ModelSource {
+            tree: stager.source(),
+            model_dirs: &[],
+        };
+        let report = status(stager.store(), Some(source), Live::default())?;
+        let named: Vec<(&str, ModelKind, usize)> = report
+            .models
+            .iter()
+            .map(|m| (m.model.as_str(), m.kind, m.staged_files))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("org/r", ModelKind::HfRepo, 1),
+                ("models/org/m", ModelKind::Folder, 1),
+                ("models/solo.gguf", ModelKind::File, 1)
+            ]
+        );
+        assert_eq!(report.models[0].revisions[0].refs, ["main"]);
+        assert_eq!(report.models[0].revisions[0].staged_files, 1);
+        assert_eq!(report.models[1].total_files, Some(2));
+        assert_eq!(report.models[1].total_bytes, Some(16));
+        // Without the source, only repositories are told apart by their paths.
+        let offline = status(stager.store(), None, Live::default())?;
+        assert_eq!(offline.models.len(), 1);
+        assert_eq!(offline.models[0].path, Path::new("hub/models--org--r"));
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn evict_and_verify_take_any_form_by_id() -> Result<(), Box<dyn std::error::Error>> {
+        let (_dir, stager) = mixed().await?;
+        let store = stager.store();
+        let verified = verify(store, Some("org/m"), false)?;
+        assert_eq!((verified.checked, verified.mismatches.len()), (1, 0));
+        for (id, path) in [
+            ("org/r", "hub/models--org--r/blobs/w"),
+            ("org/m", "models/org/m/model.safetensors"),
+            ("solo.gguf", "models/solo.gguf"),
+        ] {
+            let selector = EvictSelector::Model { id: id.into() };
+            let report = evict(store, None, &selector, false, 0)?;
+            let evicted: Vec<&Path> = report.evicted.iter().map(|f| f.path.as_path()).collect();
+            assert_eq!(evicted, [Path::new(path)], "{id}");
+        }
+        assert!(store.entries().is_empty());
+        Ok(())
     }
 }

@@ -12,8 +12,8 @@ use crate::admin::{
 };
 use crate::budget::Budget;
 use crate::metrics::MetricsSnapshot;
+use crate::models::ModelSource;
 use crate::prefetch::{FileProgress, Target};
-use crate::source::SourceTree;
 use crate::stage::InFlight;
 use crate::store::Store;
 
@@ -37,6 +37,9 @@ pub struct MountRecord {
     pub budget: Budget,
     /// Files at least this large are staged.
     pub min_stage_size: u64,
+    /// Paths in the source searched for models like its root (`model_dirs`).
+    #[serde(default)]
+    pub model_dirs: Vec<PathBuf>,
 }
 
 impl MountRecord {
@@ -80,7 +83,7 @@ pub enum Request {
     },
     /// Re-hash copies.
     Verify {
-        /// Only this model (`org/name`).
+        /// Only this model (`org/name`, or a folder's or file's path).
         model: Option<String>,
         /// Drop mismatches.
         repair: bool,
@@ -138,7 +141,7 @@ pub enum Response {
 pub fn answer(
     request: Request,
     store: &Store,
-    source: Option<&SourceTree>,
+    source: Option<ModelSource<'_>>,
     live: Live,
 ) -> Response {
     let result = match request {
@@ -146,7 +149,7 @@ pub fn answer(
             (Some(metrics), Some(mountpoint), Some(source)) => Ok(Response::Stats {
                 metrics,
                 mountpoint,
-                source: source.root().to_path_buf(),
+                source: source.tree.root().to_path_buf(),
                 in_flight: live.in_flight,
             }),
             _ => Err(AdminError::BadRequest("no mount is running".into())),
@@ -154,10 +157,14 @@ pub fn answer(
         Request::Status => admin::status(store, source, live).map(|report| Response::Status {
             report: Box::new(report),
         }),
-        Request::Evict { selector, dry_run } => {
-            admin::evict(store, source, &selector, dry_run, crate::sys::now_secs())
-                .map(|report| Response::Evicted { report })
-        }
+        Request::Evict { selector, dry_run } => admin::evict(
+            store,
+            source.map(|s| s.tree),
+            &selector,
+            dry_run,
+            crate::sys::now_secs(),
+        )
+        .map(|report| Response::Evicted { report }),
         Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)
             .map(|report| Response::Verified { report }),
         Request::Prefetch { .. } => Err(AdminError::BadRequest(

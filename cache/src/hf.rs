@@ -1,36 +1,83 @@
-//! What stagefs knows of the HuggingFace cache layout:
+//! What stagefs knows of the HuggingFace cache layout, and the one place that turns
+//! repository ids into directory names and back:
 //! `models--org--name/{blobs/<hash>, refs/<ref>, snapshots/<commit>/<file> -> ../../blobs/<hash>}`.
+//!
+//! A repository directory may sit anywhere in a source (at its root for a hub cache,
+//! under `hub/` for an `HF_HOME`); every path here is relative to the source root.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
 use crate::source::SourceTree;
 
 /// Files whose presence in a snapshot means "model weights".
 const WEIGHT_SUFFIXES: [&str; 6] = [".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz"];
-const SAFETENSORS_INDEX: &str = "model.safetensors.index.json";
+/// The index transformers and MLX write for sharded safetensors.
+pub const SAFETENSORS_INDEX: &str = "model.safetensors.index.json";
+/// Repository types and the prefix of their directories; models have no id prefix.
+const REPO_TYPES: [(&str, &str); 3] = [
+    ("models--", ""),
+    ("datasets--", "datasets/"),
+    ("spaces--", "spaces/"),
+];
 /// Most bytes read of a ref or an index: real ones are far smaller.
 pub(crate) const INDEX_LIMIT: usize = 16 << 20;
 
-/// The repository directory (`models--org--name`) a source path lies in.
-pub fn repo_of(rel: &Path) -> Option<PathBuf> {
-    let first = rel.components().next()?;
-    let name = first.as_os_str().to_str()?;
-    name.contains("--").then(|| PathBuf::from(name))
+/// Whether a file name is a weight file's (by its suffix).
+pub fn is_weight_file(name: &str) -> bool {
+    WEIGHT_SUFFIXES.iter().any(|s| name.ends_with(s))
 }
 
-/// `org/name` → `models--org--name`, refusing anything that is not such an id.
+/// `org/name` → `models--org--name` (`datasets/org/name` → `datasets--org--name`),
+/// refusing anything that is not such an id.
 pub fn repo_dir_for(id: &str) -> Option<PathBuf> {
-    let (org, name) = id.split_once('/')?;
-    let valid = |part: &str| {
-        !part.is_empty()
-            && part != "."
-            && part != ".."
-            && part
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
-    (valid(org) && valid(name)).then(|| PathBuf::from(format!("models--{org}--{name}")))
+    // `datasets/org/set` is a dataset; `datasets/name` is a model of the org "datasets".
+    let (dir_prefix, rest) = REPO_TYPES
+        .iter()
+        .filter(|(_, id_prefix)| !id_prefix.is_empty())
+        .find_map(|(dir_prefix, id_prefix)| {
+            let rest = id.strip_prefix(id_prefix)?;
+            rest.contains('/').then_some((*dir_prefix, rest))
+        })
+        .unwrap_or(("models--", id));
+    let (org, name) = rest.split_once('/')?;
+    (valid_id_part(org) && valid_id_part(name))
+        .then(|| PathBuf::from(format!("{dir_prefix}{org}--{name}")))
+}
+
+fn valid_id_part(part: &str) -> bool {
+    !part.is_empty()
+        && part != "."
+        && part != ".."
+        && part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// `models--org--name` → `org/name`; datasets and spaces keep their type
+/// (`datasets/org/name`). None for any other name.
+pub fn id_of_repo_dir(name: &str) -> Option<String> {
+    REPO_TYPES.iter().find_map(|(dir_prefix, id_prefix)| {
+        let (org, repo) = name.strip_prefix(dir_prefix)?.split_once("--")?;
+        (!org.is_empty() && !repo.is_empty()).then(|| format!("{id_prefix}{org}/{repo}"))
+    })
+}
+
+/// The repository directory a source path lies in (`hub/models--org--name` for
+/// `hub/models--org--name/blobs/x`), wherever it sits in the source.
+pub fn repo_of(rel: &Path) -> Option<PathBuf> {
+    let mut repo = PathBuf::new();
+    for component in rel.components() {
+        repo.push(component);
+        if component
+            .as_os_str()
+            .to_str()
+            .is_some_and(|name| id_of_repo_dir(name).is_some())
+        {
+            return Some(repo);
+        }
+    }
+    None
 }
 
 /// Lexically resolves `..` and `.` (snapshot links are relative and stay inside the repo).
@@ -46,6 +93,23 @@ pub fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Where the link `target`, found in directory `dir`, leads: a path relative to the
+/// source root, or None when it leaves the source (an absolute target, or more `..`
+/// than there are directories above it), as a `--local-dir` download's links into a
+/// cache elsewhere do. Those files cannot be staged through this source.
+pub fn link_inside(dir: &Path, target: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in dir.join(target).components() {
+        match c {
+            Component::ParentDir if !out.pop() => return None,
+            Component::ParentDir | Component::CurDir => {}
+            Component::Normal(n) => out.push(n),
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
 }
 
 /// The snapshot directories that contain `rel`: its own snapshot if it is a snapshot
@@ -77,22 +141,41 @@ pub fn snapshots_containing(source: &SourceTree, rel: &Path) -> Vec<PathBuf> {
 }
 
 /// The files of a snapshot (recursively) as (path in the snapshot, path it resolves to).
+/// Links that leave the source are left out.
 pub fn snapshot_files(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, PathBuf)> {
     let mut out = Vec::new();
-    for (name, meta) in source.read_dir(dir).unwrap_or_default() {
-        let path = dir.join(&name);
-        if meta.is_dir() {
+    for (path, resolved, is_dir) in entries(source, dir) {
+        if is_dir {
             out.extend(snapshot_files(source, &path));
-        } else if meta.is_symlink() {
-            if let Ok(target) = source.read_link(&path) {
-                let resolved = normalize(&dir.join(target));
-                out.push((path, resolved));
-            }
-        } else {
-            out.push((path.clone(), path));
+        } else if let Some(resolved) = resolved {
+            out.push((path, resolved));
         }
     }
     out
+}
+
+/// The entries of one directory as (path, what it resolves to, is a directory). A
+/// link resolves to its target inside the source, or to None when it leaves it.
+pub fn entries(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, Option<PathBuf>, bool)> {
+    source
+        .read_dir(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, meta)| {
+            let path = dir.join(&name);
+            if meta.is_dir() {
+                (path, None, true)
+            } else if meta.is_symlink() {
+                let resolved = source
+                    .read_link(&path)
+                    .ok()
+                    .and_then(|target| link_inside(dir, &target));
+                (path, resolved, false)
+            } else {
+                (path.clone(), Some(path), false)
+            }
+        })
+        .collect()
 }
 
 /// The weight files of a snapshot, resolved to the files they link to, in the order a
@@ -100,17 +183,23 @@ pub fn snapshot_files(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, PathBuf)
 /// order, then any other weight files by name.
 pub fn weight_files(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
     let files = snapshot_files(source, snapshot);
-    let indexed = indexed_shards(source, snapshot);
-    let is_weight = |p: &Path| {
-        let name = p.to_string_lossy();
-        WEIGHT_SUFFIXES.iter().any(|s| name.ends_with(s))
-    };
+    order_weights(snapshot, files, &indexed_shards(source, snapshot))
+}
+
+/// The weight files among `files` (path as listed under `dir`, path it resolves to),
+/// in load order: the shards `indexed` names (already in shard order) first, then the
+/// others by name; each resolved file once.
+pub fn order_weights(
+    dir: &Path,
+    files: Vec<(PathBuf, PathBuf)>,
+    indexed: &[String],
+) -> Vec<PathBuf> {
     let mut ordered: Vec<(usize, PathBuf, PathBuf)> = files
         .into_iter()
-        .filter(|(path, _)| is_weight(path))
+        .filter(|(path, _)| is_weight_file(&path.to_string_lossy()))
         .map(|(path, resolved)| {
             let rank = path
-                .strip_prefix(snapshot)
+                .strip_prefix(dir)
                 .ok()
                 .and_then(|rel| indexed.iter().position(|s| Path::new(s) == rel))
                 .unwrap_or(usize::MAX);
@@ -126,9 +215,9 @@ pub fn weight_files(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Shard file names from the snapshot's safetensors index, sorted (shard order).
-fn indexed_shards(source: &SourceTree, snapshot: &Path) -> Vec<String> {
-    let Ok(text) = source.read_text(&snapshot.join(SAFETENSORS_INDEX), INDEX_LIMIT) else {
+/// Shard file names from the directory's safetensors index, sorted (shard order).
+pub fn indexed_shards(source: &SourceTree, dir: &Path) -> Vec<String> {
+    let Some(text) = read_small(source, &dir.join(SAFETENSORS_INDEX)) else {
         return Vec::new();
     };
     let Ok(index) = serde_json::from_str::<serde_json::Value>(&text) else {
@@ -145,6 +234,11 @@ fn indexed_shards(source: &SourceTree, snapshot: &Path) -> Vec<String> {
     shards.into_iter().collect()
 }
 
+/// The text of a small file (an index, a ref); None if it cannot be read.
+fn read_small(source: &SourceTree, rel: &Path) -> Option<String> {
+    source.read_text(rel, INDEX_LIMIT).ok()
+}
+
 /// Every file of a snapshot, resolved, in name order (for whole-model prefetch).
 pub fn all_files(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
     let mut files: Vec<(PathBuf, PathBuf)> = snapshot_files(source, snapshot);
@@ -157,23 +251,61 @@ pub fn all_files(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The snapshot directory of model `id` at `revision` (a ref such as `main`, or a
-/// commit hash), if the source has it.
-pub fn snapshot_of(source: &SourceTree, id: &str, revision: &str) -> Option<PathBuf> {
-    let repo = repo_dir_for(id)?;
-    if revision.contains('/') || revision.contains("..") {
+/// The snapshot directory of the repository at `repo` (a path in the source) at
+/// `revision` (a ref such as `main`, or a commit hash), if the source has it.
+pub fn snapshot_of(source: &SourceTree, repo: &Path, revision: &str) -> Option<PathBuf> {
+    if revision.contains('/') || revision.contains("..") || revision.is_empty() {
         return None;
     }
-    let commit = match source.read_text(&repo.join("refs").join(revision), INDEX_LIMIT) {
-        Ok(text) => text.trim().to_string(),
-        Err(_) => revision.to_string(),
-    };
+    let commit = read_small(source, &repo.join("refs").join(revision))
+        .map_or_else(|| revision.to_string(), |text| text.trim().to_string());
     let snapshot = repo.join("snapshots").join(commit);
     source
         .stat(&snapshot)
         .ok()
         .filter(|m| m.is_dir())
         .map(|_| snapshot)
+}
+
+/// The most recently modified snapshot of the repository at `repo`, for a cache
+/// without `refs/main` (a model downloaded by commit).
+pub fn newest_snapshot(source: &SourceTree, repo: &Path) -> Option<PathBuf> {
+    let snapshots = repo.join("snapshots");
+    source
+        .read_dir(&snapshots)
+        .ok()?
+        .into_iter()
+        .filter(|(_, meta)| meta.is_dir())
+        .max_by_key(|(_, meta)| meta.modified())
+        .map(|(name, _)| snapshots.join(name))
+}
+
+/// The snapshot directories (commit names) of the repository at `repo`.
+pub fn snapshots(source: &SourceTree, repo: &Path) -> Vec<String> {
+    source
+        .read_dir(&repo.join("snapshots"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, meta)| meta.is_dir())
+        .filter_map(|(name, _)| name.to_str().map(str::to_string))
+        .collect()
+}
+
+/// The refs (branches, tags) of the repository at `repo`, by the commit they name.
+pub fn refs_by_commit(source: &SourceTree, repo: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut refs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, meta) in source.read_dir(&repo.join("refs")).unwrap_or_default() {
+        let Some(name) = name.to_str() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        if let Some(commit) = read_small(source, &repo.join("refs").join(name)) {
+            refs.entry(commit.trim().to_string())
+                .or_default()
+                .push(name.to_string());
+        }
+    }
+    refs
 }
 
 #[cfg(test)]
@@ -183,9 +315,9 @@ mod tests {
 
     use super::*;
 
-    fn repo() -> Result<(tempfile::TempDir, SourceTree), Box<dyn std::error::Error>> {
+    fn repo(under: &str) -> Result<(tempfile::TempDir, SourceTree), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let r = dir.path().join("models--o--m");
+        let r = dir.path().join(under).join("models--o--m");
         fs::create_dir_all(r.join("blobs"))?;
         fs::create_dir_all(r.join("snapshots/c1"))?;
         fs::create_dir_all(r.join("refs"))?;
@@ -208,28 +340,92 @@ mod tests {
             "../../blobs/bi",
             r.join("snapshots/c1").join(SAFETENSORS_INDEX),
         )?;
+        symlink("/etc/passwd", r.join("snapshots/c1/outside.bin"))?;
         let tree = SourceTree::new(dir.path())?;
         Ok((dir, tree))
     }
 
     #[test]
     fn weights_come_in_shard_order_resolved_to_blobs() -> Result<(), Box<dyn std::error::Error>> {
-        let (_dir, source) = repo()?;
-        let snapshot = snapshot_of(&source, "o/m", "main").ok_or("no snapshot")?;
-        assert_eq!(snapshot, PathBuf::from("models--o--m/snapshots/c1"));
-        let weights = weight_files(&source, &snapshot);
-        let names: Vec<_> = weights
-            .iter()
-            .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect();
-        assert_eq!(
-            names,
-            [Some("b1".into()), Some("b2".into()), Some("bg".into())]
-        );
-        let containing = snapshots_containing(&source, Path::new("models--o--m/blobs/b2"));
-        assert_eq!(containing, vec![snapshot]);
-        assert!(snapshot_of(&source, "o/m", "../x").is_none());
-        assert!(snapshot_of(&source, "o/other", "main").is_none());
+        for under in ["", "hub", "deep/er/hub"] {
+            let (_dir, source) = repo(under)?;
+            let repo = Path::new(under).join("models--o--m");
+            let snapshot = snapshot_of(&source, &repo, "main").ok_or("no snapshot")?;
+            assert_eq!(snapshot, repo.join("snapshots/c1"));
+            let weights = weight_files(&source, &snapshot);
+            let names: Vec<_> = weights
+                .iter()
+                .map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            assert_eq!(
+                names,
+                [Some("b1".into()), Some("b2".into()), Some("bg".into())],
+                "a link leaving the source is not a weight of the model"
+            );
+            let containing = snapshots_containing(&source, &repo.join("blobs/b2"));
+            assert_eq!(containing, vec![snapshot]);
+            assert!(snapshot_of(&source, &repo, "../x").is_none());
+            assert!(snapshot_of(&source, Path::new("models--o--other"), "main").is_none());
+            assert_eq!(
+                refs_by_commit(&source, &repo).get("c1"),
+                Some(&vec!["main".to_string()])
+            );
+        }
         Ok(())
+    }
+
+    #[test]
+    fn ids_and_repo_dirs_round_trip() {
+        assert_eq!(repo_dir_for("org/name"), Some("models--org--name".into()));
+        assert_eq!(
+            repo_dir_for("datasets/org/set"),
+            Some("datasets--org--set".into())
+        );
+        assert_eq!(
+            repo_dir_for("datasets/name"),
+            Some("models--datasets--name".into())
+        );
+        for bad in ["org", "../x", "org/..", "a/b/c", "org/na me", "/abs", ""] {
+            assert_eq!(repo_dir_for(bad), None, "{bad}");
+        }
+        assert_eq!(
+            id_of_repo_dir("models--org--name").as_deref(),
+            Some("org/name")
+        );
+        assert_eq!(
+            id_of_repo_dir("models--org--name--x").as_deref(),
+            Some("org/name--x")
+        );
+        assert_eq!(
+            id_of_repo_dir("datasets--org--set").as_deref(),
+            Some("datasets/org/set")
+        );
+        for not_a_repo in ["models--bad", "mlx-community", "a--b", "models----x"] {
+            assert_eq!(id_of_repo_dir(not_a_repo), None, "{not_a_repo}");
+        }
+    }
+
+    #[test]
+    fn repos_are_found_wherever_they_sit() {
+        let repo_of = |p: &str| repo_of(Path::new(p));
+        assert_eq!(
+            repo_of("hub/models--o--m/blobs/x"),
+            Some("hub/models--o--m".into())
+        );
+        assert_eq!(repo_of("models--o--m"), Some("models--o--m".into()));
+        assert_eq!(repo_of("models/o/m/config.json"), None);
+        assert_eq!(repo_of("token"), None);
+    }
+
+    #[test]
+    fn links_that_leave_the_source_resolve_to_nothing() {
+        let inside = |dir: &str, target: &str| link_inside(Path::new(dir), Path::new(target));
+        assert_eq!(
+            inside("r/snapshots/c", "../../blobs/b"),
+            Some("r/blobs/b".into())
+        );
+        assert_eq!(inside("m", "../../x"), None);
+        assert_eq!(inside("m", "/abs/x"), None);
+        assert_eq!(inside("m/sub", "./x"), Some("m/sub/x".into()));
     }
 }

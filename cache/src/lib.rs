@@ -15,6 +15,7 @@ pub mod hf;
 pub mod index;
 pub mod key;
 pub mod metrics;
+pub mod models;
 pub mod prefetch;
 pub mod source;
 pub mod source_pool;

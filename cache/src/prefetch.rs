@@ -18,6 +18,7 @@ use tracing::{debug, info};
 use crate::admin::AdminError;
 use crate::error::{StageError, StoreError};
 use crate::hf;
+use crate::models::{self, ModelSource};
 use crate::source::SourceTree;
 use crate::stage::Stager;
 
@@ -25,14 +26,15 @@ use crate::stage::Stager;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Target {
-    /// A model (`org/name`) at a revision (a ref or a commit; default `main`).
+    /// A model: an HF repository (`org/name`) at a revision (a ref or a commit;
+    /// default `main`), or a model folder or GGUF file by its path or the end of it.
     Model {
-        /// Repository id.
+        /// Repository id, or a folder's or file's path.
         id: String,
-        /// Ref or commit.
+        /// Ref or commit (repositories only).
         revision: Option<String>,
     },
-    /// A snapshot directory or a file, relative to the source root.
+    /// A model, snapshot or other directory, or a file, relative to the source root.
     Path {
         /// The path.
         path: PathBuf,
@@ -84,7 +86,7 @@ impl FileProgress {
 
 /// Resolves targets to the files to stage (each at least `min_size` bytes), in order.
 pub fn resolve(
-    source: &SourceTree,
+    source: ModelSource<'_>,
     targets: &[Target],
     min_size: u64,
 ) -> Result<Vec<(PathBuf, u64)>, AdminError> {
@@ -92,7 +94,7 @@ pub fn resolve(
     let mut seen = HashSet::new();
     for target in targets {
         for path in target_files(source, target)? {
-            let Ok(meta) = source.stat(&path) else {
+            let Ok(meta) = source.tree.stat(&path) else {
                 continue;
             };
             if meta.is_file() && meta.len() >= min_size && seen.insert(path.clone()) {
@@ -103,45 +105,36 @@ pub fn resolve(
     Ok(files)
 }
 
-fn target_files(source: &SourceTree, target: &Target) -> Result<Vec<PathBuf>, AdminError> {
+fn target_files(source: ModelSource<'_>, target: &Target) -> Result<Vec<PathBuf>, AdminError> {
     match target {
         Target::Model { id, revision } => {
-            let revision = revision.as_deref().unwrap_or("main");
-            let snapshot = hf::snapshot_of(source, id, revision).ok_or_else(|| {
-                AdminError::BadRequest(format!(
-                    "{id}: no snapshot for revision '{revision}' in the source"
-                ))
-            })?;
-            Ok(ordered_snapshot(source, &snapshot))
+            let model = models::find(source.tree, id, source.model_dirs)?;
+            Ok(models::files(source.tree, &model, revision.as_deref())?)
         }
-        Target::Path { path } => {
-            let meta = source
-                .stat(path)
-                .map_err(|e| AdminError::BadRequest(e.to_string()))?;
-            if meta.is_dir() {
-                Ok(ordered_snapshot(source, path))
-            } else if meta.is_symlink() {
-                let target = source
-                    .read_link(path)
-                    .map_err(|e| AdminError::BadRequest(e.to_string()))?;
-                let parent = path.parent().unwrap_or(Path::new(""));
-                Ok(vec![hf::normalize(&parent.join(target))])
-            } else {
-                Ok(vec![path.clone()])
-            }
-        }
+        Target::Path { path } => path_files(source.tree, path),
     }
 }
 
-/// Weight files in shard order first, then everything else in the snapshot.
-fn ordered_snapshot(source: &SourceTree, snapshot: &Path) -> Vec<PathBuf> {
-    let mut files = hf::weight_files(source, snapshot);
-    for file in hf::all_files(source, snapshot) {
-        if !files.contains(&file) {
-            files.push(file);
-        }
+/// A model directory's files (a repository's at `main`), any other directory's
+/// (a snapshot's), or the one file, links followed.
+fn path_files(source: &SourceTree, path: &Path) -> Result<Vec<PathBuf>, AdminError> {
+    let meta = source
+        .stat(path)
+        .map_err(|e| AdminError::BadRequest(e.to_string()))?;
+    if meta.is_dir() {
+        Ok(match models::model_at(source, path) {
+            Some(model) => models::files(source, &model, None)?,
+            None => models::files_under(source, path),
+        })
+    } else if meta.is_symlink() {
+        let target = source
+            .read_link(path)
+            .map_err(|e| AdminError::BadRequest(e.to_string()))?;
+        let parent = path.parent().unwrap_or(Path::new(""));
+        Ok(vec![hf::normalize(&parent.join(target))])
+    } else {
+        Ok(vec![path.to_path_buf()])
     }
-    files
 }
 
 /// A set of files being staged, with per-file progress.
@@ -266,12 +259,10 @@ impl Prefetcher {
         })
     }
 
-    /// `rel` was opened: stage the weight files of every snapshot containing it,
-    /// unless a prefetch of that snapshot is already running.
+    /// `rel` was opened: stage the weight files of every snapshot containing it, or
+    /// of the model folder it is in, unless a prefetch of that snapshot or folder is
+    /// already running.
     pub fn on_open(self: &Arc<Self>, rel: &Path, runtime: &tokio::runtime::Handle) {
-        if hf::repo_of(rel).is_none() {
-            return;
-        }
         let (this, rel) = (Arc::clone(self), rel.to_path_buf());
         runtime.spawn(async move {
             let pool = this.stager.source_pool();
@@ -282,13 +273,10 @@ impl Prefetcher {
             }
             let (source, scanner) = (this.stager.source().clone(), Arc::clone(&this));
             let scan = pool.run(move || {
-                hf::snapshots_containing(&source, &rel)
+                models::siblings_to_prefetch(&source, &rel)
                     .into_iter()
-                    .filter(|s| !scanner.started(s))
-                    .map(|s| {
-                        let files = sized_weight_files(&source, &s, scanner.min_size);
-                        (s, files)
-                    })
+                    .filter(|(s, _)| !scanner.started(s))
+                    .map(|(s, files)| (s, sized(&source, files, scanner.min_size)))
                     .collect::<Vec<_>>()
             });
             let Ok(snapshots) = scan.await else { return };
@@ -328,10 +316,10 @@ impl Prefetcher {
     }
 }
 
-/// The weight files of `snapshot` in shard order with their sizes, those of at least
-/// `min_size` bytes (smaller ones are read from the source, never staged).
-fn sized_weight_files(source: &SourceTree, snapshot: &Path, min_size: u64) -> Vec<(PathBuf, u64)> {
-    hf::weight_files(source, snapshot)
+/// `files` with their sizes, those of at least `min_size` bytes (smaller ones are read
+/// from the source, never staged), in the order given.
+fn sized(source: &SourceTree, files: Vec<PathBuf>, min_size: u64) -> Vec<(PathBuf, u64)> {
+    files
         .into_iter()
         .filter_map(|f| source.stat(&f).ok().map(|m| (f, m.len())))
         .filter(|(_, size)| *size >= min_size)

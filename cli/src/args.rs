@@ -4,7 +4,7 @@
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
-use crate::units::{parse_duration, parse_size};
+use crate::units::{parse_duration, parse_size, parse_source_dir};
 
 /// Mount a slow HuggingFace cache and serve every opened weight file from a complete
 /// local copy.
@@ -117,6 +117,10 @@ pub(crate) struct MountOptions {
     /// need `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
     pub(crate) allow_other: bool,
+    /// A directory inside the source, relative to it, where models lie deeper than
+    /// the root, `hub/` and 4 levels down are searched; repeat for more.
+    #[arg(long = "model-dir", value_name = "DIR", value_parser = parse_source_dir)]
+    pub(crate) model_dirs: Vec<PathBuf>,
 }
 
 /// `--on-full` values (`on_full` in the config file).

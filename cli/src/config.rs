@@ -15,7 +15,7 @@ use stagefs_fs::{FsConfig, OnFull};
 
 use crate::args::{CacheDirArg, MountOptions, OnFullArg};
 use crate::daemon::MountSpec;
-use crate::units::{parse_duration, parse_size};
+use crate::units::{parse_duration, parse_size, parse_source_dir};
 
 /// The keys a config file may hold; each is optional.
 #[derive(Debug, Default, Deserialize)]
@@ -46,6 +46,8 @@ pub(crate) struct FileConfig {
     #[serde(default, deserialize_with = "duration")]
     redirect_grace: Option<u64>,
     allow_other: Option<bool>,
+    #[serde(default, deserialize_with = "source_dirs")]
+    model_dirs: Option<Vec<PathBuf>>,
 }
 
 /// The loaded config and where it came from.
@@ -117,6 +119,11 @@ impl Config {
         self.file.mountpoint.as_deref()
     }
 
+    /// The file's `model_dirs` (for `doctor`).
+    pub(crate) fn model_dirs(&self) -> &[PathBuf] {
+        self.file.model_dirs.as_deref().unwrap_or_default()
+    }
+
     /// The mount these arguments and the config file describe; flags win.
     pub(crate) fn mount_spec(
         &self,
@@ -159,6 +166,11 @@ impl Config {
             copy: CopyOptions {
                 streams: usize::from(flags.copy_streams.or(file.copy_streams).unwrap_or(4)),
                 ..CopyOptions::default()
+            },
+            model_dirs: if flags.model_dirs.is_empty() {
+                self.model_dirs().to_vec()
+            } else {
+                flags.model_dirs.clone()
             },
         })
     }
@@ -227,6 +239,14 @@ fn absolute_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::
         )));
     }
     Ok(Some(path))
+}
+
+fn source_dirs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<PathBuf>>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|text| parse_source_dir(text).map_err(de::Error::custom))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -298,6 +318,7 @@ passthrough = false
 redirect = false
 redirect_grace = "10s"
 allow_other = true
+model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
 "#,
         )
         .expect("valid");
@@ -308,6 +329,13 @@ allow_other = true
         assert_eq!(file.copy_streams, Some(8));
         assert_eq!(file.redirect, Some(false));
         assert_eq!(file.redirect_grace, Some(10));
+        assert_eq!(
+            file.model_dirs,
+            Some(vec![
+                PathBuf::from("teams/nlp/hf/hub"),
+                PathBuf::from("lmstudio/models")
+            ])
+        );
     }
 
     #[test]
@@ -324,6 +352,9 @@ allow_other = true
         assert!(e.starts_with("line 1, key `copy_streams`"), "{e}");
         let e = error("on_full = \"maybe\"\n");
         assert!(e.contains("on_full"), "{e}");
+        let e = error("model_dirs = [\"/abs/hub\"]\n");
+        assert!(e.starts_with("line 1, key `model_dirs`"), "{e}");
+        assert!(e.contains("inside the source, relative to it"), "{e}");
         let e = error("source = \n");
         assert!(e.starts_with("line 1"), "{e}");
     }

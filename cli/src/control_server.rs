@@ -11,6 +11,7 @@ use anyhow::Context;
 use stagefs_cache::Stager;
 use stagefs_cache::admin::Live;
 use stagefs_cache::control::{self, Request, Response};
+use stagefs_cache::models::ModelSource;
 use stagefs_cache::prefetch::{self, Job, Target};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
@@ -30,6 +31,7 @@ pub(crate) struct ControlServer {
     mountpoint: PathBuf,
     min_stage_size: u64,
     prefetch_parallel: usize,
+    model_dirs: Arc<[PathBuf]>,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -49,6 +51,7 @@ pub(crate) async fn bind(
         mountpoint: spec.mountpoint.clone(),
         min_stage_size: spec.fs.min_stage_size,
         prefetch_parallel: spec.fs.prefetch.unwrap_or(1),
+        model_dirs: spec.model_dirs.clone().into(),
     })
 }
 
@@ -94,12 +97,19 @@ impl ControlServer {
     ) -> std::io::Result<()> {
         let source = self.stager.source().clone();
         let min_size = self.min_stage_size;
+        let model_dirs = Arc::clone(&self.model_dirs);
         let resolved = match self.source_suspect() {
             true => Err("the source is not answering; nothing can be staged from it now".into()),
             false => self
                 .stager
                 .source_pool()
-                .run(move || prefetch::resolve(&source, &targets, min_size))
+                .run(move || {
+                    let source = ModelSource {
+                        tree: &source,
+                        model_dirs: &model_dirs,
+                    };
+                    prefetch::resolve(source, &targets, min_size)
+                })
                 .await
                 .map_err(|why| format!("the source did not answer ({why})"))
                 .and_then(|resolved| resolved.map_err(|e| e.to_string())),
@@ -137,9 +147,13 @@ impl ControlServer {
         match request {
             Request::Status => self.status().await,
             Request::Evict { .. } if !self.source_suspect() => {
-                let (stager, live) = (self.stager.clone(), self.live());
+                let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
                 let asked = self.stager.source_pool().run(move || {
-                    control::answer(request, stager.store(), Some(stager.source()), live)
+                    let source = ModelSource {
+                        tree: stager.source(),
+                        model_dirs: &dirs,
+                    };
+                    control::answer(request, stager.store(), Some(source), live)
                 });
                 asked.await.unwrap_or_else(|why| Response::Error {
                     message: format!(
@@ -159,9 +173,13 @@ impl ControlServer {
         if self.source_suspect() {
             return self.status_without_source().await;
         }
-        let (stager, live) = (self.stager.clone(), self.live());
+        let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
         let with_source = self.stager.source_pool().run(move || {
-            control::answer(Request::Status, stager.store(), Some(stager.source()), live)
+            let source = ModelSource {
+                tree: stager.source(),
+                model_dirs: &dirs,
+            };
+            control::answer(Request::Status, stager.store(), Some(source), live)
         });
         tokio::select! {
             Ok(response) = with_source => response,
@@ -191,6 +209,10 @@ impl ControlServer {
         }
     }
 
+    fn dirs(&self) -> Arc<[PathBuf]> {
+        Arc::clone(&self.model_dirs)
+    }
+
     fn live(&self) -> Live {
         Live {
             metrics: Some(self.stager.metrics().snapshot()),
@@ -203,9 +225,12 @@ impl ControlServer {
     /// Answers without asking the source anything, on the blocking pool (verify
     /// hashes copies). `name_source` hands the source over for its name only.
     async fn answer_locally(&self, request: Request, name_source: bool) -> Response {
-        let (stager, live) = (self.stager.clone(), self.live());
+        let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
         let answered = tokio::task::spawn_blocking(move || {
-            let source = name_source.then(|| stager.source());
+            let source = name_source.then(|| ModelSource {
+                tree: stager.source(),
+                model_dirs: &dirs,
+            });
             control::answer(request, stager.store(), source, live)
         })
         .await;

@@ -40,6 +40,8 @@ pub(crate) struct MountSpec {
     /// How long a copy whose link was followed counts as in use.
     pub(crate) redirect_grace: Duration,
     pub(crate) copy: CopyOptions,
+    /// Paths in the source searched for models like its root.
+    pub(crate) model_dirs: Vec<PathBuf>,
 }
 
 impl MountSpec {
@@ -86,6 +88,7 @@ impl Running {
             mountpoint: spec.mountpoint.clone(),
             budget,
             min_stage_size: spec.fs.min_stage_size,
+            model_dirs: spec.model_dirs.clone(),
         };
         record
             .write(&spec.cache_dir)
@@ -436,6 +439,11 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
         fs.allow_other.then(|| "--allow-other".into()),
     ];
     args.extend(optional.into_iter().flatten().map(OsString::from));
+    args.extend(
+        spec.model_dirs
+            .iter()
+            .map(|dir| OsString::from(format!("--model-dir={}", dir.display()))),
+    );
     args.extend(["--foreground", "--notify-ready"].map(OsString::from));
     args
 }

@@ -30,6 +30,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         min_free: None,
         redirect_grace: stagefs_cache::store::DEFAULT_REDIRECT_GRACE,
         copy: Default::default(),
+        model_dirs: Vec::new(),
     };
     fs::create_dir_all(&spec.mountpoint)?;
     println!(

@@ -107,7 +107,11 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         daemon::serve_foreground(&spec, args.notify_ready)
     } else {
         let log = daemon::launch_background(&spec)?;
-        println!("{}", daemon::describe(&spec, &log));
+        // One line: where it is mounted, and how programs find the models in it.
+        let usage = doctor::shape_of(&spec.source, spec.fs.source_timeout)
+            .map(|shape| format!("; {}", doctor::shape_usage(shape, &spec.mountpoint)))
+            .unwrap_or_default();
+        println!("{}{usage}", daemon::describe(&spec, &log));
         Ok(())
     }
 }

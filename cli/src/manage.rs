@@ -7,8 +7,11 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
-use stagefs_cache::admin::{EvictReport, EvictSelector, Live, StatusReport, VerifyReport};
+use stagefs_cache::admin::{
+    EvictReport, EvictSelector, Live, ModelStatus, StatusReport, VerifyReport,
+};
 use stagefs_cache::control::{self, MountRecord, Request, Response};
+use stagefs_cache::models::{self, ModelKind, ModelSource};
 use stagefs_cache::{SourceHealth, SourceTree, Store, StoreError};
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
@@ -87,8 +90,16 @@ fn ask(dir: &Path, request: Request) -> anyhow::Result<Response> {
 
 fn answer_locally(dir: &Path, request: Request) -> anyhow::Result<Response> {
     let (store, record) = open_locally(dir)?;
-    let source = record.and_then(|r| SourceTree::new(r.source).ok());
-    match control::answer(request, &store, source.as_ref(), Live::default()) {
+    let model_dirs = record
+        .as_ref()
+        .map(|r| r.model_dirs.clone())
+        .unwrap_or_default();
+    let tree = record.and_then(|r| SourceTree::new(r.source).ok());
+    let source = tree.as_ref().map(|tree| ModelSource {
+        tree,
+        model_dirs: &model_dirs,
+    });
+    match control::answer(request, &store, source, Live::default()) {
         Response::Error { message } => Err(anyhow!(message)),
         response => Ok(response),
     }
@@ -137,12 +148,12 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
             path: source_relative(Path::new(target), dir)?,
         });
     }
-    if target.split('/').count() == 2 && !target.starts_with('/') {
+    if models::is_model_id(target) {
         return Ok(EvictSelector::Model {
             id: target.to_string(),
         });
     }
-    bail!("{target}: neither an existing path nor a model id like org/name")
+    bail!("{target}: neither an existing path nor a model id like org/name or a path in the source")
 }
 
 /// Whether `text` names something on disk. The name itself is not followed: in a
@@ -230,13 +241,7 @@ fn render_status(r: &StatusReport) -> String {
         );
     }
     for m in &r.models {
-        let _ = writeln!(
-            out,
-            "model     {}: {} staged files, {}",
-            m.model,
-            m.staged_files,
-            format_bytes(m.staged_bytes)
-        );
+        let _ = writeln!(out, "{}", model_line(m));
         for rev in &m.revisions {
             let refs = if rev.refs.is_empty() {
                 String::new()
@@ -255,6 +260,34 @@ fn render_status(r: &StatusReport) -> String {
         }
     }
     out
+}
+
+/// `model     org/name: 2 staged files, 80.0 MiB` for a repository (its revisions
+/// follow), `model     models/m (plain model folder): 2/4 files staged, 6.0 MiB of
+/// 6.1 MiB` for a folder or a file.
+fn model_line(m: &ModelStatus) -> String {
+    let staged = match (m.total_files, m.total_bytes) {
+        (Some(files), Some(bytes)) => format!(
+            "{}/{files} files staged, {} of {}",
+            m.staged_files,
+            format_bytes(m.staged_bytes),
+            format_bytes(bytes)
+        ),
+        _ => format!(
+            "{} staged files, {}",
+            m.staged_files,
+            format_bytes(m.staged_bytes)
+        ),
+    };
+    let what = match m.kind {
+        ModelKind::HfRepo => String::new(),
+        kind if Path::new(&m.model) == m.path => format!(" ({})", kind.describe()),
+        kind if m.path.as_os_str().is_empty() => {
+            format!(" ({}: the source itself)", kind.describe())
+        }
+        kind => format!(" ({} {})", kind.describe(), m.path.display()),
+    };
+    format!("model     {}{what}: {staged}", m.model)
 }
 
 fn render_evict(r: &EvictReport) -> String {
@@ -308,5 +341,49 @@ fn health_note(health: Option<SourceHealth>) -> String {
             h.stuck, h.threads
         ),
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(model: &str, kind: ModelKind, path: &str, totals: bool) -> ModelStatus {
+        ModelStatus {
+            model: model.into(),
+            kind,
+            path: path.into(),
+            staged_files: 2,
+            staged_bytes: 3 << 20,
+            revisions: Vec::new(),
+            total_files: totals.then_some(4),
+            total_bytes: totals.then_some(4 << 20),
+        }
+    }
+
+    #[test]
+    fn every_form_of_model_gets_one_line() {
+        let line = |m: ModelStatus| model_line(&m);
+        assert_eq!(
+            line(status(
+                "org/r",
+                ModelKind::HfRepo,
+                "hub/models--org--r",
+                false
+            )),
+            "model     org/r: 2 staged files, 3.0 MiB"
+        );
+        assert_eq!(
+            line(status("models/m", ModelKind::Folder, "models/m", true)),
+            "model     models/m (plain model folder): 2/4 files staged, 3.0 MiB of 4.0 MiB"
+        );
+        assert_eq!(
+            line(status("Llama", ModelKind::Folder, "", true)),
+            "model     Llama (plain model folder: the source itself): 2/4 files staged, 3.0 MiB of 4.0 MiB"
+        );
+        assert_eq!(
+            line(status("q.gguf", ModelKind::File, "q.gguf", false)),
+            "model     q.gguf (GGUF file): 2 staged files, 3.0 MiB"
+        );
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use stagefs_cache::control::{self, Request, Response};
+use stagefs_cache::models::ModelSource;
 use stagefs_cache::prefetch::{self, FileProgress, FileState, Job, Target};
 use stagefs_cache::{SourceTree, Stager};
 
@@ -64,13 +65,13 @@ fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Targ
             path: source_relative(Path::new(text), dir)?,
         });
     }
-    if stagefs_cache::hf::repo_dir_for(text).is_some() {
+    if stagefs_cache::models::is_model_id(text) {
         return Ok(Target::Model {
             id: text.to_string(),
             revision: revision.map(str::to_string),
         });
     }
-    bail!("{text}: neither an existing path nor a model id like org/name")
+    bail!("{text}: neither an existing path nor a model id like org/name or a path in the source")
 }
 
 fn follow(
@@ -98,7 +99,11 @@ fn prefetch_locally(
     let record = record.context("this cache has never been mounted, so its source is unknown")?;
     let source = SourceTree::new(&record.source)
         .with_context(|| format!("the source {} is not reachable", record.source.display()))?;
-    let files = prefetch::resolve(&source, targets, record.min_stage_size)?;
+    let models = ModelSource {
+        tree: &source,
+        model_dirs: &record.model_dirs,
+    };
+    let files = prefetch::resolve(models, targets, record.min_stage_size)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
     let job = Job::new(stager, files);

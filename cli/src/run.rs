@@ -6,10 +6,12 @@
 use std::ffi::OsString;
 use std::io::ErrorKind;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
+use stagefs_cache::models::Shape;
 
 use crate::args::RunArgs;
 use crate::config::Config;
@@ -18,6 +20,9 @@ use crate::doctor::same_place;
 
 /// Files staged at a time for `--model`.
 const STAGE_PARALLEL: usize = 2;
+/// How long finding out the source's shape may take; past it, the mount is taken for
+/// a hub cache.
+const SHAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The variable that relaxes the macOS Metal command-buffer watchdog for one process.
 pub(crate) const RELAX_WATCHDOG_VAR: &str = "AGX_RELAX_CDM_CTXSTORE_TIMEOUT";
@@ -36,8 +41,11 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
         )?;
         eprintln!("stagefs: {summary}");
     }
-    let env = environment(&spec.mountpoint, args.relax_gpu_watchdog);
-    announce(&env, args.relax_gpu_watchdog);
+    // The source, not the mount: through the mount, staged files may be links.
+    let timeout = spec.fs.source_timeout.min(SHAPE_TIMEOUT);
+    let shape = crate::doctor::shape_of(&spec.source, timeout).unwrap_or(Shape::Unknown);
+    let env = environment(shape, &spec.mountpoint, args.relax_gpu_watchdog);
+    announce(&env, shape, &spec.mountpoint, args.relax_gpu_watchdog);
     let (program, rest) = args.command.split_first().context("no COMMAND given")?;
     let error = Command::new(program).args(rest).envs(env).exec();
     eprintln!(
@@ -99,45 +107,52 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
     }
 }
 
-/// The variables COMMAND gets. HF_HUB_CACHE wins over HF_HOME and the legacy names in
-/// huggingface_hub, so one variable is enough and the user's HF_HOME (token, other
-/// caches) stays usable; offline mode keeps the hub from writing to a read-only mount.
-fn environment(mountpoint: &Path, relax_watchdog: bool) -> Vec<(&'static str, OsString)> {
-    let mut env = vec![
-        ("HF_HUB_CACHE", hub_dir(mountpoint).into_os_string()),
-        ("HF_HUB_OFFLINE", "1".into()),
-    ];
+/// The variables COMMAND gets, by the shape of the source: the HF variables that
+/// point huggingface_hub at the mount (see [`Shape::hf_variables`]) with
+/// `HF_HUB_OFFLINE=1`, which keeps it from trying to write to a read-only mount; for
+/// plain model folders, loaded by path, none of them.
+fn environment(
+    shape: Shape,
+    mountpoint: &Path,
+    relax_watchdog: bool,
+) -> Vec<(&'static str, OsString)> {
+    let mut env: Vec<(&'static str, OsString)> = shape
+        .hf_variables(mountpoint)
+        .into_iter()
+        .map(|(name, value)| (name, value.into_os_string()))
+        .collect();
+    if !env.is_empty() {
+        env.push(("HF_HUB_OFFLINE", "1".into()));
+    }
     if relax_watchdog {
         env.push((RELAX_WATCHDOG_VAR, "1".into()));
     }
     env
 }
 
-/// The hub cache inside the mount: the mount itself, or its `hub/` when the source
-/// is a whole HF_HOME.
-fn hub_dir(mountpoint: &Path) -> PathBuf {
-    let has_models = |dir: &Path| {
-        std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("models--"))
-        })
-    };
-    let hub = mountpoint.join("hub");
-    if !has_models(mountpoint) && has_models(&hub) {
-        hub
-    } else {
-        mountpoint.to_path_buf()
-    }
-}
-
-/// Says what COMMAND's environment is; the watchdog change is never silent.
-fn announce(env: &[(&str, OsString)], relax_watchdog: bool) {
+/// Says in one line what COMMAND's environment is; the watchdog change is never silent.
+fn announce(env: &[(&str, OsString)], shape: Shape, mountpoint: &Path, relax_watchdog: bool) {
     let shown: Vec<String> = env
         .iter()
         .map(|(k, v)| format!("{k}={}", v.to_string_lossy()))
         .collect();
-    eprintln!("stagefs: running with {}", shown.join(" "));
+    if shape == Shape::ModelFolders {
+        let set = if shown.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", shown.join(" "))
+        };
+        eprintln!(
+            "stagefs: running with no HF variables set{set}: the source holds plain model folders, load them by path under {}",
+            mountpoint.display()
+        );
+    } else {
+        eprintln!(
+            "stagefs: running with {} ({})",
+            shown.join(" "),
+            shape_origin(shape)
+        );
+    }
     if relax_watchdog {
         let effect = if cfg!(target_os = "macos") {
             "relaxes the Metal GPU watchdog for this command only; the system and other processes keep the default"
@@ -148,29 +163,50 @@ fn announce(env: &[(&str, OsString)], relax_watchdog: bool) {
     }
 }
 
+fn shape_origin(shape: Shape) -> &'static str {
+    match shape {
+        Shape::HfHome => "the source is an HF_HOME",
+        Shape::HubCache => "the source is a hub cache",
+        Shape::ModelFolders | Shape::Unknown => "no model recognised in the source yet",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn names(shape: Shape, relax: bool) -> Vec<&'static str> {
+        environment(shape, Path::new("/m"), relax)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+
     #[test]
-    fn hub_dir_finds_an_hf_home_layout() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        assert_eq!(hub_dir(dir.path()), dir.path());
-        std::fs::create_dir_all(dir.path().join("hub/models--a--b")).expect("mkdir");
-        assert_eq!(hub_dir(dir.path()), dir.path().join("hub"));
-        std::fs::create_dir_all(dir.path().join("models--c--d")).expect("mkdir");
-        assert_eq!(hub_dir(dir.path()), dir.path());
+    fn the_environment_follows_the_shape_of_the_source() {
+        assert_eq!(
+            environment(Shape::HfHome, Path::new("/m"), false),
+            [
+                ("HF_HOME", OsString::from("/m")),
+                ("HF_HUB_CACHE", OsString::from("/m/hub")),
+                ("HF_HUB_OFFLINE", OsString::from("1"))
+            ]
+        );
+        assert_eq!(
+            names(Shape::HubCache, false),
+            ["HF_HUB_CACHE", "HF_HUB_OFFLINE"]
+        );
+        assert_eq!(
+            names(Shape::Unknown, false),
+            ["HF_HUB_CACHE", "HF_HUB_OFFLINE"]
+        );
+        assert!(names(Shape::ModelFolders, false).is_empty());
     }
 
     #[test]
     fn watchdog_variable_only_when_asked() {
-        let names = |relax| -> Vec<&str> {
-            environment(Path::new("/m"), relax)
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect()
-        };
-        assert_eq!(names(false), ["HF_HUB_CACHE", "HF_HUB_OFFLINE"]);
-        assert!(names(true).contains(&RELAX_WATCHDOG_VAR));
+        assert!(!names(Shape::HubCache, false).contains(&RELAX_WATCHDOG_VAR));
+        assert!(names(Shape::HubCache, true).contains(&RELAX_WATCHDOG_VAR));
+        assert_eq!(names(Shape::ModelFolders, true), [RELAX_WATCHDOG_VAR]);
     }
 }

@@ -1,5 +1,21 @@
 //! Human sizes: `4096`, `512K`, `64M`, `200G`, `1.5T` (binary multiples), and back.
 
+/// Parses a path inside the source (`model_dirs`): relative, without `..`.
+pub(crate) fn parse_source_dir(text: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::Path::new(text.trim_end_matches('/'));
+    let plain = path
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    // "/" trims to nothing: the root, which is searched anyway, and not relative.
+    if plain && !path.as_os_str().is_empty() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(format!(
+            "'{text}' must be a directory inside the source, relative to it (e.g. teams/nlp/hf/hub)"
+        ))
+    }
+}
+
 /// Parses a size; suffixes K, M, G, T (optionally followed by `B` or `iB`) are powers of 1024.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -108,6 +124,17 @@ mod tests {
     fn rejects_garbage() {
         for bad in ["", "M", "12X", "-1", "1.5", "1e3", "9999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn source_dirs_are_relative_and_inside() {
+        assert_eq!(
+            parse_source_dir("teams/hf/hub/"),
+            Ok(std::path::PathBuf::from("teams/hf/hub"))
+        );
+        for bad in ["", "/", "/abs/hub", "../up", "a/../../b", "./a"] {
+            assert!(parse_source_dir(bad).is_err(), "{bad}");
         }
     }
 

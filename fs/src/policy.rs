@@ -814,7 +814,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_small_file_is_read_from_the_source_and_a_copy_kept() {
-        let f = healthy();
+        // (Opening config.json next to weights.bin would prefetch that plain folder.)
+        let f = fixture(|c, _, _| c.prefetch = None);
         let opened = f.open("config.json").await.expect("open");
         assert!(matches!(opened.reader, Reader::Source(_)));
         assert!(opened.pin.is_none());

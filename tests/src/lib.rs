@@ -901,3 +901,144 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Source shapes (issue #10): the same model laid out as an HF_HOME, as a hub cache,
+// or as a plain model folder, for the tests in tests/shapes.rs.
+// ---------------------------------------------------------------------------------
+
+/// How a source keeps its models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// An `HF_HOME`: `hub/models--org--name`, a `token` and `xet/` beside it.
+    HfHome,
+    /// A hub cache: `models--org--name` at the root.
+    HubCache,
+    /// A folder of plain model folders: `models/org/name/{config.json, *.safetensors}`.
+    PlainFolder,
+}
+
+/// The token written into a generated HF_HOME.
+pub const HF_HOME_TOKEN: &str = "hf_stagefs_test_token";
+
+/// A generated source holding one sharded model in a given layout.
+#[derive(Debug, Clone)]
+pub struct ShapedSource {
+    /// How it is laid out.
+    pub layout: Layout,
+    /// The source directory to mount.
+    pub root: PathBuf,
+    /// The model, as generated (for the HF layouts, as it sits in the hub directory).
+    pub model: Model,
+    /// The directory holding the model's files as loaders see them, relative to the
+    /// root: the snapshot for the HF layouts, the folder for a plain folder.
+    pub model_dir: PathBuf,
+}
+
+impl ShapedSource {
+    /// Writes `repo` with `shards` shards of `shard_size` into a new directory `name`
+    /// in the scratch area, laid out as `layout`.
+    pub fn generate(
+        s: &Scratch,
+        layout: Layout,
+        repo: &str,
+        shards: usize,
+        shard_size: &str,
+    ) -> ShapedSource {
+        let root = s.dir.path().join(match layout {
+            Layout::HfHome => "hf-home",
+            Layout::HubCache => "hub-cache",
+            Layout::PlainFolder => "model-folders",
+        });
+        let (model, model_dir) = match layout {
+            Layout::HfHome => {
+                let model = generate(&root.join("hub"), repo, shards, shard_size);
+                fs::write(root.join("token"), HF_HOME_TOKEN).expect("token");
+                fs::create_dir_all(root.join("xet/chunk-cache")).expect("xet");
+                let dir = Path::new("hub").join(&model.snapshot_rel);
+                (model, dir)
+            }
+            Layout::HubCache => {
+                let model = generate(&root, repo, shards, shard_size);
+                let dir = model.snapshot_rel.clone();
+                (model, dir)
+            }
+            Layout::PlainFolder => {
+                // The bytes of an HF snapshot, as regular files in models/org/name.
+                let staging = s.dir.path().join("folder-staging");
+                let model = generate(&staging, repo, shards, shard_size);
+                let dir = Path::new("models").join(repo);
+                fs::create_dir_all(root.join(&dir)).expect("mkdir");
+                for file in &model.files {
+                    fs::copy(
+                        staging.join(&model.snapshot_rel).join(&file.name),
+                        root.join(&dir).join(&file.name),
+                    )
+                    .expect("copy into the folder");
+                }
+                (model, dir)
+            }
+        };
+        ShapedSource {
+            layout,
+            root,
+            model,
+            model_dir,
+        }
+    }
+
+    /// The path of model file `name` relative to the source root, as a loader opens it.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.model_dir.join(name)
+    }
+
+    /// The shard file names, in shard order.
+    pub fn shard_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .model
+            .files
+            .iter()
+            .filter(|f| f.name.ends_with(".safetensors"))
+            .map(|f| f.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Where shard `name` is stored in the source, relative to the root: its blob for
+    /// the HF layouts, the file itself for a folder. Copies are logged under this path.
+    pub fn stored_path(&self, name: &str) -> PathBuf {
+        match self.layout {
+            Layout::HfHome => {
+                Path::new("hub").join(self.model.blob_of(&self.root.join("hub"), name))
+            }
+            Layout::HubCache => self.model.blob_of(&self.root, name),
+            Layout::PlainFolder => self.file(name),
+        }
+    }
+
+    /// The bytes of model file `name` in the source.
+    pub fn bytes(&self, name: &str) -> Vec<u8> {
+        fs::read(self.root.join(self.file(name))).expect("source file")
+    }
+
+    /// The total size of the shards.
+    pub fn shard_bytes(&self) -> u64 {
+        self.model
+            .files
+            .iter()
+            .filter(|f| f.name.ends_with(".safetensors"))
+            .map(|f| f.size)
+            .sum()
+    }
+}
+
+/// The source paths the daemon logged starting to copy, in order.
+pub fn staging_order(log: &str) -> Vec<PathBuf> {
+    log.lines()
+        .filter(|l| l.contains(" staging "))
+        .filter_map(|l| l.split("path=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(PathBuf::from)
+        .collect()
+}

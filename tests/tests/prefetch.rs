@@ -149,7 +149,10 @@ fn prefetch_command_through_the_mount_and_without_one() {
         let (ok, out, _) = run_stagefs(&[&"prefetch", &"acme/cmd", &"--cache-dir", cache]);
         assert!(ok && out.contains("0 staged, 3 already staged"), "{out}");
         let (ok, _, err) = run_stagefs(&[&"prefetch", &"acme/absent", &"--cache-dir", cache]);
-        assert!(!ok && err.contains("no snapshot"), "{err}");
+        assert!(
+            !ok && err.contains("acme/absent: no such model in the source"),
+            "{err}"
+        );
     }
     let (ok, _, err) = run_stagefs(&[&"evict", &"--all", &"--cache-dir", cache]);
     assert!(ok, "{err}");

@@ -1,5 +1,6 @@
 //! The environment checks: whether programs will read through the mount (their
-//! HuggingFace hub cache is the mount point), and whether the configured mount is up.
+//! HuggingFace hub cache is where the source's shape puts it in the mount), and
+//! whether the configured mount is up.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stagefs_cache::control;
+use stagefs_cache::models::Shape;
 
 use super::bounded::bounded;
 use super::fskind::FsKind;
@@ -26,7 +28,10 @@ pub(crate) struct HubCache {
     pub(crate) from: &'static str,
     /// The configured mount point, if any.
     pub(crate) mountpoint: Option<PathBuf>,
-    /// Whether `path` is the mount point or its `hub/`; null without a mount point.
+    /// The shape of the mount's source, when known.
+    pub(crate) shape: Option<Shape>,
+    /// Whether `path` is the hub cache in the mount (the mount point, or its `hub/`
+    /// for an HF_HOME); null without a mount point or for plain model folders.
     pub(crate) points_at_mount: Option<bool>,
 }
 
@@ -47,14 +52,7 @@ pub(crate) fn effective_hub_cache(
     var: impl Fn(&str) -> Option<OsString>,
 ) -> Option<(PathBuf, &'static str)> {
     let set = |name: &str| var(name).filter(|v| !v.is_empty());
-    let home = set("HOME").map(PathBuf::from);
-    let expand = |value: OsString| -> PathBuf {
-        let path = PathBuf::from(value);
-        match (path.strip_prefix("~"), &home) {
-            (Ok(rest), Some(home)) => home.join(rest),
-            _ => path,
-        }
-    };
+    let expand = |value: OsString| expand_home(value, &var);
     for name in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
         if let Some(value) = set(name) {
             return Some((expand(value), name));
@@ -66,47 +64,121 @@ pub(crate) fn effective_hub_cache(
     if let Some(value) = set("XDG_CACHE_HOME") {
         return Some((expand(value).join("huggingface/hub"), "XDG_CACHE_HOME"));
     }
+    let home = set("HOME").map(PathBuf::from);
     Some((home?.join(".cache/huggingface/hub"), "default"))
 }
 
-/// The `hub-cache` check.
-pub(crate) fn hub_cache_check(mountpoint: Option<&Path>) -> (Check, Option<HubCache>) {
-    let Some((path, from)) = effective_hub_cache(|name| std::env::var_os(name)) else {
+/// `~/x` with `~` as `HOME`, as huggingface_hub expands it.
+fn expand_home(value: OsString, var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let path = PathBuf::from(value);
+    let home = var("HOME").filter(|v| !v.is_empty()).map(PathBuf::from);
+    match (path.strip_prefix("~"), home) {
+        (Ok(rest), Some(home)) => home.join(rest),
+        _ => path,
+    }
+}
+
+/// `HF_HOME` as set, expanded.
+fn hf_home(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let value = var("HF_HOME").filter(|v| !v.is_empty())?;
+    Some(expand_home(value, var))
+}
+
+/// The `hub-cache` check against the mount at `mountpoint` of a source of `shape`
+/// (when known): an HF_HOME wants `HF_HOME` to be the mount, a hub cache wants
+/// `HF_HUB_CACHE` to be it, plain folders want neither.
+pub(crate) fn hub_cache_check(
+    mountpoint: Option<&Path>,
+    shape: Option<Shape>,
+) -> (Check, Option<HubCache>) {
+    let var = |name: &str| std::env::var_os(name);
+    let Some((path, from)) = effective_hub_cache(var) else {
         return (
             Check::note("hub-cache", "neither HF_HUB_CACHE, HF_HOME nor HOME is set"),
             None,
         );
     };
     let shown = format!("{} ({})", path.display(), origin(from));
-    let Some(mountpoint) = mountpoint else {
-        let check = Check::note("hub-cache", format!("no mount point configured; the hub cache is {shown}"))
-            .advise("`stagefs run --source SRC --mountpoint DIR -- COMMAND` mounts and sets HF_HUB_CACHE for that one command; set `source` and `mountpoint` in the config file to drop the flags");
-        let hub = HubCache {
-            path,
-            from,
-            mountpoint: None,
-            points_at_mount: None,
-        };
-        return (check, Some(hub));
-    };
-    let (resolved, mount) = (resolve(&path), resolve(mountpoint));
-    let points = resolved == mount || resolved == mount.join("hub");
-    let check = if points {
-        Check::ok("hub-cache", format!("the hub cache is the mount: {shown}"))
-    } else {
-        Check::warn("hub-cache", format!("the hub cache is {shown}, not the mount {}", mountpoint.display()))
-            .advise(format!(
-                "export HF_HUB_CACHE={} (its hub/ if the source is a whole HF_HOME), or start programs with `stagefs run -- COMMAND`, which sets it for that command",
-                mountpoint.display()
-            ))
-    };
-    let hub = HubCache {
+    let mut hub = HubCache {
         path,
         from,
-        mountpoint: Some(mountpoint.to_path_buf()),
-        points_at_mount: Some(points),
+        mountpoint: mountpoint.map(Path::to_path_buf),
+        shape,
+        points_at_mount: None,
+    };
+    let Some(mountpoint) = mountpoint else {
+        let check = Check::note("hub-cache", format!("no mount point configured; the hub cache is {shown}"))
+            .advise("`stagefs run --source SRC --mountpoint DIR -- COMMAND` mounts and sets the HF variables for that one command; set `source` and `mountpoint` in the config file to drop the flags");
+        return (check, Some(hub));
+    };
+    let resolved = resolve(&hub.path);
+    // With no model recognised, the source may yet become either kind of HF cache.
+    let known = shape.filter(|s| *s != Shape::Unknown);
+    let check = match known.map(|s| (s, s.hub_cache(mountpoint))) {
+        Some((Shape::ModelFolders, _)) | Some((_, None)) => Check::note(
+            "hub-cache",
+            format!(
+                "the source holds plain model folders, loaded by path under {}; the hub cache ({shown}) does not matter to them",
+                mountpoint.display()
+            ),
+        ),
+        Some((shape, Some(expected))) => {
+            let points = resolved == resolve(&expected);
+            hub.points_at_mount = Some(points);
+            judge(shape, points, &shown, mountpoint, from)
+        }
+        None => {
+            // The source's shape is not known: either place in the mount will do.
+            let mount = resolve(mountpoint);
+            let points = resolved == mount || resolved == mount.join("hub");
+            hub.points_at_mount = Some(points);
+            if points {
+                Check::ok("hub-cache", format!("the hub cache is the mount: {shown}"))
+            } else {
+                Check::warn("hub-cache", format!("the hub cache is {shown}, not the mount {}", mountpoint.display()))
+                    .advise(format!(
+                        "export HF_HUB_CACHE={} (its hub/ if the source is a whole HF_HOME), or start programs with `stagefs run -- COMMAND`, which sets it for that command",
+                        mountpoint.display()
+                    ))
+            }
+        }
     };
     (check, Some(hub))
+}
+
+/// Whether the environment matches a mount of an HF_HOME or a hub cache.
+fn judge(shape: Shape, points: bool, shown: &str, mountpoint: &Path, from: &str) -> Check {
+    let export = super::shape::usage(shape, mountpoint);
+    let run = "or start programs with `stagefs run -- COMMAND`, which sets it for that command";
+    if !points {
+        let unset = if shape == Shape::HfHome && from.ends_with("HUB_CACHE") {
+            format!(" and unset {from}, which wins over HF_HOME")
+        } else {
+            String::new()
+        };
+        return Check::warn(
+            "hub-cache",
+            format!(
+                "the hub cache is {shown}, not the one in the mount ({} is {})",
+                mountpoint.display(),
+                shape.describe()
+            ),
+        )
+        .advise(format!("{export}{unset}, {run}"));
+    }
+    let check = Check::ok(
+        "hub-cache",
+        format!("the hub cache is the mount's: {shown}"),
+    );
+    let home_elsewhere = hf_home(|name| std::env::var_os(name))
+        .is_none_or(|home| resolve(&home) != resolve(mountpoint));
+    if shape == Shape::HfHome && home_elsewhere {
+        check.advise(format!(
+            "{export} as well, so the token and xet/ in the mount are used"
+        ))
+    } else {
+        check
+    }
 }
 
 fn origin(from: &str) -> String {

@@ -16,6 +16,7 @@ mod mounts;
 mod mounts;
 mod probe;
 mod report;
+mod shape;
 mod source;
 mod space;
 mod watchdog;
@@ -28,6 +29,7 @@ use anyhow::anyhow;
 use serde::Serialize;
 
 pub(crate) use hub::same_place;
+pub(crate) use shape::{shape_of, usage as shape_usage};
 
 use crate::args::DoctorArgs;
 use crate::config::Config;
@@ -78,7 +80,15 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
 
 fn examine(target: &Target, cache_dir: &Path, config: &Config) -> anyhow::Result<Report> {
     let mut checks = vec![fuse::check()];
-    let mut found = source::inspect(target)?;
+    let configured = matches!(
+        target,
+        Target::Path {
+            configured: true,
+            ..
+        } | Target::Model { .. }
+    );
+    let model_dirs = if configured { config.model_dirs() } else { &[] };
+    let mut found = source::inspect(target, model_dirs)?;
     checks.append(&mut found.checks);
     let mountpoint = config.configured_mountpoint();
     let mut roots = found.roots.clone();
@@ -86,7 +96,8 @@ fn examine(target: &Target, cache_dir: &Path, config: &Config) -> anyhow::Result
     let (cache_checks, cache) =
         space::inspect(cache_dir, limits(config), &roots, found.model.as_ref());
     checks.extend(cache_checks);
-    let (hub_check, hub_cache) = hub::hub_cache_check(mountpoint);
+    let (judged_mount, shape) = environment_target(&found, configured, mountpoint);
+    let (hub_check, hub_cache) = hub::hub_cache_check(judged_mount.as_deref(), shape);
     checks.push(hub_check);
     // The control socket lives in the cache directory: if that did not answer, a
     // connect could block in the kernel for good.
@@ -111,6 +122,32 @@ fn examine(target: &Target, cache_dir: &Path, config: &Config) -> anyhow::Result
         hub_cache,
         mount,
     })
+}
+
+/// The mount whose use the environment is judged against, and its source's shape: the
+/// stagefs mount examined, else the configured mount (whose source's shape is known
+/// when the configured source was examined).
+fn environment_target(
+    found: &source::Findings,
+    configured: bool,
+    mountpoint: Option<&Path>,
+) -> (
+    Option<std::path::PathBuf>,
+    Option<stagefs_cache::models::Shape>,
+) {
+    let shape = found.survey.as_ref().map(|s| s.shape);
+    let examined_mount = found.report.as_ref().and_then(|r| {
+        let is_mount = r.fs.kind == fskind::FsKind::Stagefs
+            && r.canonical.as_deref() == Some(r.fs.mount_point.as_path());
+        is_mount.then(|| r.fs.mount_point.clone())
+    });
+    match examined_mount {
+        Some(mount) => (Some(mount), shape),
+        None => (
+            mountpoint.map(Path::to_path_buf),
+            shape.filter(|_| configured),
+        ),
+    }
 }
 
 /// Fails when `path` does not answer a `stat` within `timeout` (resolving its name
@@ -207,7 +244,11 @@ mod tests {
             &Config::default(),
         )?;
         let names: Vec<&str> = report.checks.iter().map(|c| c.name).collect();
-        assert_eq!(names[..3], ["fuse", "source", "speed"], "{names:?}");
+        assert_eq!(
+            names[..4],
+            ["fuse", "source", "shape", "speed"],
+            "{names:?}"
+        );
         let probe = report.source.and_then(|s| s.probe).expect("measured");
         assert!(probe.throughput_bytes_per_sec > 0.0);
         Ok(())

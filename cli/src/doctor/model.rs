@@ -1,120 +1,130 @@
 //! Finding the model to judge and the file to measure, with stagefs-cache's view of
-//! the HuggingFace layout. Everything here reads the source, so callers run it under
-//! a deadline.
+//! models (HF repositories, plain model folders, GGUF files). Everything here reads
+//! the source, so callers run it under a deadline.
 
 use std::fs;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use stagefs_cache::SourceTree;
 use stagefs_cache::hf;
+use stagefs_cache::models::{self, ModelError, ModelKind, ModelRef};
 
-/// The revision looked up for a model id.
+/// The revision looked up for a repository.
 const REVISION: &str = "main";
 /// Most directory entries a search for a file to measure looks at.
 const SCAN_LIMIT: usize = 5000;
 
-/// A model's snapshot in a source.
+/// A model in a source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Model {
-    /// `org/name`.
+    /// `org/name` for a repository; the path in the source for a folder or a file.
     pub(crate) id: String,
-    /// The snapshot directory (absolute).
-    pub(crate) snapshot: PathBuf,
-    /// Files in the snapshot (distinct blobs).
+    pub(crate) kind: ModelKind,
+    /// The repository directory, the folder or the file (absolute).
+    pub(crate) path: PathBuf,
+    /// A repository's snapshot whose files are counted (absolute).
+    pub(crate) snapshot: Option<PathBuf>,
+    /// Files of the model (distinct blobs for a repository).
     pub(crate) files: usize,
-    /// Their total size, following the snapshot's links to blobs.
+    /// Their total size, following links.
     pub(crate) size_bytes: u64,
     /// Its largest weight file (absolute), what a loader waits on most.
     pub(crate) largest_weight: Option<PathBuf>,
 }
 
-/// Where a path lies in an HF cache: the hub directory, the model, and the snapshot
-/// if the path is inside one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RepoPath {
-    pub(crate) hub: PathBuf,
-    pub(crate) id: String,
-    /// Relative to `hub`.
-    pub(crate) snapshot: Option<PathBuf>,
-}
-
-/// The model `id` in the hub directory `hub`, at `refs/main` or else its newest
-/// snapshot; `Ok(None)` when the source has no such model.
-pub(crate) fn find(hub: &Path, id: &str) -> anyhow::Result<Option<Model>> {
-    let tree = SourceTree::new(hub)?;
-    let snapshot = hf::snapshot_of(&tree, id, REVISION).or_else(|| newest_snapshot(&tree, id));
-    Ok(snapshot.map(|snapshot| describe(&tree, id, &snapshot)))
-}
-
-/// The model a path lies in, if it is inside `models--org--name`.
-pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
-    let Some(repo) = repo_path(path) else {
-        return Ok(None);
-    };
-    let tree = SourceTree::new(&repo.hub)?;
-    let snapshot = match repo.snapshot {
-        Some(snapshot) => Some(snapshot),
-        None => {
-            hf::snapshot_of(&tree, &repo.id, REVISION).or_else(|| newest_snapshot(&tree, &repo.id))
-        }
-    };
-    Ok(snapshot.map(|snapshot| describe(&tree, &repo.id, &snapshot)))
-}
-
-fn describe(tree: &SourceTree, id: &str, snapshot: &Path) -> Model {
-    let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
-    let files = hf::all_files(tree, snapshot);
-    let largest_weight = hf::weight_files(tree, snapshot)
-        .into_iter()
-        .max_by_key(|rel| size_of(rel))
-        .map(|rel| tree.root().join(rel));
-    Model {
-        id: id.to_string(),
-        snapshot: tree.root().join(snapshot),
-        files: files.len(),
-        size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
-        largest_weight,
+/// The model `id` in the source `root`: a repository at `refs/main` or else its
+/// newest snapshot, or a folder or file by its path. `Ok(None)` when the source has
+/// no such model; an error when the id is ambiguous or not an id.
+pub(crate) fn find(root: &Path, id: &str, model_dirs: &[PathBuf]) -> anyhow::Result<Option<Model>> {
+    let tree = SourceTree::new(root)?;
+    match models::find(&tree, id, model_dirs) {
+        Ok(model) => Ok(describe(&tree, &model, None)),
+        Err(ModelError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 
-/// Without a `refs/main`, the most recently modified snapshot.
-fn newest_snapshot(tree: &SourceTree, id: &str) -> Option<PathBuf> {
-    let snapshots = hf::repo_dir_for(id)?.join("snapshots");
-    tree.read_dir(&snapshots)
-        .ok()?
-        .into_iter()
-        .filter(|(_, meta)| meta.is_dir())
-        .max_by_key(|(_, meta)| meta.modified())
-        .map(|(name, _)| snapshots.join(name))
-}
-
-/// `/hub/models--org--name/snapshots/abc/x` -> hub `/hub`, `org/name`, snapshot
-/// `models--org--name/snapshots/abc`.
-pub(crate) fn repo_path(path: &Path) -> Option<RepoPath> {
-    let components: Vec<Component> = path.components().collect();
-    let at = components.iter().rposition(|c| {
-        c.as_os_str()
-            .to_str()
-            .is_some_and(|name| id_of_repo_dir(name).is_some())
-    })?;
-    let repo_dir = components[at].as_os_str().to_str()?;
-    let id = id_of_repo_dir(repo_dir)?;
-    let hub: PathBuf = components[..at].iter().collect();
-    let snapshot = match components.get(at + 1..at + 3) {
-        Some([snapshots, commit]) if snapshots.as_os_str() == "snapshots" => {
-            Some(Path::new(repo_dir).join("snapshots").join(commit))
+/// The model a path is, or lies in: a repository directory or anything in it, a
+/// model folder or a file in it (or in its subdirectory), a GGUF file.
+pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
+    if let Some(repo) = hf::repo_of(path) {
+        return in_repository(path, &repo);
+    }
+    let is_dir = fs::metadata(path)?.is_dir();
+    let ancestors = path.ancestors().take(if is_dir { 2 } else { 3 });
+    let mut candidates: Vec<&Path> = ancestors.skip(usize::from(!is_dir)).collect();
+    if !is_dir {
+        // A file is its own model (a GGUF) only when no folder holds it.
+        candidates.push(path);
+    }
+    for candidate in candidates {
+        let (Some(parent), Some(name)) = (candidate.parent(), candidate.file_name()) else {
+            continue;
+        };
+        let tree = SourceTree::new(parent)?;
+        if let Some(model) = models::model_at(&tree, Path::new(name)) {
+            return Ok(describe(&tree, &model, None));
         }
-        _ => None,
-    };
-    Some(RepoPath { hub, id, snapshot })
+    }
+    Ok(None)
 }
 
-/// `models--org--name` -> `org/name`.
-fn id_of_repo_dir(name: &str) -> Option<String> {
-    let (org, model) = name.strip_prefix("models--")?.split_once("--")?;
-    let id = format!("{org}/{model}");
-    hf::repo_dir_for(&id).map(|_| id)
+/// `path` lies in the repository directory `repo` (both absolute): the snapshot it is
+/// in, else the repository's main or newest.
+fn in_repository(path: &Path, repo: &Path) -> anyhow::Result<Option<Model>> {
+    let (Some(hub), Some(name)) = (repo.parent(), repo.file_name()) else {
+        return Ok(None);
+    };
+    let Some(id) = name.to_str().and_then(hf::id_of_repo_dir) else {
+        return Ok(None);
+    };
+    let tree = SourceTree::new(hub)?;
+    let model = ModelRef {
+        id,
+        kind: ModelKind::HfRepo,
+        path: PathBuf::from(name),
+    };
+    let snapshot = path
+        .strip_prefix(repo.join("snapshots"))
+        .ok()
+        .and_then(|rest| rest.components().next())
+        .map(|commit| model.path.join("snapshots").join(commit));
+    Ok(describe(&tree, &model, snapshot))
+}
+
+/// Counts a model's files and finds its largest weight; None for a repository
+/// without a snapshot.
+fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> Option<Model> {
+    let (snapshot, files, weights) = match model.kind {
+        ModelKind::HfRepo => {
+            let snapshot = snapshot
+                .or_else(|| hf::snapshot_of(tree, &model.path, REVISION))
+                .or_else(|| hf::newest_snapshot(tree, &model.path))?;
+            let files = hf::all_files(tree, &snapshot);
+            let weights = hf::weight_files(tree, &snapshot);
+            (Some(tree.root().join(snapshot)), files, weights)
+        }
+        ModelKind::Folder | ModelKind::File => (
+            None,
+            models::files(tree, model, None).ok()?,
+            models::weights(tree, model, None).ok()?,
+        ),
+    };
+    let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
+    let largest_weight = weights
+        .into_iter()
+        .max_by_key(|rel| size_of(rel))
+        .map(|rel| tree.root().join(rel));
+    Some(Model {
+        id: model.id.clone(),
+        kind: model.kind,
+        path: tree.root().join(&model.path),
+        snapshot,
+        files: files.len(),
+        size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
+        largest_weight,
+    })
 }
 
 /// The largest file to measure under `dir`: first among HF blobs (`blobs/`,
@@ -174,21 +184,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn repo_paths() {
-        let p = repo_path(Path::new(
-            "/nas/hub/models--org--m/snapshots/abc/model.safetensors",
-        ))
-        .expect("in a repo");
-        assert_eq!(p.hub, Path::new("/nas/hub"));
-        assert_eq!(p.id, "org/m");
+    fn a_path_names_the_model_it_is_in() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let repo = dir.path().join("hub/models--org--m");
+        fs::create_dir_all(repo.join("snapshots/abc"))?;
+        fs::create_dir_all(repo.join("blobs"))?;
+        fs::write(repo.join("blobs/w"), [0u8; 10])?;
+        std::os::unix::fs::symlink(
+            "../../blobs/w",
+            repo.join("snapshots/abc/model.safetensors"),
+        )?;
+        let folder = dir.path().join("models/org/m");
+        fs::create_dir_all(folder.join("original"))?;
+        fs::write(folder.join("config.json"), "{}")?;
+        fs::write(folder.join("model.safetensors"), [0u8; 30])?;
+        fs::write(folder.join("original/params.json"), "{}")?;
+        fs::write(dir.path().join("models/solo.gguf"), [0u8; 5])?;
+
+        let named = |path: PathBuf| -> anyhow::Result<Option<(String, ModelKind, u64)>> {
+            Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes)))
+        };
+        let repo_model = Some(("org/m".to_string(), ModelKind::HfRepo, 10));
         assert_eq!(
-            p.snapshot.as_deref(),
-            Some(Path::new("models--org--m/snapshots/abc"))
+            named(repo.join("snapshots/abc/model.safetensors"))?,
+            repo_model
         );
-        let repo = repo_path(Path::new("/nas/hub/models--org--m")).expect("repo dir");
-        assert_eq!(repo.snapshot, None);
-        assert_eq!(repo_path(Path::new("/nas/hub")), None);
-        assert_eq!(repo_path(Path::new("/x/models--bad")), None);
+        assert_eq!(named(repo.clone())?, repo_model);
+        let snapshot = containing(&repo.join("snapshots/abc"))?.and_then(|m| m.snapshot);
+        assert_eq!(snapshot, Some(repo.join("snapshots/abc")));
+        let folder_model = Some(("m".to_string(), ModelKind::Folder, 34));
+        for inside in [
+            folder.clone(),
+            folder.join("config.json"),
+            folder.join("original/params.json"),
+        ] {
+            assert_eq!(named(inside.clone())?, folder_model, "{}", inside.display());
+        }
+        assert_eq!(
+            named(dir.path().join("models/solo.gguf"))?,
+            Some(("solo.gguf".to_string(), ModelKind::File, 5))
+        );
+        assert_eq!(named(dir.path().join("models"))?, None);
+
+        let by_id = find(dir.path(), "org/m", &[])?.map(|m| m.path);
+        assert_eq!(by_id, Some(repo.clone()));
+        let by_path = find(dir.path(), "models/org/m", &[])?.map(|m| m.kind);
+        assert_eq!(by_path, Some(ModelKind::Folder));
+        assert_eq!(find(dir.path(), "org/absent", &[])?, None);
+        Ok(())
     }
 
     #[test]

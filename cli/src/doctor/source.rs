@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
+use stagefs_cache::models::{ModelKind, Survey};
 
 use super::bounded::{SOURCE_TIMEOUT, Unanswered};
 use super::fskind::{FsInfo, FsKind};
@@ -15,6 +16,7 @@ use super::model::Model;
 use super::mounts;
 use super::probe::{Probe, format_duration, format_latency, format_rate};
 use super::report::Check;
+use super::shape::shape_check;
 use super::worker::{self, StepError};
 use crate::units::format_bytes;
 
@@ -62,6 +64,9 @@ pub(crate) struct Findings {
     pub(crate) checks: Vec<Check>,
     pub(crate) report: Option<SourceReport>,
     pub(crate) model: Option<Model>,
+    /// The shape of the directory examined (of a stagefs mount's source for a mount)
+    /// and its models.
+    pub(crate) survey: Option<Survey>,
     /// Where the cache must not be: the source, and a stagefs mount's source.
     pub(crate) roots: Vec<PathBuf>,
 }
@@ -90,17 +95,21 @@ struct Inspection {
     report: SourceReport,
     /// The path is the configured source rather than an argument.
     configured: bool,
+    /// Paths in the source searched for models like its root.
+    model_dirs: Vec<PathBuf>,
 }
 
-/// Runs the source checks for `target`. Errors only for a bad argument: a path that
-/// does not exist, a model the source does not have.
-pub(crate) fn inspect(target: &Target) -> anyhow::Result<Findings> {
+/// Runs the source checks for `target`; `model_dirs` are searched for models like
+/// the source's root. Errors only for a bad argument: a path that does not exist, a
+/// model the source does not have.
+pub(crate) fn inspect(target: &Target, model_dirs: &[PathBuf]) -> anyhow::Result<Findings> {
     let (path, configured, model_id) = match target {
         Target::Nothing => return Ok(unconfigured()),
         Target::Path { path, configured } => (path, *configured, None),
         Target::Model { id, hub } => (hub, true, Some(id.as_str())),
     };
     let mut run = Inspection::new(path, configured);
+    run.model_dirs = model_dirs.to_vec();
     match run.steps(model_id) {
         Ok(()) => run.report.answered = true,
         Err(Stop::Unanswered(late, name)) => run.unanswered(&late, name),
@@ -125,6 +134,7 @@ impl Inspection {
                 probe_error: None,
             },
             configured,
+            model_dirs: Vec::new(),
         }
     }
 
@@ -134,6 +144,9 @@ impl Inspection {
         self.findings
             .checks
             .push(fs_check(&self.report, self.configured));
+        if !located.is_file {
+            self.survey(&readable, &located)?;
+        }
         self.find_model(&readable, model_id)?;
         self.measure(&readable, located.is_file)
     }
@@ -161,14 +174,37 @@ impl Inspection {
         Ok(located)
     }
 
+    /// What shape the directory has, and how programs are pointed at it.
+    fn survey(&mut self, readable: &Path, located: &Located) -> Result<(), Stop> {
+        let answer = worker::survey(readable, &self.model_dirs, SOURCE_TIMEOUT)
+            .map_err(|late| Stop::Unanswered(late, "shape"))?;
+        match answer {
+            Ok(survey) => {
+                let is_mount = located.fs.kind == FsKind::Stagefs
+                    && located.canonical == located.fs.mount_point;
+                let advise_mounting = !self.configured && !is_mount;
+                let check = shape_check(&self.report.path, &survey, advise_mounting);
+                self.findings.checks.push(check);
+                self.findings.survey = Some(survey);
+            }
+            Err(e) => self.findings.checks.push(Check::fail(
+                "shape",
+                format!("listing the source failed: {e}"),
+            )),
+        }
+        Ok(())
+    }
+
     /// The model asked for, or the one the path lies in.
     fn find_model(&mut self, readable: &Path, model_id: Option<&str>) -> Result<(), Stop> {
         let found = match model_id {
-            Some(id) => worker::find_model(readable, id, SOURCE_TIMEOUT),
+            Some(id) => worker::find_model(readable, id, &self.model_dirs, SOURCE_TIMEOUT),
             None => worker::model_containing(readable, SOURCE_TIMEOUT),
         };
         let model = match found.map_err(|late| Stop::Unanswered(late, "model"))? {
             Ok(model) => model,
+            // An ambiguous or malformed id is the argument's fault.
+            Err(e) if model_id.is_some() => return Err(Stop::Invalid(anyhow!("{e}"))),
             Err(e) => {
                 let check = Check::fail("model", format!("reading the model failed: {e}"));
                 self.findings.checks.push(check);
@@ -176,11 +212,12 @@ impl Inspection {
             }
         };
         if let (Some(id), None) = (model_id, &model) {
-            let repo = stagefs_cache::hf::repo_dir_for(id).unwrap_or_default();
+            let repo = stagefs_cache::hf::repo_dir_for(id)
+                .map(|dir| format!("no {} with a snapshot, ", dir.display()))
+                .unwrap_or_default();
             return Err(Stop::Invalid(anyhow!(
-                "model {id} is not in {}: no {} with a snapshot there",
+                "model {id} is not in {}: {repo}no model folder or GGUF file whose path ends with {id}",
                 readable.display(),
-                repo.display()
             )));
         }
         self.findings.checks.extend(model.as_ref().map(model_check));
@@ -340,13 +377,20 @@ fn stagefs_check(report: &SourceReport, configured: bool) -> Check {
 }
 
 fn model_check(model: &Model) -> Check {
-    let snapshot = model.snapshot.file_name().map_or_else(String::new, |n| {
-        n.to_string_lossy().chars().take(12).collect()
-    });
+    let place = match (model.kind, &model.snapshot) {
+        (ModelKind::HfRepo, Some(snapshot)) => {
+            let commit: String = snapshot
+                .file_name()
+                .map(|n| n.to_string_lossy().chars().take(12).collect())
+                .unwrap_or_default();
+            format!("snapshot {commit}")
+        }
+        (kind, _) => format!("{} {}", kind.describe(), model.path.display()),
+    };
     Check::ok(
         "model",
         format!(
-            "{}: {} files, {} (snapshot {snapshot})",
+            "{}: {} files, {} ({place})",
             model.id,
             model.files,
             format_bytes(model.size_bytes)
@@ -452,7 +496,9 @@ mod tests {
     fn model(size: u64) -> Model {
         Model {
             id: "o/m".into(),
-            snapshot: PathBuf::from("/s/models--o--m/snapshots/0123456789abcdef"),
+            kind: ModelKind::HfRepo,
+            path: PathBuf::from("/s/models--o--m"),
+            snapshot: Some(PathBuf::from("/s/models--o--m/snapshots/0123456789abcdef")),
             files: 3,
             size_bytes: size,
             largest_weight: None,
@@ -532,14 +578,14 @@ mod tests {
             path: PathBuf::from("/nonexistent/doctor/path"),
             configured: false,
         };
-        assert!(inspect(&missing).is_err());
+        assert!(inspect(&missing, &[]).is_err());
         let configured = Target::Path {
             path: PathBuf::from("/nonexistent/doctor/path"),
             configured: true,
         };
-        let findings = inspect(&configured).expect("a failed check, not an error");
+        let findings = inspect(&configured, &[]).expect("a failed check, not an error");
         assert_eq!(findings.checks[0].verdict, Verdict::Fail);
-        let nothing = inspect(&Target::Nothing).expect("a note");
+        let nothing = inspect(&Target::Nothing, &[]).expect("a note");
         assert_eq!(nothing.checks[0].verdict, Verdict::Note);
         assert!(nothing.report.is_none());
     }

@@ -193,7 +193,9 @@ mod tests {
     fn model(size: u64) -> Model {
         Model {
             id: "o/m".into(),
-            snapshot: "/s".into(),
+            kind: stagefs_cache::models::ModelKind::HfRepo,
+            path: "/s/models--o--m".into(),
+            snapshot: Some("/s/models--o--m/snapshots/c".into()),
             files: 1,
             size_bytes: size,
             largest_weight: None,

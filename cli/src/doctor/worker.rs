@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use stagefs_cache::SourceTree;
+use stagefs_cache::models::{self, Shape, Survey};
 
 use super::bounded::{Unanswered, bounded};
 use super::fskind::FsInfo;
@@ -59,15 +61,44 @@ pub(crate) type Answer<T> = Result<Result<T, StepError>, Unanswered>;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
 enum Step {
-    Locate { path: PathBuf },
-    Filesystem { path: PathBuf, resolve: bool },
-    Canonicalize { path: PathBuf },
-    Exists { path: PathBuf },
-    FindModel { hub: PathBuf, id: String },
-    ModelContaining { path: PathBuf },
-    FileToMeasure { path: PathBuf, is_file: bool },
-    Probe { file: PathBuf },
-    CachePlace { dir: PathBuf },
+    Locate {
+        path: PathBuf,
+    },
+    Filesystem {
+        path: PathBuf,
+        resolve: bool,
+    },
+    Canonicalize {
+        path: PathBuf,
+    },
+    Exists {
+        path: PathBuf,
+    },
+    FindModel {
+        hub: PathBuf,
+        id: String,
+        model_dirs: Vec<PathBuf>,
+    },
+    Survey {
+        path: PathBuf,
+        model_dirs: Vec<PathBuf>,
+    },
+    Shape {
+        path: PathBuf,
+    },
+    ModelContaining {
+        path: PathBuf,
+    },
+    FileToMeasure {
+        path: PathBuf,
+        is_file: bool,
+    },
+    Probe {
+        file: PathBuf,
+    },
+    CachePlace {
+        dir: PathBuf,
+    },
 }
 
 impl Step {
@@ -82,7 +113,21 @@ impl Step {
                 reply(std::fs::canonicalize(path).map_err(StepError::from))
             }
             Step::Exists { path } => reply(Ok::<_, StepError>(path.exists())),
-            Step::FindModel { hub, id } => reply(model::find(&hub, &id).map_err(StepError::from)),
+            Step::FindModel {
+                hub,
+                id,
+                model_dirs,
+            } => reply(model::find(&hub, &id, &model_dirs).map_err(StepError::from)),
+            Step::Survey { path, model_dirs } => reply(
+                SourceTree::new(path)
+                    .map(|tree| models::survey(&tree, &model_dirs))
+                    .map_err(|e| StepError::from(anyhow::Error::from(e))),
+            ),
+            Step::Shape { path } => reply(
+                SourceTree::new(path)
+                    .map(|tree| models::shape(&tree))
+                    .map_err(|e| StepError::from(anyhow::Error::from(e))),
+            ),
             Step::ModelContaining { path } => {
                 reply(model::containing(&path).map_err(StepError::from))
             }
@@ -146,12 +191,35 @@ pub(crate) fn exists(path: &Path, timeout: Duration) -> Answer<bool> {
     ask(&Step::Exists { path: path.into() }, timeout)
 }
 
-/// Model `id` in hub directory `hub`.
-pub(crate) fn find_model(hub: &Path, id: &str, timeout: Duration) -> Answer<Option<Model>> {
+/// Model `id` in the source `hub`.
+pub(crate) fn find_model(
+    hub: &Path,
+    id: &str,
+    model_dirs: &[PathBuf],
+    timeout: Duration,
+) -> Answer<Option<Model>> {
     ask(
         &Step::FindModel {
             hub: hub.into(),
             id: id.into(),
+            model_dirs: model_dirs.to_vec(),
+        },
+        timeout,
+    )
+}
+
+/// The shape of the source at `path` alone (no search unless it is neither an
+/// HF_HOME nor a hub cache).
+pub(crate) fn shape(path: &Path, timeout: Duration) -> Answer<Shape> {
+    ask(&Step::Shape { path: path.into() }, timeout)
+}
+
+/// The shape of the source at `path` and the models in it.
+pub(crate) fn survey(path: &Path, model_dirs: &[PathBuf], timeout: Duration) -> Answer<Survey> {
+    ask(
+        &Step::Survey {
+            path: path.into(),
+            model_dirs: model_dirs.to_vec(),
         },
         timeout,
     )
