@@ -7,21 +7,30 @@
 # It builds stagefs and readbench, generates a synthetic sharded model, serves it as a
 # real network filesystem (sshfs to an sshd in a private network namespace, capped
 # with tc), and measures stagefs against baselines taken in the same run: the raw
-# link, cp, rsync, and reads of the local cache files and of the network mount. It
-# prints a summary and writes it as markdown to $OUT. bench/README.md explains every
-# figure. Nothing here passes or fails on a number: it only measures and reports.
+# link, cp, rsync, and reads of the local cache files and of the network mount. The
+# reads are measured on every path a loader can get: root with kernel passthrough,
+# root without it (daemon or redirect), and an ordinary user's mount through
+# fusermount3 (redirect, or the daemon with --no-redirect). It prints a summary and
+# writes it as markdown to $OUT. bench/README.md explains every figure. Nothing here
+# passes or fails on a number: it only measures and reports.
 #
 # Environment (all optional):
 #   SHARD_SIZE  size of each of the 4 shards            (default 1G)
 #   RATE        link cap, as tc spells it               (default 1gbit)
 #   OUT         markdown summary file                   (default bench/last-run.md)
 #   TOUCHES     random page touches per mmap run        (default 20000)
+#   ROUNDS      rounds of the read measurements over every path; the report gives
+#               medians and the range of the per-round ratios  (default 3)
 #   SEED        seed of the page sequence               (default 42)
 #   THREADS     pread threads                           (default 8)
 #   CHUNK       largest pread                           (default 32M)
 #   BENCH_TMPDIR  where the scratch dir goes; must be a real disk, not tmpfs, for
 #               "local disk" to mean anything           (default /var/tmp)
 #   NETFS_ID    netfs.sh instance id                    (default: a free one of 254-251, then 250 down)
+#   BENCH_USER  the ordinary user of the unprivileged rows; created with useradd if
+#               missing, and left in place                (default stagefs-bench)
+#   BENCH_REV   what to call the stagefs revision when this tree is not a git
+#               checkout (a `git archive` export)         (default unknown)
 #   CARGO_TARGET_DIR  honoured for the build and for finding the binaries
 set -euo pipefail
 
@@ -36,10 +45,12 @@ SHARD_SIZE=${SHARD_SIZE:-1G}
 RATE=${RATE:-1gbit}
 TOUCHES=${TOUCHES:-20000}
 SEED=${SEED:-42}
+ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-8}
 CHUNK=${CHUNK:-32M}
 BENCH_TMPDIR=${BENCH_TMPDIR:-/var/tmp}
-COMMAND="SHARD_SIZE=$SHARD_SIZE RATE=$RATE TOUCHES=$TOUCHES SEED=$SEED THREADS=$THREADS CHUNK=$CHUNK OUT=$OUT bash bench/run.sh"
+BENCH_USER=${BENCH_USER:-stagefs-bench}
+COMMAND="SHARD_SIZE=$SHARD_SIZE RATE=$RATE TOUCHES=$TOUCHES ROUNDS=$ROUNDS SEED=$SEED THREADS=$THREADS CHUNK=$CHUNK OUT=$OUT bash bench/run.sh"
 NETFS="$ROOT/tests/scripts/netfs.sh"
 
 log() { printf '\n== %s\n' "$*" >&2; }
@@ -56,13 +67,15 @@ check_prerequisites() {
     [[ -c /dev/fuse ]] || die "/dev/fuse is missing; load the fuse module (modprobe fuse)"
     local missing=()
     local tool
-    for tool in sshfs /usr/sbin/sshd ssh-keygen rsync ip tc fusermount3 mountpoint dd awk; do
+    for tool in sshfs /usr/sbin/sshd ssh-keygen rsync ip tc fusermount3 mountpoint dd awk setpriv useradd; do
         command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
     done
     if ((${#missing[@]})); then
         die "missing: ${missing[*]}. Install them with:
-    apt-get install -y sshfs openssh-server rsync iproute2 fuse3"
+    apt-get install -y sshfs openssh-server rsync iproute2 fuse3 util-linux passwd"
     fi
+    [[ -u $(command -v fusermount3) ]] ||
+        die "$(command -v fusermount3) is not setuid root, so an ordinary user cannot mount (reinstall fuse3)"
 }
 
 find_cargo() {
@@ -107,6 +120,19 @@ NETFS_UP=""
 NETFS_NS=""
 DAEMON_PID=""
 WARNINGS=()
+# The mount the running daemon serves, its log, and whether the ordinary user made it.
+CUR_MNT=""
+CUR_LOG=""
+CUR_USER=""
+CUR_DESC=""
+# Who runs readbench, first opens and `stagefs status`: nobody (root itself) or the
+# ordinary user (AS_USER, set by setup_user), with the binaries that one can run.
+RUNNER=()
+AS_USER=()
+RB=""
+RUN_STAGEFS=""
+# The round of the read measurements under way (1 outside them).
+ROUND=1
 
 pick_netfs_id() {
     if [[ -n ${NETFS_ID:-} ]]; then
@@ -129,6 +155,10 @@ cleanup() {
     local status=$?
     set +e
     stop_stagefs
+    # A user's mount left behind by an interrupted start (the daemon pid not yet known).
+    if [[ -n ${UMNT:-} ]] && is_mounted "$UMNT"; then
+        fusermount3 -u -z "$UMNT" 2>/dev/null || umount -l "$UMNT" 2>/dev/null
+    fi
     if [[ -n $NETFS_UP ]]; then
         bash "$NETFS" down "$NETFS_ID" "$T/sshfs" >/dev/null 2>&1
         reap_netfs_leftovers
@@ -171,45 +201,147 @@ setup_scratch() {
     mkdir -p "$T/export" "$T/sshfs" "$T/mnt" "$T/local" "$T/logs"
     SRC="$T/sshfs"
     MNT="$T/mnt"
+    RB=$READBENCH
+    RUN_STAGEFS=$STAGEFS
 }
 
-# Starts a stagefs mount of the sshfs source at $MNT in the foreground as a child, so
-# its pid (for VmHWM) is $!, and waits until the mount is live.
+# The ordinary user of the unprivileged rows, set up as on a desktop: an account with
+# no capabilities (created once, idempotently, and left in place), /dev/fuse 0666 as
+# desktop distributions ship it (left so: integration tests running alongside may rely
+# on it), and the setuid fusermount3 (checked with the prerequisites). The user mounts
+# the local export (it can read neither root's sshfs mount nor root's 0700 caches) with
+# its own HOME, cache and mountpoint under $T/user, and runs copies of the binaries.
+setup_user() {
+    log "the ordinary user of the unprivileged rows: $BENCH_USER"
+    if ! id -u "$BENCH_USER" >/dev/null 2>&1; then
+        useradd --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+            --user-group --comment "stagefs benchmark (bench/run.sh)" "$BENCH_USER" ||
+            die "useradd $BENCH_USER failed"
+        echo "run.sh: created user $BENCH_USER (it stays; remove it with userdel $BENCH_USER)" >&2
+    fi
+    local uid gid
+    uid=$(id -u "$BENCH_USER")
+    gid=$(id -g "$BENCH_USER")
+    ((uid != 0)) || die "BENCH_USER=$BENCH_USER is root, not an ordinary user"
+    if [[ $(stat -c %a /dev/fuse) != 666 ]]; then
+        echo "run.sh: chmod 666 /dev/fuse (as desktop distributions ship it); it stays so" >&2
+        chmod 666 /dev/fuse
+    fi
+    # $T is 0700 from mktemp: let the user through it (not list it) to the export.
+    chmod 0711 "$T"
+    install -d -o "$uid" -g "$gid" -m 0700 "$T/user" "$T/user/home" "$T/user/mnt"
+    U_HOME="$T/user/home"
+    UMNT="$T/user/mnt"
+    UCACHE="$T/user/cache"
+    # The build may live where the user cannot go (a home under /root).
+    install -d -m 0755 "$T/bin"
+    install -m 0755 "$STAGEFS" "$READBENCH" "$T/bin/"
+    U_STAGEFS="$T/bin/stagefs"
+    U_READBENCH="$T/bin/readbench"
+    # setpriv execs (the pid stays the daemon's, for VmHWM); a uid change from root
+    # clears every capability, so the user has none, as on a desktop.
+    AS_USER=(setpriv "--reuid=$uid" "--regid=$gid" --init-groups --
+        env -i -C "$U_HOME" "HOME=$U_HOME" "USER=$BENCH_USER" "LOGNAME=$BENCH_USER"
+        PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8)
+    local rel
+    for rel in "${SHARD_REL[@]}"; do
+        "${AS_USER[@]}" test -r "$T/export/$rel" || die "$BENCH_USER cannot read $T/export/$rel"
+    done
+    "${AS_USER[@]}" "$U_STAGEFS" --version >/dev/null || die "$BENCH_USER cannot run $U_STAGEFS"
+}
+
+# Subsequent readbench runs, first opens and status queries run as root.
+as_root() {
+    RUNNER=()
+    RB=$READBENCH
+    RUN_STAGEFS=$STAGEFS
+}
+
+# ... or as the ordinary user.
+as_user() {
+    RUNNER=("${AS_USER[@]}")
+    RB=$U_READBENCH
+    RUN_STAGEFS=$U_STAGEFS
+}
+
+# Whether something is mounted at $1 (from the mount table: root cannot even stat a
+# user's FUSE mount made without allow_other).
+is_mounted() {
+    awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/mounts
+}
+
+# Starts a stagefs mount of the sshfs source at $MNT, as root, in the foreground as a
+# child, so its pid (for VmHWM) is $!, and waits until the mount is live.
 start_stagefs() {
     local cache=$1
     shift
+    CUR_MNT=$MNT CUR_LOG="$T/logs/stagefs.log" CUR_USER=""
+    CUR_DESC="root's mount on ${cache#"$T/"}${*:+ with $*}"
     "$STAGEFS" mount "$SRC" "$MNT" --cache-dir "$cache" --foreground "$@" \
-        >>"$T/logs/stagefs.log" 2>&1 &
+        >>"$CUR_LOG" 2>&1 &
     DAEMON_PID=$!
+    wait_mounted
+}
+
+# The same as the ordinary user, of the local export at $UMNT: the mount goes through
+# the setuid fusermount3, without passthrough (no capability), as on a desktop.
+start_user_stagefs() {
+    local cache=$1
+    shift
+    CUR_MNT=$UMNT CUR_LOG="$T/logs/stagefs-user.log" CUR_USER=1
+    CUR_DESC="$BENCH_USER's mount on ${cache#"$T/"}${*:+ with $*}"
+    "${AS_USER[@]}" "$U_STAGEFS" mount "$T/export" "$UMNT" --cache-dir "$cache" --foreground "$@" \
+        >>"$CUR_LOG" 2>&1 &
+    DAEMON_PID=$!
+    wait_mounted
+}
+
+wait_mounted() {
     local i
     for i in $(seq 600); do
-        mountpoint -q "$MNT" && return 0
+        is_mounted "$CUR_MNT" && return 0
         kill -0 "$DAEMON_PID" 2>/dev/null || break
         sleep 0.1
     done
-    tail -n 20 "$T/logs/stagefs.log" >&2
-    die "stagefs mount did not come up (log above)"
+    tail -n 20 "$CUR_LOG" >&2
+    die "stagefs mount at $CUR_MNT did not come up (log above)"
 }
 
 # Unmounts and reaps the daemon. A daemon that outlives its mount is noted in the
 # report and, after a bounded wait, killed: the benchmark must always finish.
 stop_stagefs() {
     [[ -n $DAEMON_PID ]] || return 0
-    local log="$T/logs/stagefs.log"
-    if mountpoint -q "$MNT" 2>/dev/null; then
-        "$STAGEFS" unmount "$MNT" >>"$log" 2>&1 ||
-            "$STAGEFS" unmount --lazy "$MNT" >>"$log" 2>&1 || true
+    if is_mounted "$CUR_MNT"; then
+        if [[ -n $CUR_USER ]]; then
+            # As the user would: through the setuid helper.
+            "${AS_USER[@]}" fusermount3 -u "$CUR_MNT" >>"$CUR_LOG" 2>&1 ||
+                fusermount3 -u -z "$CUR_MNT" >>"$CUR_LOG" 2>&1 || true
+        else
+            "$STAGEFS" unmount "$CUR_MNT" >>"$CUR_LOG" 2>&1 ||
+                "$STAGEFS" unmount --lazy "$CUR_MNT" >>"$CUR_LOG" 2>&1 || true
+        fi
     fi
     if ! wait_exit 30; then
-        WARNINGS+=("the daemon (pid $DAEMON_PID) was still running 30 s after its unmount; sent SIGTERM")
+        WARNINGS+=("the daemon of $CUR_DESC (pid $DAEMON_PID) was still running 30 s after its unmount ($(daemon_state)); sent SIGTERM")
         kill -TERM "$DAEMON_PID" 2>/dev/null || true
         if ! wait_exit 10; then
-            WARNINGS+=("the daemon (pid $DAEMON_PID) ignored SIGTERM for 10 s; sent SIGKILL")
+            WARNINGS+=("the daemon of $CUR_DESC (pid $DAEMON_PID) ignored SIGTERM for 10 s ($(daemon_state)); sent SIGKILL")
             kill -KILL "$DAEMON_PID" 2>/dev/null || true
         fi
     fi
     wait "$DAEMON_PID" 2>/dev/null || true
     DAEMON_PID=""
+}
+
+# What a daemon that does not exit is doing: whether its mount is still there, where
+# its threads wait in the kernel, and its last log line.
+daemon_state() {
+    local waits last
+    waits=$(for f in /proc/"$DAEMON_PID"/task/*/wchan; do cat "$f" 2>/dev/null && echo; done |
+        awk '{ n[$0 == "0" || $0 == "" ? "running" : $0]++ } END { for (w in n) printf "%s%s x%d", (i++ ? ", " : ""), w, n[w] }')
+    last=$(grep -v '^$' "$CUR_LOG" 2>/dev/null | tail -n 1 | cut -c1-300)
+    printf 'mount %s; threads: %s; last log line: %s' \
+        "$(is_mounted "$CUR_MNT" && echo "still mounted" || echo gone)" "${waits:-n/a}" "${last:-none}"
 }
 
 # Waits up to $1 seconds for the daemon to exit.
@@ -229,15 +361,51 @@ daemon_hwm_mib() {
 
 # The running mount's counters, to show which path actually served the reads.
 daemon_counters() {
+    counters_text "$(counters "$1")"
+}
+
+# The counters of the mount running on cache $1 as six numbers: copies, hits,
+# passthrough opens, daemon opens, daemon reads, redirects (readlink answers pointing
+# into the cache); nothing if the mount does not answer.
+COUNTER_KEYS=(stage_copies stage_hits passthrough_opens daemon_opens daemon_reads redirects)
+counters() {
     local json
-    json=$("$STAGEFS" status --cache-dir "$1" --json 2>/dev/null) || {
+    json=$("${RUNNER[@]}" "$RUN_STAGEFS" status --cache-dir "$1" --json 2>/dev/null) || return 0
+    local key vals=()
+    for key in "${COUNTER_KEYS[@]}"; do vals+=("$(jnum "$key" <<<"$json")"); done
+    echo "${vals[*]}"
+}
+
+# What the counters $2 (after) gained over $1 (before); empty if either is missing.
+counters_delta() {
+    [[ -n $1 && -n $2 ]] || return 0
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        n = split(a, x, " "); split(b, y, " ");
+        for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? " " : ""), y[i] - x[i]; print "" }'
+}
+
+counters_text() {
+    [[ -n $1 ]] || {
         echo "n/a"
         return
     }
-    printf 'copies %s, hits %s, passthrough opens %s, daemon opens %s, daemon reads %s' \
-        "$(jnum stage_copies <<<"$json")" "$(jnum stage_hits <<<"$json")" \
-        "$(jnum passthrough_opens <<<"$json")" "$(jnum daemon_opens <<<"$json")" \
-        "$(jnum daemon_reads <<<"$json")"
+    local c
+    read -r -a c <<<"$1"
+    printf 'copies %s, hits %s, passthrough opens %s, daemon opens %s, daemon reads %s, redirects %s' \
+        "${c[0]}" "${c[1]}" "${c[2]}" "${c[3]}" "${c[4]}" "${c[5]}"
+}
+
+# Waits (up to 2 minutes) until the mount on cache $1 copies nothing more (the first
+# open's prefetch of the snapshot's other files), then past the kernel's 1 s entry
+# timeout, so that the next lookups see what the mount now presents.
+settle() {
+    local i json
+    for i in $(seq 240); do
+        json=$("${RUNNER[@]}" "$RUN_STAGEFS" status --cache-dir "$1" --json 2>/dev/null) || break
+        grep -q '"in_flight": *\[\]' <<<"$json" && break
+        sleep 0.5
+    done
+    sleep 1.5
 }
 
 # ---------------------------------------------------------------- measuring helpers
@@ -248,6 +416,20 @@ drop_caches() {
 }
 
 now() { date +%s.%N; }
+
+# The share of all CPUs busy over one second, as "12%". Sampled while nothing of this
+# run is running, it is what else the machine is doing; the load average is no
+# measure of that, as it also counts tasks blocked in I/O (or hung on a dead mount).
+cpu_busy() {
+    local a b
+    # /proc/stat cpu: user nice system idle iowait irq softirq steal ...
+    a=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat)
+    sleep 1
+    b=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat)
+    awk -v a="$a" -v b="$b" 'BEGIN {
+        split(a, x, " "); split(b, y, " "); busy = y[1] - x[1]; all = busy + y[2] - x[2];
+        printf "%.0f%%", (all > 0 ? 100 * busy / all : 0) }'
+}
 
 # Seconds since $1.
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
@@ -424,85 +606,267 @@ measure_model_load() {
     rm -rf "$T/local/snapshot"
 }
 
-# Runs readbench, keeps its JSON in $1 and echoes it to the log.
+# Runs readbench (as RUNNER), keeps its JSON in $1 and echoes it to the log.
 readbench_json() {
     local out=$1
     shift
-    "$READBENCH" "$@" >"$out"
+    "${RUNNER[@]}" "$RB" "$@" >"$out"
     cat "$out" >&2
 }
 
-# d. The MLX-like pread pattern and random mmap touches on one set of files; sets
-# <NAME>_PREAD_MBPS, _PREAD_WORST, _PREAD_P99, _MMAP_TPS, _MMAP_WORST, _MMAP_P99.
-read_patterns() {
+# d. The read patterns, each from a cold page cache, on one set of files, keeping
+# readbench's JSON as $T/logs/<pattern>-<NAME>-<ROUND>.json for the report:
+# pread (MLX-like), mmap (random page touches) and the warm whole-model load
+# (`readbench cold-open` of files that are staged already).
+pread_pattern() {
     local name=$1
     shift
     drop_caches
-    readbench_json "$T/logs/pread-$name.json" pread --threads "$THREADS" --chunk "$CHUNK" "$@"
-    drop_caches
-    readbench_json "$T/logs/mmap-$name.json" mmap --touches "$TOUCHES" --seed "$SEED" "$@"
-    local p="$T/logs/pread-$name.json" m="$T/logs/mmap-$name.json"
-    printf -v "${name}_PREAD_MBPS" '%s' "$(mbps "$(jnum total_bytes <"$p")" "$(jnum seconds <"$p")")"
-    printf -v "${name}_PREAD_WORST" '%s' "$(fmt1 "$(jnum worst_pread_ms <"$p")")"
-    printf -v "${name}_PREAD_P99" '%s' "$(fmt1 "$(jnum p99_pread_ms <"$p")")"
-    printf -v "${name}_OPEN_S" '%s' "$(fmt3 "$(jnum open_seconds <"$p")")"
-    printf -v "${name}_MMAP_TPS" '%s' "$(fmt1 "$(jnum touches_per_s <"$m")")"
-    printf -v "${name}_MMAP_WORST" '%s' "$(fmt3 "$(jnum worst_fault_ms <"$m")")"
-    printf -v "${name}_MMAP_P99" '%s' "$(fmt3 "$(jnum p99_fault_ms <"$m")")"
+    readbench_json "$T/logs/pread-$name-$ROUND.json" pread --threads "$THREADS" --chunk "$CHUNK" "$@"
 }
 
-# A fresh mount re-hashes each staged copy the first time it serves it, which reads
-# the whole file and leaves it in the page cache. Those first opens are timed here,
-# from a cold cache, so that the read patterns afterwards (caches dropped again)
-# measure the read path and not the re-hash; sets <NAME>_FIRST_OPEN_S.
+mmap_pattern() {
+    local name=$1
+    shift
+    drop_caches
+    readbench_json "$T/logs/mmap-$name-$ROUND.json" mmap --touches "$TOUCHES" --seed "$SEED" "$@"
+}
+
+warm_load() {
+    local name=$1
+    shift
+    drop_caches
+    readbench_json "$T/logs/warm-$name-$ROUND.json" cold-open "$@"
+}
+
+read_patterns() {
+    pread_pattern "$@"
+    mmap_pattern "$@"
+}
+
+# A fresh mount checks each staged copy the first time it serves it (a copy untouched
+# since it was hashed is trusted; a touched one is re-hashed, which reads the whole
+# file); a file not staged yet is staged by its first open. Those first opens are
+# timed here, from a cold cache and as RUNNER, so that the read patterns afterwards
+# (caches dropped again) measure the read path alone; sets <NAME>_FIRST_OPEN_S_<ROUND>.
 first_opens() {
     local name=$1
     shift
     drop_caches
-    local t0 f
+    local t0
     t0=$(now)
-    for f in "$@"; do
-        : <"$f"
-    done
-    printf -v "${name}_FIRST_OPEN_S" '%s' "$(since "$t0")"
+    "${RUNNER[@]}" sh -c 'for f do : <"$f" || exit 1; done' sh "$@"
+    printf -v "${name}_FIRST_OPEN_S_$ROUND" '%s' "$(since "$t0")"
 }
 
-measure_reads() {
-    local rel mounted=() sshfs=() cached=()
-    for rel in "${SHARD_REL[@]}"; do
-        mounted+=("$MNT/$rel")
-        sshfs+=("$SRC/$rel")
+# d. One mounted path: mounts (WHO root: the sshfs source at $MNT; WHO user: the
+# local export at $UMNT as the ordinary user) on CACHE with FLAGS, opens the shards
+# once, lets the mount settle, then runs pread, mmap and the warm load as WHO. The
+# counters are read around each run, so the report shows what served each one:
+# <NAME>_C_{FIRST,PREAD,MMAP,WARM}_<ROUND> (six numbers, see counters).
+measure_mount() {
+    local name=$1 who=$2 cache=$3
+    shift 3
+    if [[ $who == user ]]; then
+        as_user
+        start_user_stagefs "$cache" "$@"
+    else
+        as_root
+        start_stagefs "$cache" "$@"
+    fi
+    local files=() rel
+    for rel in "${SHARD_REL[@]}"; do files+=("$CUR_MNT/$rel"); done
+    local c0 c1 c2 c3 c4
+    c0=$(counters "$cache")
+    first_opens "$name" "${files[@]}"
+    settle "$cache"
+    c1=$(counters "$cache")
+    pread_pattern "$name" "${files[@]}"
+    c2=$(counters "$cache")
+    mmap_pattern "$name" "${files[@]}"
+    c3=$(counters "$cache")
+    warm_load "$name" "${files[@]}"
+    c4=$(counters "$cache")
+    stop_stagefs
+    as_root
+    printf -v "${name}_C_FIRST_$ROUND" '%s' "$(counters_delta "$c0" "$c1")"
+    printf -v "${name}_C_PREAD_$ROUND" '%s' "$(counters_delta "$c1" "$c2")"
+    printf -v "${name}_C_MMAP_$ROUND" '%s' "$(counters_delta "$c2" "$c3")"
+    printf -v "${name}_C_WARM_$ROUND" '%s' "$(counters_delta "$c3" "$c4")"
+}
+
+# Checks that the pread, mmap and warm-load runs of mount row $1 in this round took
+# path $2 (passthrough, daemon or redirect) by the counters, and warns if one did not.
+check_path() {
+    local name=$1 path=$2 label=$3 phase var c
+    for phase in PREAD MMAP WARM; do
+        var="${name}_C_${phase}_$ROUND"
+        c=${!var}
+        if [[ -z $c ]]; then
+            WARNINGS+=("$label, round $ROUND: no counters for the ${phase,,} run (the mount did not answer status)")
+            continue
+        fi
+        local -a num
+        read -r -a num <<<"$c"
+        # num: copies hits passthrough_opens daemon_opens daemon_reads redirects
+        local ok=1
+        case $path in
+            passthrough) ((num[2] > 0 && num[4] == 0 && num[5] == 0)) || ok="" ;;
+            daemon) ((num[4] > 0 && num[2] == 0 && num[5] == 0)) || ok="" ;;
+            redirect) ((num[5] > 0 && num[2] == 0 && num[3] == 0 && num[4] == 0)) || ok="" ;;
+        esac
+        ((num[0] == 0)) || ok=""
+        [[ -n $ok ]] || WARNINGS+=("$label, round $ROUND: the ${phase,,} run did not take the $path path only ($(counters_text "$c"))")
     done
-    # The store names an LFS blob's copy by the blob's sha256, which is the name the
-    # snapshot link points at; listing them in shard order makes the mmap run touch
-    # the same pages of the same shards as on the other paths.
-    local blob f
+}
+
+# Sets COPIES to the copies of the shards in cache $1, in shard order. The store names
+# an LFS blob's copy by the blob's sha256, which is the name the snapshot link points
+# at; listing them in shard order makes the mmap run touch the same pages of the same
+# shards as on the other paths.
+staged_copies() {
+    local cache=$1 rel blob f
+    COPIES=()
     for rel in "${SHARD_REL[@]}"; do
         blob=$(readlink "$T/export/$rel")
-        f="$MODEL_CACHE/v1/data/sha256-${blob##*/}"
+        f="$cache/v1/data/sha256-${blob##*/}"
         [[ -f $f ]] || die "no staged copy of $rel at $f (has the store's naming changed?)"
-        cached+=("$f")
+        COPIES+=("$f")
+    done
+}
+
+# The number of extents of each file (filefrag), "n/a" without filefrag: the two sets of
+# local copies are different files, and a fragmented copy reads slower from disk.
+extents() {
+    if ! command -v filefrag >/dev/null 2>&1; then
+        echo "n/a"
+        return
+    fi
+    local f out=""
+    for f in "$@"; do
+        out+="${out:+, }$(filefrag "$f" 2>/dev/null | awk '{ print $(NF - 2) }')"
+    done
+    echo "$out"
+}
+
+# d. Every path, ROUNDS times over, interleaved (each round measures every path once,
+# its local baselines included), so that a slow spell of this machine or its disk
+# lands on all paths alike and every path is compared with baselines measured minutes
+# apart at most. sshfs is measured once, at the end: its pread alone takes a minute.
+measure_reads() {
+    local rel sshfs=() cached=() ucached=()
+    for rel in "${SHARD_REL[@]}"; do sshfs+=("$SRC/$rel"); done
+    staged_copies "$MODEL_CACHE"
+    cached=("${COPIES[@]}")
+    local r
+    for r in $(seq "$ROUNDS"); do
+        ROUND=$r
+        printf -v "ROUND_BUSY_$r" '%s' "$(cpu_busy)"
+
+        log "d. round $r/$ROUNDS: reads as root through stagefs with passthrough"
+        measure_mount PT root "$MODEL_CACHE"
+        check_path PT passthrough "root, passthrough"
+
+        log "d. round $r/$ROUNDS: reads as root through stagefs --no-passthrough --no-redirect (the daemon)"
+        measure_mount DAEMON root "$MODEL_CACHE" --no-passthrough --no-redirect
+        check_path DAEMON daemon "root, daemon"
+
+        log "d. round $r/$ROUNDS: reads as root through stagefs --no-passthrough (redirect)"
+        measure_mount RDR root "$MODEL_CACHE" --no-passthrough
+        check_path RDR redirect "root, redirect"
+
+        log "d. round $r/$ROUNDS: reads of root's local cache files"
+        as_root
+        read_patterns LOCAL "${cached[@]}"
+        warm_load LOCAL "${cached[@]}"
+
+        # In the first round the user's first opens stage the shards from the local
+        # export into the user's own cache; the read patterns then read those copies.
+        log "d. round $r/$ROUNDS: reads as $BENCH_USER through a fusermount3 mount (redirect, the default)"
+        measure_mount UR user "$UCACHE"
+        check_path UR redirect "$BENCH_USER, redirect"
+
+        log "d. round $r/$ROUNDS: reads as $BENCH_USER through a fusermount3 mount with --no-redirect (the daemon)"
+        measure_mount UNR user "$UCACHE" --no-redirect
+        check_path UNR daemon "$BENCH_USER, daemon"
+
+        log "d. round $r/$ROUNDS: reads of $BENCH_USER's local cache files, as $BENCH_USER"
+        staged_copies "$UCACHE"
+        ucached=("${COPIES[@]}")
+        if ((r == 1)); then
+            EXTENTS_ROOT=$(extents "${cached[@]}")
+            EXTENTS_USER=$(extents "${ucached[@]}")
+        fi
+        as_user
+        read_patterns ULOCAL "${ucached[@]}"
+        warm_load ULOCAL "${ucached[@]}"
+        as_root
     done
 
-    log "d(i). reads through stagefs with passthrough"
-    start_stagefs "$MODEL_CACHE"
-    first_opens PT "${mounted[@]}"
-    read_patterns PT "${mounted[@]}"
-    PT_COUNTERS=$(daemon_counters "$MODEL_CACHE")
-    stop_stagefs
-
-    log "d(ii). reads through stagefs with --no-passthrough"
-    start_stagefs "$MODEL_CACHE" --no-passthrough
-    first_opens NOPT "${mounted[@]}"
-    read_patterns NOPT "${mounted[@]}"
-    NOPT_COUNTERS=$(daemon_counters "$MODEL_CACHE")
-    stop_stagefs
-
-    log "d(iii). reads of the local cache files"
-    read_patterns LOCAL "${cached[@]}"
-
-    log "d(iv). reads straight from sshfs"
+    ROUND=1
+    log "d. reads straight from sshfs"
     read_patterns SSHFS "${sshfs[@]}"
+}
+
+# One figure of path NAME in round R, from readbench's JSON: SPEC is PATTERN:KEY
+# (pread:mbps is computed from bytes and seconds); nothing if it was not measured.
+figure() {
+    local name=$1 r=$2 spec=$3
+    local f="$T/logs/${spec%%:*}-$name-$r.json" key=${spec#*:}
+    [[ -f $f ]] || return 0
+    if [[ $key == mbps ]]; then
+        mbps "$(jnum total_bytes <"$f")" "$(jnum seconds <"$f")"
+    else
+        jnum "$key" <"$f"
+    fi
+}
+
+# The median of the numbers given; nothing if none.
+median() {
+    (($#)) || return 0
+    printf '%s\n' "$@" | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# The median over the rounds of figure SPEC of path NAME.
+med() {
+    local name=$1 spec=$2 r v vals=()
+    for r in $(seq "$ROUNDS"); do
+        v=$(figure "$name" "$r" "$spec")
+        if [[ -n $v ]]; then vals+=("$v"); fi
+    done
+    median "${vals[@]}"
+}
+
+# NAME's figure SPEC over BASE's, one ratio per round in which both were measured.
+round_ratios() {
+    local name=$1 base=$2 spec=$3 r a b
+    for r in $(seq "$ROUNDS"); do
+        a=$(figure "$name" "$r" "$spec")
+        b=$(figure "$base" "$r" "$spec")
+        if [[ -n $a && -n $b ]]; then
+            awk -v a="$a" -v b="$b" 'BEGIN { if (b + 0 != 0) printf "%.4f\n", a / b }'
+        fi
+    done
+}
+
+# The median of the per-round ratios, with their range when there are several:
+# "0.98 (0.91-1.03)"; "n/a" when there are none.
+ratio_cell() {
+    local vals=()
+    mapfile -t vals < <(round_ratios "$@")
+    if ((${#vals[@]} == 0)); then
+        echo "n/a"
+        return
+    fi
+    local m
+    m=$(median "${vals[@]}")
+    if ((${#vals[@]} == 1)); then
+        printf '%.2f\n' "$m"
+        return
+    fi
+    printf '%.2f (%s)\n' "$m" "$(printf '%s\n' "${vals[@]}" | sort -g |
+        awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.2f–%.2f", lo, hi }')"
 }
 
 # ---------------------------------------------------------------- the report
@@ -511,7 +875,7 @@ report() {
     local mem cpu rev
     mem=$(awk '/^MemTotal:/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
     cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
-    rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo "${BENCH_REV:-unknown}")
     if [[ -n $(git -C "$ROOT" status --porcelain 2>/dev/null) ]]; then rev="$rev (with uncommitted changes)"; fi
     cat <<EOF
 # stagefs benchmark
@@ -527,6 +891,7 @@ report() {
 | link | sshfs over a veth pair capped at $RATE (tc tbf) |
 | scratch | $BENCH_TMPDIR ($(df --output=fstype "$BENCH_TMPDIR" | tail -n 1)) |
 | command | \`$COMMAND\` |
+| other activity | CPU busy (both cores, 1 s sample while nothing of this run ran) $BUSY_AT_START before the build, $BUSY_AT_END at the end; load average at the end $(cut -d' ' -f1-3 /proc/loadavg) |
 
 MB/s is 10^6 bytes per second. Page caches are dropped before every cold measurement.
 
@@ -548,25 +913,64 @@ $(stage_pf_row)
 
 pread: $THREADS threads, preads of up to $CHUNK interleaved across the shards, every byte once.
 mmap: $TOUCHES random 4 KiB page touches (seed $SEED) with MADV_RANDOM, one fault timed per touch.
+warm load: \`readbench cold-open\` of the $SHARDS shards, already staged: open and read each in order.
+The page cache is dropped before each of them.
 
-| path | pread MB/s | worst pread ms | p99 pread ms | touches/s | worst fault ms | p99 fault ms |
-| --- | ---: | ---: | ---: | ---: | ---: | ---: |
-| (i) stagefs, passthrough | $PT_PREAD_MBPS | $PT_PREAD_WORST | $PT_PREAD_P99 | $PT_MMAP_TPS | $PT_MMAP_WORST | $PT_MMAP_P99 |
-| (ii) stagefs, --no-passthrough | $NOPT_PREAD_MBPS | $NOPT_PREAD_WORST | $NOPT_PREAD_P99 | $NOPT_MMAP_TPS | $NOPT_MMAP_WORST | $NOPT_MMAP_P99 |
-| (iii) local cache files | $LOCAL_PREAD_MBPS | $LOCAL_PREAD_WORST | $LOCAL_PREAD_P99 | $LOCAL_MMAP_TPS | $LOCAL_MMAP_WORST | $LOCAL_MMAP_P99 |
-| (iv) sshfs directly | $SSHFS_PREAD_MBPS | $SSHFS_PREAD_WORST | $SSHFS_PREAD_P99 | $SSHFS_MMAP_TPS | $SSHFS_MMAP_WORST | $SSHFS_MMAP_P99 |
+Root mounts the sshfs source and reads as root. $BENCH_USER (uid $(id -u "$BENCH_USER"), no capabilities) mounts
+the same tree from the local export through fusermount3, with its own cache, and reads as itself (it can
+read neither root's sshfs mount nor root's caches); its first opens stage the shards into its cache.
 
-Ratios to the local cache files (iii):
+Every path but sshfs was measured in $ROUNDS interleaved round(s), each round measuring every path once;
+figures are medians over the rounds. CPU busy at the start of each round, while nothing of this run ran: $(round_busy).
+sshfs was measured once, after the rounds.
 
-| path | pread throughput | worst pread | touches/s | worst fault | p99 fault |
-| --- | ---: | ---: | ---: | ---: | ---: |
-| (i) stagefs, passthrough | $(ratio "$PT_PREAD_MBPS" "$LOCAL_PREAD_MBPS") | $(ratio "$PT_PREAD_WORST" "$LOCAL_PREAD_WORST") | $(ratio "$PT_MMAP_TPS" "$LOCAL_MMAP_TPS") | $(ratio "$PT_MMAP_WORST" "$LOCAL_MMAP_WORST") | $(ratio "$PT_MMAP_P99" "$LOCAL_MMAP_P99") |
-| (ii) stagefs, --no-passthrough | $(ratio "$NOPT_PREAD_MBPS" "$LOCAL_PREAD_MBPS") | $(ratio "$NOPT_PREAD_WORST" "$LOCAL_PREAD_WORST") | $(ratio "$NOPT_MMAP_TPS" "$LOCAL_MMAP_TPS") | $(ratio "$NOPT_MMAP_WORST" "$LOCAL_MMAP_WORST") | $(ratio "$NOPT_MMAP_P99" "$LOCAL_MMAP_P99") |
-| (iv) sshfs directly | $(ratio "$SSHFS_PREAD_MBPS" "$LOCAL_PREAD_MBPS") | $(ratio "$SSHFS_PREAD_WORST" "$LOCAL_PREAD_WORST") | $(ratio "$SSHFS_MMAP_TPS" "$LOCAL_MMAP_TPS") | $(ratio "$SSHFS_MMAP_WORST" "$LOCAL_MMAP_WORST") | $(ratio "$SSHFS_MMAP_P99" "$LOCAL_MMAP_P99") |
+| path | pread MB/s | worst pread ms | p99 pread ms | touches/s | worst fault ms | p99 fault ms | warm load s | warm load MB/s |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+$(read_row PT "root, passthrough")
+$(read_row DAEMON "root, daemon (\`--no-passthrough --no-redirect\`)")
+$(read_row RDR "root, redirect (\`--no-passthrough\`)")
+$(read_row LOCAL "root's local cache files")
+$(read_row UR "$BENCH_USER, redirect (fusermount3 mount, the default)")
+$(read_row UNR "$BENCH_USER, daemon (fusermount3 mount, \`--no-redirect\`)")
+$(read_row ULOCAL "$BENCH_USER's local cache files")
+$(read_row SSHFS "sshfs directly")
 
-First open of the $SHARDS staged shards after a fresh mount, cold page cache (stagefs checks a copy before it first serves it): ${PT_FIRST_OPEN_S} s, $(mbps "$MODEL_BYTES" "$PT_FIRST_OPEN_S") MB/s (passthrough mount); ${NOPT_FIRST_OPEN_S} s (no passthrough).
-The reads above come after those first opens and another cache drop; opening the $SHARDS shards again before the preads took ${PT_OPEN_S} s (passthrough), ${NOPT_OPEN_S} s (no passthrough).
-Daemon counters: (i) $PT_COUNTERS; (ii) $NOPT_COUNTERS.
+Extents of the shards' copies (filefrag): root's $EXTENTS_ROOT; $BENCH_USER's $EXTENTS_USER.
+
+Ratios to the local cache files the path reads (root's for the root rows and sshfs, $BENCH_USER's for
+$BENCH_USER's rows), each against the baseline of the same round: the median over the rounds, and in
+brackets the lowest and highest round. Throughput: higher is better; latency and load time: lower is better.
+
+| path | pread throughput | p99 pread | worst pread | touches/s | p99 fault | worst fault | warm load time |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+$(ratio_row PT LOCAL "root, passthrough")
+$(ratio_row DAEMON LOCAL "root, daemon (\`--no-passthrough --no-redirect\`)")
+$(ratio_row RDR LOCAL "root, redirect (\`--no-passthrough\`)")
+$(ratio_row UR ULOCAL "$BENCH_USER, redirect (fusermount3 mount)")
+$(ratio_row UNR ULOCAL "$BENCH_USER, daemon (fusermount3 mount, \`--no-redirect\`)")
+$(ratio_row ULOCAL LOCAL "$BENCH_USER's local cache files / root's")
+$(ratio_row SSHFS LOCAL "sshfs directly (against round 1)")
+
+First open of the $SHARDS shards after a fresh mount, cold page cache, round 1 (a copy untouched since it was
+hashed is trusted; a shard not staged yet is staged): root, passthrough ${PT_FIRST_OPEN_S_1} s; root, daemon
+${DAEMON_FIRST_OPEN_S_1} s; root, redirect ${RDR_FIRST_OPEN_S_1} s; $BENCH_USER, redirect ${UR_FIRST_OPEN_S_1} s
+(this one stages the shards from the local export: $(mbps "$MODEL_BYTES" "$UR_FIRST_OPEN_S_1") MB/s$(later_first_opens UR)); $BENCH_USER, daemon
+${UNR_FIRST_OPEN_S_1} s. The reads come after those first opens and another cache drop; opening the
+$SHARDS shards again before the preads took $(pread_opens PT) s, $(pread_opens DAEMON) s, $(pread_opens RDR) s, $(pread_opens UR) s and
+$(pread_opens UNR) s (medians), in the same order.
+
+What served each run, from the mount's counters (\`stagefs status --json\`) read before and after it, in
+round 1: passthrough opens and no daemon reads for passthrough; daemon reads for the daemon; redirects
+(readlinks answered with a link into the cache) and no daemon open or read for a redirect. Every round
+is checked the same way; a run that took another path is listed under Warnings.
+
+| path | run | copies | hits | passthrough opens | daemon opens | daemon reads | redirects |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |
+$(counter_rows PT "root, passthrough")
+$(counter_rows DAEMON "root, daemon")
+$(counter_rows RDR "root, redirect")
+$(counter_rows UR "$BENCH_USER, redirect")
+$(counter_rows UNR "$BENCH_USER, daemon")
 
 ## Cold load of the whole model ($SHARDS shards, open + sequential read of each)
 
@@ -599,6 +1003,104 @@ stage_pf_row() {
     echo "| c. stagefs default (prefetch on): \`open()\` of a cold shard | $STAGE_PF_S | $(mbps "$SHARD_BYTES" "$STAGE_PF_S") | $(ratio "$RAW_S" "$STAGE_PF_S") |"
 }
 
+# | $1 | $2 | ... |
+table_row() {
+    local row="| $1 |" cell
+    shift
+    for cell in "$@"; do row+=" $cell |"; done
+    echo "$row"
+}
+
+# A row of the reads table for path NAME: medians over the rounds.
+read_row() {
+    local n=$1 label=$2 warm
+    warm=$(med "$n" warm:total_s)
+    local cells=(
+        "$(fmt1 "$(med "$n" pread:mbps)")"
+        "$(fmt1 "$(med "$n" pread:worst_pread_ms)")"
+        "$(fmt1 "$(med "$n" pread:p99_pread_ms)")"
+        "$(fmt1 "$(med "$n" mmap:touches_per_s)")"
+        "$(fmt3 "$(med "$n" mmap:worst_fault_ms)")"
+        "$(fmt3 "$(med "$n" mmap:p99_fault_ms)")"
+    )
+    if [[ -n $warm ]]; then
+        cells+=("$(fmt3 "$warm")" "$(mbps "$MODEL_BYTES" "$warm")")
+    else
+        cells+=("–" "–")
+    fi
+    table_row "$label" "${cells[@]}"
+}
+
+# A row of the ratio table: path NAME against baseline BASE, round by round.
+ratio_row() {
+    local n=$1 b=$2 label=$3 warm="–"
+    if [[ -n $(med "$n" warm:total_s) ]]; then warm=$(ratio_cell "$n" "$b" warm:total_s); fi
+    table_row "$label" \
+        "$(ratio_cell "$n" "$b" pread:mbps)" \
+        "$(ratio_cell "$n" "$b" pread:p99_pread_ms)" \
+        "$(ratio_cell "$n" "$b" pread:worst_pread_ms)" \
+        "$(ratio_cell "$n" "$b" mmap:touches_per_s)" \
+        "$(ratio_cell "$n" "$b" mmap:p99_fault_ms)" \
+        "$(ratio_cell "$n" "$b" mmap:worst_fault_ms)" \
+        "$warm"
+}
+
+# The counter rows of mount path NAME in round 1: first opens, pread, mmap, warm load.
+counter_rows() {
+    local n=$1 label=$2 phase v c
+    for phase in FIRST:"first opens" PREAD:pread MMAP:mmap WARM:"warm load"; do
+        v="${n}_C_${phase%%:*}_1"
+        c=${!v:-}
+        if [[ -z $c ]]; then
+            echo "| $label | ${phase#*:} | n/a | n/a | n/a | n/a | n/a | n/a |"
+        else
+            echo "| $label | ${phase#*:} | ${c// / | } |"
+        fi
+    done
+}
+
+# The median time of the opens before the preads of path NAME.
+pread_opens() {
+    fmt3 "$(med "$1" pread:open_seconds)"
+}
+
+# ", remounted in later rounds: X s" for path NAME when there were later rounds.
+later_first_opens() {
+    local r v vals=()
+    for r in $(seq 2 "$ROUNDS"); do
+        v="${1}_FIRST_OPEN_S_$r"
+        vals+=("${!v}")
+    done
+    ((${#vals[@]})) || return 0
+    printf '; after a remount in the later rounds: %s s, median' "$(fmt3 "$(median "${vals[@]}")")"
+}
+
+# The CPU busy share sampled at the start of each round.
+round_busy() {
+    local r v out=""
+    for r in $(seq "$ROUNDS"); do
+        v="ROUND_BUSY_$r"
+        out+="${out:+, }${!v}"
+    done
+    echo "$out"
+}
+
+# A warning when other work kept the CPUs busy (20% or more in a sample taken while
+# nothing of this run ran): the figures are then not those of a quiet machine.
+busy_warning() {
+    local samples=("$BUSY_AT_START") r v
+    for r in $(seq "$ROUNDS"); do
+        v="ROUND_BUSY_$r"
+        samples+=("${!v:-0%}")
+    done
+    samples+=("$BUSY_AT_END")
+    local high
+    high=$(printf '%s\n' "${samples[@]}" | tr -d % | awk '$1 >= 20 { n++ } END { print n + 0 }')
+    if ((high > 0)); then
+        WARNINGS+=("the machine was not quiet: other work kept the CPUs busy in $high of ${#samples[@]} samples taken while nothing of this run ran (${samples[*]}); the figures carry that noise")
+    fi
+}
+
 warnings_section() {
     ((${#WARNINGS[@]})) || return 0
     printf '\n## Warnings\n\n'
@@ -607,17 +1109,22 @@ warnings_section() {
 
 main() {
     check_prerequisites
+    [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
+    BUSY_AT_START=$(cpu_busy)
     build
     trap cleanup EXIT
     trap 'exit 130' INT TERM
     setup_scratch
     generate_model
+    setup_user
     start_netfs
     measure_raw_link
     measure_cp
     measure_stage
     measure_model_load
     measure_reads
+    BUSY_AT_END=$(cpu_busy)
+    busy_warning
     mkdir -p "$(dirname "$OUT")"
     report >"$OUT"
     if [[ -n ${SUDO_USER:-} ]]; then chown "$SUDO_USER:" "$OUT" 2>/dev/null || true; fi
