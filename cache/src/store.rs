@@ -187,9 +187,11 @@ impl Store {
         let (mut index, mut journal) =
             Index::load(&index_path).map_err(|e| StoreError::io(&index_path, e))?;
         reconcile(&mut index, &layout.join("data"))?;
-        journal
-            .append(&index.take_pending(), true)
-            .map_err(|e| StoreError::io(&index_path, e))?;
+        if index.has_pending() {
+            journal
+                .append(&index.take_pending(), true)
+                .map_err(|e| StoreError::io(&index_path, e))?;
+        }
         Ok(Store {
             dir,
             layout,
@@ -252,8 +254,10 @@ impl Store {
         }
         state.index.touch(key, crate::sys::now_secs());
         drop(state);
-        // A new identity must be durable; recency need not be.
-        if self.write_journal(rehashed.is_some(), false).is_err() {
+        // A new identity must be durable, so it waits for the journal (after a
+        // re-hash that cost far more); recency alone need not, and does not.
+        let identity = rehashed.is_some();
+        if self.write_journal(identity, identity).is_err() {
             warn!(path = %entry.source.display(), "could not record a re-hashed copy");
         }
         Some(Hit {
