@@ -21,6 +21,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
+use std::future::Future;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -72,6 +73,22 @@ pub(crate) struct Opened {
     pub(crate) stamp: Stamp,
     /// Present for staged copies, absent for files read from the source.
     pub(crate) pin: Option<Arc<Pin>>,
+}
+
+/// What an open through the source came to.
+enum Attempt<T> {
+    /// The source answered (the open may still have failed).
+    Answered(Result<T, FsError>),
+    /// The source timed out, or the copy stopped making progress.
+    Unanswered,
+}
+
+/// What an open was served from.
+enum Served<T> {
+    /// The source, now.
+    Fresh(T),
+    /// A stored copy, the source being suspect.
+    Stored(Staged),
 }
 
 impl Opened {
@@ -432,81 +449,88 @@ impl Policy {
         Ok(opened)
     }
 
-    /// Stages `node`. While the source is suspect, a stored copy of exactly this
-    /// version is served instead (the source may be gone; the model is still here);
-    /// without one, the open fails with EIO once the source times out or the copy
-    /// makes no progress for the timeout.
+    /// Stages `node`, or serves a stored copy of exactly this version while the source
+    /// is suspect (the source may be gone; the model is still here). Without one, the
+    /// open fails with EIO once the source times out or the copy makes no progress
+    /// for the timeout.
     async fn stage_or_recall(&self, node: &Node, version: Stamp) -> Result<Staged, FsError> {
-        if self.source_suspect()
-            && let Some(staged) = self.recall_stored(node, version).await
-        {
-            return Ok(staged);
-        }
-        let stage = self.stager.stage_version(&node.path, version);
-        let stall = stalled(&self.stager, &node.path, self.config.source_timeout);
-        let suspect = self.until_suspect();
-        tokio::pin!(stage, stall, suspect);
-        let mut recalled = false;
-        loop {
+        let attempt = async {
+            let stage = self.stager.stage_version(&node.path, version);
+            let stall = stalled(&self.stager, &node.path, self.config.source_timeout);
             tokio::select! {
-                staged = &mut stage => match staged {
-                    Err(StageError::Source(SourceError::Unanswered { .. })) => break,
-                    staged => return staged.map_err(FsError::from),
+                staged = stage => match staged {
+                    Err(StageError::Source(SourceError::Unanswered { .. })) => Attempt::Unanswered,
+                    staged => Attempt::Answered(staged.map_err(FsError::from)),
                 },
-                () = &mut stall => break,
-                () = &mut suspect, if !recalled => {
-                    recalled = true;
-                    if let Some(staged) = self.recall_stored(node, version).await {
-                        return Ok(staged);
-                    }
-                }
+                () = stall => Attempt::Unanswered,
             }
-        }
-        self.source_timed_out();
-        self.recall_stored(node, version)
-            .await
-            .ok_or_else(|| self.timeout_error(&node.path))
+        };
+        Ok(
+            match self.attempt_or_stored(node, version, attempt).await? {
+                Served::Fresh(staged) | Served::Stored(staged) => staged,
+            },
+        )
     }
 
     /// Small files (configs, tokenizers, refs) are read from the source, so they are
     /// never staler than it. A copy is kept in the background and served while the
     /// source is suspect, so a staged model still loads with the NAS away.
     async fn open_small(self: &Arc<Self>, node: &Node, version: Stamp) -> Result<Opened, FsError> {
+        let attempt = async {
+            match self.open_source(&node.path).await {
+                Err(FsError::SourceTimeout { .. }) => Attempt::Unanswered,
+                opened => Attempt::Answered(opened),
+            }
+        };
+        let served = self.attempt_or_stored(node, version, attempt).await?;
+        self.probe_if_down();
+        Ok(match served {
+            Served::Fresh(opened) => {
+                self.keep_copy(&node.path, opened.stamp);
+                opened
+            }
+            Served::Stored(staged) => Opened::staged(staged),
+        })
+    }
+
+    /// The outage rule for opens: a stored copy of exactly `version` of `node` is
+    /// served instead of `attempt` (an open through the source) if the source is
+    /// suspect before it, once it becomes suspect during it, or when the attempt gets
+    /// no answer; without such a copy, the attempt's own outcome, or EIO.
+    async fn attempt_or_stored<T>(
+        &self,
+        node: &Node,
+        version: Stamp,
+        attempt: impl Future<Output = Attempt<T>>,
+    ) -> Result<Served<T>, FsError> {
         if self.source_suspect()
             && let Some(staged) = self.recall_stored(node, version).await
         {
-            self.probe_if_down();
-            return Ok(Opened::staged(staged));
+            return Ok(Served::Stored(staged));
         }
-        let opening = self.open_source(&node.path);
         let suspect = self.until_suspect();
-        tokio::pin!(opening, suspect);
+        tokio::pin!(attempt, suspect);
         let mut recalled = false;
-        let opened = loop {
+        let outcome = loop {
             tokio::select! {
-                opened = &mut opening => break opened,
+                outcome = &mut attempt => break outcome,
                 () = &mut suspect, if !recalled => {
                     recalled = true;
                     if let Some(staged) = self.recall_stored(node, version).await {
-                        return Ok(Opened::staged(staged));
+                        return Ok(Served::Stored(staged));
                     }
                 }
             }
         };
-        match opened {
-            Ok(opened) => {
-                self.probe_if_down();
-                self.keep_copy(&node.path, opened.stamp);
-                Ok(opened)
-            }
-            Err(FsError::SourceTimeout { .. }) => {
+        match outcome {
+            Attempt::Answered(result) => result.map(Served::Fresh),
+            Attempt::Unanswered => {
                 self.source_timed_out();
                 let staged = self.recall_stored(node, version).await;
                 staged
-                    .map(Opened::staged)
+                    .map(Served::Stored)
                     .ok_or_else(|| self.timeout_error(&node.path))
             }
-            Err(e) => Err(e),
         }
     }
 
