@@ -599,6 +599,25 @@ impl Mount {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The one JSON line a client program (a tests/py script) printed about this
+    /// mount; a failed program fails the test with its output and the daemon's log.
+    #[track_caller]
+    pub fn client_report(&self, out: &Output) -> Value {
+        assert!(
+            out.status.success(),
+            "client failed:\n{}\n{}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "the client printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
     /// Path of `rel` inside the mount.
     pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
         self.mnt.join(rel)

@@ -1,7 +1,6 @@
 //! Real clients read through the mount: huggingface_hub resolving offline, and
 //! safetensors' safe_open (mmap) reading every tensor.
 
-use serde_json::Value;
 use stagefs_tests::{Model, Mount, Scratch, generate, hf_offline_check};
 
 /// Returns the mount first, so that dropping the tuple unmounts before the scratch
@@ -22,14 +21,7 @@ fn run_client_check(s: &Scratch, mount: &Mount, model: &Model) {
         .env("STAGEFS_CACHE_DIR", &mount.cache)
         .output()
         .expect("running python");
-    assert!(
-        out.status.success(),
-        "client check failed:\n{}\n{}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        mount.log_text()
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let report = mount.client_report(&out);
     assert_eq!(report["shards"], 3);
     assert_eq!(report["tensors"], 6);
 }

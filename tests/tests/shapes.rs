@@ -457,14 +457,7 @@ fn huggingface_hub_resolves_offline_with_hf_home_at_the_mount() {
         .env_remove("HF_TOKEN_PATH")
         .output()
         .expect("running python");
-    assert!(
-        out.status.success(),
-        "{}\n{}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        mount.log_text()
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let report = mount.client_report(&out);
     assert_eq!(
         report["token"], true,
         "the token {HF_HOME_TOKEN} came from the mount"
@@ -481,14 +474,7 @@ fn safetensors_loads_a_plain_folder_by_path_through_the_mount() {
         .arg(src.root.join(&src.model_dir))
         .output()
         .expect("running python");
-    assert!(
-        out.status.success(),
-        "{}\n{}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        mount.log_text()
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let report = mount.client_report(&out);
     assert_eq!(report["shards"], SHARDS);
     let m = mount.metrics();
     assert_eq!(

@@ -77,20 +77,7 @@ fn file_type(user: &TestUser, path: &Path) -> String {
 
 /// Runs a Python snippet as the user and parses the one JSON line it prints.
 fn run_py_json(user: &TestUser, mut command: Command, mount: &Mount) -> Value {
-    let out = user.output(&mut command);
-    assert!(
-        out.status.success(),
-        "python failed:\n{}\n{}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        mount.log_text()
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "python printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    mount.client_report(&user.output(&mut command))
 }
 
 /// A helper process the test talks to by lines: it answers each line sent with one
@@ -309,14 +296,7 @@ fn huggingface_hub_and_safe_open_as_the_user_before_and_after_staging() {
             user.hf_offline_check(&mount.mnt, &model, &s.hub, &hf_home)
                 .env("STAGEFS_CACHE_DIR", &mount.cache),
         );
-        assert!(
-            out.status.success(),
-            "client check failed:\n{}\n{}\ndaemon log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            mount.log_text()
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
+        let report = mount.client_report(&out);
         assert_eq!(
             (report["shards"].as_u64(), report["tensors"].as_u64()),
             (Some(3), Some(6))
@@ -830,16 +810,8 @@ fn eviction_racing_opens_never_gives_enoent_or_wrong_bytes() {
             .stdout(Stdio::piped());
         command.spawn().expect("python")
     };
-    let finish = |child: Child| -> Value {
-        let out = child.wait_with_output().expect("python");
-        assert!(
-            out.status.success(),
-            "python failed: {}\ndaemon log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            mount.log_text()
-        );
-        serde_json::from_slice(&out.stdout).expect("json")
-    };
+    let finish =
+        |child: Child| -> Value { mount.client_report(&child.wait_with_output().expect("python")) };
 
     // A is staged first.
     assert_eq!(finish(spawn(&a, "30", 0, true))["passed"], true);
