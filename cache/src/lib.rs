@@ -29,6 +29,6 @@ pub use index::Entry;
 pub use key::Key;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use source::{EntryKind, LocalDir, ReadAt, Source, SourceFile, SourceMeta, SourceTree, Stamp};
-pub use source_pool::{SourceHealth, SourcePool, Unanswered};
+pub use source_pool::{SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
 pub use stage::{InFlight, Staged, Stager, StagerOptions};
 pub use store::Store;

@@ -22,6 +22,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+/// How long an operation may run before the source counts as suspect: a healthy
+/// source answers a stat in milliseconds, and a loader must not wait on one that has
+/// just died when the answer is already known.
+pub const SUSPECT_AFTER: Duration = Duration::from_millis(250);
+
 /// Threads a mount gives to source operations unless told otherwise.
 pub const DEFAULT_SOURCE_THREADS: usize = 16;
 
@@ -208,6 +213,19 @@ impl SourcePool {
         lock(&self.inner.running)
             .values()
             .any(|t| t.elapsed() >= after)
+    }
+
+    /// Whether the source is unresponsive, or an operation on it is overdue
+    /// ([`SUSPECT_AFTER`]): what can be answered from memory should be, now.
+    pub fn suspect(&self) -> bool {
+        self.is_unresponsive() || self.overdue(SUSPECT_AFTER)
+    }
+
+    /// Returns once the source is [`SourcePool::suspect`].
+    pub async fn until_suspect(&self) {
+        while !self.suspect() {
+            tokio::time::sleep(SUSPECT_AFTER / 5).await;
+        }
     }
 
     /// Whether an operation timed out and no probe has seen the source since.

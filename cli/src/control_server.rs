@@ -20,10 +20,6 @@ use tracing::debug;
 
 use crate::daemon::MountSpec;
 
-/// How long a source operation may run before status and evict stop waiting for
-/// the source: they must answer at once while it is away.
-const SUSPECT_AFTER: Duration = Duration::from_millis(250);
-
 /// A bound control socket, not yet serving.
 pub(crate) struct ControlServer {
     listener: UnixListener,
@@ -183,7 +179,7 @@ impl ControlServer {
         });
         tokio::select! {
             Ok(response) = with_source => response,
-            () = self.until_suspect() => self.status_without_source().await,
+            () = self.stager.source_pool().until_suspect() => self.status_without_source().await,
         }
     }
 
@@ -198,15 +194,9 @@ impl ControlServer {
         }
     }
 
+    /// Status and evict must answer at once while the source is away.
     fn source_suspect(&self) -> bool {
-        let pool = self.stager.source_pool();
-        pool.is_unresponsive() || pool.overdue(SUSPECT_AFTER)
-    }
-
-    async fn until_suspect(&self) {
-        while !self.source_suspect() {
-            tokio::time::sleep(SUSPECT_AFTER / 5).await;
-        }
+        self.stager.source_pool().suspect()
     }
 
     fn dirs(&self) -> Arc<[PathBuf]> {

@@ -10,7 +10,7 @@
 //! - a request that can be answered from what the source said last (attributes, link
 //!   targets, listings, stored copies of exactly the version looked up) is answered
 //!   from memory once the source is known to be unresponsive, or as soon as any source
-//!   operation is overdue ([`RECALL_AFTER`]), instead of waiting out the timeout;
+//!   operation is overdue ([`SUSPECT_AFTER`]), instead of waiting out the timeout;
 //! - a blob named by its sha256 is its content: a stored copy is served without
 //!   asking the source anything, up or not;
 //! - what was never seen fails with EIO within the source timeout (at once, when every
@@ -33,8 +33,8 @@ use stagefs_cache::copy::read_at_most;
 use stagefs_cache::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
 use stagefs_cache::{
-    Metrics, SourceError, SourceMeta, SourcePool, StageError, Staged, Stager, Stamp, StoreError,
-    Unanswered,
+    Metrics, SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, StageError, Staged, Stager, Stamp,
+    StoreError, Unanswered,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
@@ -46,11 +46,6 @@ use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::passthrough::{Backing, Passthrough};
 use crate::redirect::{Presented, RedirectPolicy};
 use crate::{FsConfig, OnFull};
-
-/// How long a request that could be answered from memory waits for the source before
-/// it is: a healthy source answers a stat in milliseconds, and a loader must not wait
-/// on a source that has just died.
-pub(crate) const RECALL_AFTER: Duration = Duration::from_millis(250);
 
 /// The filesystem's state and decisions.
 #[derive(Debug)]
@@ -159,14 +154,7 @@ impl Policy {
 
     /// Whether a request that can be answered from memory should be, now.
     fn source_suspect(&self) -> bool {
-        self.pool().is_unresponsive() || self.pool().overdue(RECALL_AFTER)
-    }
-
-    /// Returns once the source is suspect.
-    async fn until_suspect(&self) {
-        while !self.source_suspect() {
-            tokio::time::sleep(RECALL_AFTER / 5).await;
-        }
+        self.pool().suspect()
     }
 
     /// Finds out in the background, one probe at a time, whether the source is back.
@@ -189,7 +177,7 @@ impl Policy {
     }
 
     /// Runs `work` on the source pool. `recall` answers from memory: at once while the
-    /// source is suspect, after [`RECALL_AFTER`] if the source has not answered by
+    /// source is suspect, after [`SUSPECT_AFTER`] if the source has not answered by
     /// then (the work goes on, so a late answer still updates memory), and when the
     /// work times out. With nothing to recall, the request waits up to the timeout.
     async fn ask<T: Send + 'static>(
@@ -206,7 +194,7 @@ impl Policy {
         }
         let worker = Arc::clone(self);
         let mut asked = Box::pin(self.pool().run(move || work(&worker)));
-        let early = tokio::time::sleep(RECALL_AFTER);
+        let early = tokio::time::sleep(SUSPECT_AFTER);
         tokio::pin!(early);
         let answer = tokio::select! {
             answer = &mut asked => answer,
@@ -508,7 +496,7 @@ impl Policy {
         {
             return Ok(Served::Stored(staged));
         }
-        let suspect = self.until_suspect();
+        let suspect = self.pool().until_suspect();
         tokio::pin!(attempt, suspect);
         let mut recalled = false;
         let outcome = loop {
@@ -1150,7 +1138,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_slow_source_is_waited_for_when_there_is_nothing_to_recall() {
         let f = healthy();
-        f.source.set(Behaviour::Slow(RECALL_AFTER * 2));
+        f.source.set(Behaviour::Slow(SUSPECT_AFTER * 2));
         let attr = f.lookup("weights.bin").await.expect("slow but there");
         assert_eq!(attr.size, 2 * MIB as u64);
         assert!(!f.policy.pool().is_unresponsive(), "slow is not gone");
