@@ -1,9 +1,11 @@
 //! `stagefs doctor`: checks FUSE, the source, the cache volume and the environment,
 //! and says what to fix. Each check is one line with a verdict (ok, warn, fail, note)
 //! and, when there is something to do, advice. Nothing here may hang on a dead
-//! source: every step that touches it runs under a deadline (`bounded`).
+//! source: whatever touches it runs in one worker process under one deadline
+//! (`worker`).
 
-mod bounded;
+#[macro_use]
+mod worker;
 mod fskind;
 mod fuse;
 mod hub;
@@ -20,22 +22,22 @@ mod shape;
 mod source;
 mod space;
 mod watchdog;
-mod worker;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::anyhow;
 use serde::Serialize;
+use stagefs_cache::models::Shape;
 
 pub(crate) use hub::same_place;
 pub(crate) use shape::{shape_of, usage as shape_usage};
 
 use crate::args::DoctorArgs;
 use crate::config::Config;
-use bounded::SOURCE_TIMEOUT;
 use report::Check;
 use source::Target;
+use worker::{DEADLINE, Gathered, Task};
 
 /// The whole report, as `--json` prints it.
 #[derive(Debug, Serialize)]
@@ -63,9 +65,8 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
     if args.worker {
         return worker::serve();
     }
-    let target = target(args.target.as_deref(), config)?;
     let cache_dir = config.cache_dir_for(&args.cache)?;
-    let report = examine(&target, &cache_dir, config)?;
+    let report = examine(args.target.as_deref(), &cache_dir, config)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -78,8 +79,43 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
     })
 }
 
-fn examine(target: &Target, cache_dir: &Path, config: &Config) -> anyhow::Result<Report> {
-    let mut checks = vec![fuse::check()];
+fn examine(arg: Option<&str>, cache_dir: &Path, config: &Config) -> anyhow::Result<Report> {
+    let mountpoint = config.configured_mountpoint();
+    let source = config.source();
+    let mut tasks = vec![
+        Task::Source {
+            arg: arg.map(str::to_string),
+            source: source.map(Path::to_path_buf),
+            model_dirs: config.model_dirs().to_vec(),
+        },
+        Task::Cache {
+            dir: cache_dir.to_path_buf(),
+            mountpoint: mountpoint.map(Path::to_path_buf),
+        },
+    ];
+    tasks.extend(
+        hub::paths_to_resolve(mountpoint)
+            .into_iter()
+            .map(Task::Resolve),
+    );
+    let gathered = worker::gather(tasks, DEADLINE);
+    judge(&gathered, arg, cache_dir, config)
+}
+
+/// The report from what the worker answered.
+fn judge(
+    gathered: &Gathered,
+    arg: Option<&str>,
+    cache_dir: &Path,
+    config: &Config,
+) -> anyhow::Result<Report> {
+    let mountpoint = config.configured_mountpoint();
+    // Without the worker's word, whether `org/name` is a path here is not known.
+    let target = match got!(gathered, Target) {
+        Some(target) => target.clone(),
+        None => Target::of(arg, config.source(), |_| false),
+    }
+    .map_err(|e| anyhow!(e))?;
     let configured = matches!(
         target,
         Target::Path {
@@ -87,23 +123,27 @@ fn examine(target: &Target, cache_dir: &Path, config: &Config) -> anyhow::Result
             ..
         } | Target::Model { .. }
     );
-    let model_dirs = if configured { config.model_dirs() } else { &[] };
-    let mut found = source::inspect(target, model_dirs)?;
+    let mut checks = vec![fuse::check()];
+    let mut found = source::inspect(gathered, &target)?;
     checks.append(&mut found.checks);
-    let mountpoint = config.configured_mountpoint();
     let mut roots = found.roots.clone();
     roots.extend(mountpoint.map(Path::to_path_buf));
-    let (cache_checks, cache) =
-        space::inspect(cache_dir, limits(config), &roots, found.model.as_ref());
+    let (cache_checks, cache) = space::inspect(
+        gathered,
+        cache_dir,
+        limits(config),
+        &roots,
+        found.model.as_ref(),
+    );
     checks.extend(cache_checks);
     let (judged_mount, shape) = environment_target(&found, configured, mountpoint);
-    let (hub_check, hub_cache) = hub::hub_cache_check(judged_mount.as_deref(), shape);
+    let (hub_check, hub_cache) = hub::hub_cache_check(gathered, judged_mount.as_deref(), shape);
     checks.push(hub_check);
-    // The control socket lives in the cache directory: if that did not answer, a
-    // connect could block in the kernel for good.
+    // The control socket lives in the cache directory: the worker asks it only once
+    // that answered.
     let cache_answered = cache.fs.is_some();
     let mount = mountpoint.filter(|_| cache_answered).map(|m| {
-        let (check, state) = hub::mount_check(m, cache_dir);
+        let (check, state) = hub::mount_check(gathered, m, cache_dir);
         checks.push(check);
         state
     });
@@ -131,10 +171,7 @@ fn environment_target(
     found: &source::Findings,
     configured: bool,
     mountpoint: Option<&Path>,
-) -> (
-    Option<std::path::PathBuf>,
-    Option<stagefs_cache::models::Shape>,
-) {
+) -> (Option<PathBuf>, Option<Shape>) {
     let shape = found.survey.as_ref().map(|s| s.shape);
     let examined_mount = found.report.as_ref().and_then(|r| {
         let is_mount = r.fs.kind == fskind::FsKind::Stagefs
@@ -151,50 +188,15 @@ fn environment_target(
 }
 
 /// Fails when `path` does not answer a `stat` within `timeout` (resolving its name
-/// alone can be answered from the kernel's caches). It is asked from a child process,
+/// alone can be answered from the kernel's caches). It is asked of a worker process,
 /// so a dead share cannot hang the caller (`stagefs mount` checks its source this
 /// way); whether the path exists is left to the caller.
 pub(crate) fn responds(path: &Path, timeout: std::time::Duration) -> Result<(), String> {
-    match worker::locate(path, timeout) {
-        Err(unanswered) => Err(unanswered.to_string()),
-        Ok(_) => Ok(()),
+    let gathered = worker::gather(vec![Task::Locate(path.to_path_buf())], timeout);
+    match got!(gathered, Located) {
+        Some(_) => Ok(()),
+        None => Err(gathered.missing.to_string()),
     }
-}
-
-/// What to look at: a model id in the configured source, a path, or the configured
-/// source.
-fn target(arg: Option<&str>, config: &Config) -> anyhow::Result<Target> {
-    let Some(arg) = arg else {
-        return Ok(match config.source() {
-            Some(source) => Target::Path {
-                path: source.to_path_buf(),
-                configured: true,
-            },
-            None => Target::Nothing,
-        });
-    };
-    if looks_like_model_id(arg) {
-        let hub = config.source().ok_or_else(|| {
-            anyhow!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine")
-        })?;
-        return Ok(Target::Model {
-            id: arg.to_string(),
-            hub: hub.to_path_buf(),
-        });
-    }
-    Ok(Target::Path {
-        path: std::path::absolute(arg)?,
-        configured: false,
-    })
-}
-
-/// `org/name`, unless a relative path of that name exists here.
-fn looks_like_model_id(arg: &str) -> bool {
-    if stagefs_cache::hf::repo_dir_for(arg).is_none() {
-        return false;
-    }
-    // The working directory may itself be on a dead share.
-    !matches!(worker::exists(Path::new(arg), SOURCE_TIMEOUT), Ok(Ok(true)))
 }
 
 /// The config file's budget; the reserve defaults as for a mount.
@@ -208,41 +210,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn model_ids_and_paths() {
-        assert!(looks_like_model_id("org/name"));
-        assert!(!looks_like_model_id("/abs/path"));
-        assert!(!looks_like_model_id("./org"));
-        assert!(!looks_like_model_id("models--org--name"));
-        let config = Config::default();
-        assert!(
-            target(Some("org/name"), &config).is_err(),
-            "a model id needs a source"
-        );
-        assert_eq!(target(None, &config).ok(), Some(Target::Nothing));
-        let path = target(Some("some/dir/x"), &config).expect("a path");
-        assert!(matches!(
-            path,
-            Target::Path {
-                configured: false,
-                ..
-            }
-        ));
-    }
-
-    #[test]
     fn a_local_directory_end_to_end() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir_all(dir.path().join("models--o--m/blobs"))?;
         std::fs::write(dir.path().join("models--o--m/blobs/x"), vec![1u8; 1 << 20])?;
-        let target = Target::Path {
-            path: dir.path().to_path_buf(),
-            configured: false,
-        };
-        let report = examine(
-            &target,
-            &dir.path().join("../doctor-cache"),
-            &Config::default(),
-        )?;
+        let arg = dir.path().to_str();
+        let report = examine(arg, &dir.path().join("../doctor-cache"), &Config::default())?;
         let names: Vec<&str> = report.checks.iter().map(|c| c.name).collect();
         assert_eq!(
             names[..4],
@@ -251,6 +224,30 @@ mod tests {
         );
         let probe = report.source.and_then(|s| s.probe).expect("measured");
         assert!(probe.throughput_bytes_per_sec > 0.0);
+        let unconfigured = examine(Some("org/name"), dir.path(), &Config::default());
+        assert!(unconfigured.is_err(), "a model id needs a source");
+        Ok(())
+    }
+
+    #[test]
+    fn without_the_workers_answers_the_source_did_not_answer() -> anyhow::Result<()> {
+        let late = Gathered {
+            lines: Vec::new(),
+            missing: worker::Unanswered::Late(DEADLINE),
+        };
+        let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &Config::default())?;
+        let failed: Vec<&str> = report
+            .checks
+            .iter()
+            .filter(|c| c.verdict == report::Verdict::Fail)
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(failed, ["source", "cache"]);
+        assert!(
+            report.checks[1]
+                .summary
+                .starts_with("the source /nas/hub did not answer within 15s")
+        );
         Ok(())
     }
 }

@@ -95,10 +95,8 @@ pub(crate) fn usage(shape: Shape, mountpoint: &Path) -> String {
 /// The shape of the source at `path`, asked of a worker so that a dead share cannot
 /// hang the caller; None if it did not answer within `timeout`.
 pub(crate) fn shape_of(path: &Path, timeout: Duration) -> Option<Shape> {
-    match worker::shape(path, timeout) {
-        Ok(Ok(shape)) => Some(shape),
-        _ => None,
-    }
+    let gathered = worker::gather(vec![worker::Task::Shape(path.to_path_buf())], timeout);
+    got!(gathered, Shape)?.clone().ok()
 }
 
 #[cfg(test)]

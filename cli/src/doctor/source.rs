@@ -1,36 +1,35 @@
 //! The source checks: what filesystem it is on, the model in it, and how fast it
-//! reads. Each step that touches the source runs under a deadline, and the first
-//! step that does not answer ends the inspection with a failed check.
+//! reads. The worker probes in order ([`probe`]); the parent judges what arrived
+//! ([`inspect`]), and the first probe that did not answer ends the checks with a
+//! failed one.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::mpsc::Sender;
 
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
-use stagefs_cache::models::{ModelKind, Survey};
+use stagefs_cache::models::{self, ModelKind, Survey};
+use stagefs_cache::{SourceTree, hf};
 
-use super::bounded::{SOURCE_TIMEOUT, Unanswered};
 use super::fskind::{FsInfo, FsKind};
-use super::model::Model;
+use super::model::{self, Model};
 use super::mounts;
-use super::probe::{Probe, format_duration, format_latency, format_rate};
+use super::probe::{self, Probe, format_duration, format_latency, format_rate};
 use super::report::Check;
 use super::shape::shape_check;
-use super::worker::{self, StepError};
+use super::worker::{Gathered, Line, StepError, reply};
 use crate::units::format_bytes;
 
 /// Below this rate a model takes long enough to stage that it deserves a warning.
 const SLOW_RATE: f64 = 25.0 * (1 << 20) as f64;
 /// Small reads slower than this make every unstaged file (config, tokenizer) slow.
 const SLOW_LATENCY_MS: f64 = 100.0;
-/// How long a second look at a path that did not answer may take.
-const GUESS_TIMEOUT: Duration = Duration::from_secs(2);
 /// Staging longer than this is worth doing ahead of time.
 const LONG_STAGING_SECS: f64 = 600.0;
 
 /// What doctor was asked to look at.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Target {
     /// No argument and no configured source.
     Nothing,
@@ -38,6 +37,45 @@ pub(crate) enum Target {
     Path { path: PathBuf, configured: bool },
     /// A model id in the configured source `hub`.
     Model { id: String, hub: PathBuf },
+}
+
+impl Target {
+    /// What to look at: a model id (`org/name`, unless a relative path of that name
+    /// exists here) in the configured `source`, a path, or the configured source.
+    pub(crate) fn of(
+        arg: Option<&str>,
+        source: Option<&Path>,
+        exists: impl Fn(&Path) -> bool,
+    ) -> Result<Target, String> {
+        let Some(arg) = arg else {
+            let configured = |path: &Path| Target::Path {
+                path: path.into(),
+                configured: true,
+            };
+            return Ok(source.map_or(Target::Nothing, configured));
+        };
+        if hf::repo_dir_for(arg).is_some() && !exists(Path::new(arg)) {
+            let hub = source.ok_or_else(|| format!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine"))?;
+            return Ok(Target::Model {
+                id: arg.into(),
+                hub: hub.into(),
+            });
+        }
+        let path = std::path::absolute(arg).map_err(|e| e.to_string())?;
+        Ok(Target::Path {
+            path,
+            configured: false,
+        })
+    }
+
+    /// The path examined, whether it is the configured source, and the model asked for.
+    pub(crate) fn parts(&self) -> Option<(&Path, bool, Option<&str>)> {
+        match self {
+            Target::Nothing => None,
+            Target::Path { path, configured } => Some((path, *configured, None)),
+            Target::Model { id, hub } => Some((hub, true, Some(id))),
+        }
+    }
 }
 
 /// The source as reported in JSON.
@@ -49,7 +87,7 @@ pub(crate) struct SourceReport {
     pub(crate) canonical: Option<PathBuf>,
     #[serde(flatten)]
     pub(crate) fs: FsInfo,
-    /// Whether every step answered within the deadline.
+    /// Whether every probe answered in time.
     pub(crate) answered: bool,
     /// For a path in a stagefs mount: the filesystem of the mount's source, which is
     /// what the measurement reads.
@@ -79,40 +117,126 @@ pub(crate) struct Located {
     pub(crate) is_file: bool,
 }
 
-/// Why the inspection ended early.
+/// Resolves `path` (in the worker).
+pub(crate) fn locate(path: &Path) -> io::Result<Located> {
+    let canonical = std::fs::canonicalize(path)?;
+    let is_file = std::fs::metadata(&canonical)?.is_file();
+    let fs = mounts::filesystem_of(&canonical)?;
+    Ok(Located {
+        canonical,
+        fs,
+        is_file,
+    })
+}
+
+/// The worker's source probes, in the order the checks need them; each prints its
+/// line, and one whose answer the next need ends them.
+pub(crate) fn probe(
+    arg: Option<&str>,
+    source: Option<&Path>,
+    model_dirs: Vec<PathBuf>,
+    tx: &Sender<Line>,
+) {
+    let send = |line| reply(tx, line);
+    let target = Target::of(arg, source, Path::exists);
+    send(Line::Target(target.clone()));
+    let Some((path, configured, model_id)) = target.as_ref().ok().and_then(Target::parts) else {
+        return;
+    };
+    // For a path that does not answer: its filesystem by name (on Linux from the mount
+    // table alone).
+    let (lexical, guess) = (Path::new("/").join(hf::normalize(path)), tx.clone());
+    std::thread::spawn(move || {
+        if let Ok(fs) = mounts::filesystem_of(&lexical) {
+            reply(&guess, Line::Lexical(fs));
+        }
+    });
+    let located = locate(path).map_err(StepError::of);
+    send(Line::Located(located.clone()));
+    let Ok(located) = located else { return };
+    if let Some(source) = &located.fs.stagefs_source {
+        let fs = std::fs::canonicalize(source).and_then(|s| mounts::filesystem_of(&s));
+        send(Line::SourceFs(fs.ok()));
+    }
+    let readable = readable_path(&located);
+    let dirs = if configured { model_dirs } else { Vec::new() };
+    if !located.is_file {
+        let tree = SourceTree::new(&readable).map_err(StepError::of);
+        send(Line::Survey(tree.map(|tree| models::survey(&tree, &dirs))));
+    }
+    let model = match model_id {
+        Some(id) => model::find(&readable, id, &dirs),
+        None => model::containing(&readable),
+    };
+    let model = model.map_err(StepError::of);
+    send(Line::Model(model.clone()));
+    let model = model.ok().flatten();
+    if model_id.is_some() && model.is_none() {
+        return;
+    }
+    let file = match model.and_then(|m| m.largest_weight) {
+        Some(file) => Some(file),
+        None if located.is_file => Some(readable),
+        None => model::largest_file(&readable).map(|(file, _)| file),
+    };
+    let measured = file.map(|file| probe::measure(&file)).transpose();
+    send(Line::Measured(measured.map_err(StepError::of)));
+}
+
+/// Why the checks ended early.
 enum Stop {
-    /// A step did not answer; the check named here fails.
-    Unanswered(Unanswered, &'static str),
+    /// A probe did not answer; the check named here fails.
+    Unanswered(&'static str),
     /// The path could not be read at all.
     Unreadable(StepError),
     /// A bad argument: doctor reports it as an error.
     Invalid(anyhow::Error),
 }
 
-/// An inspection in progress.
-struct Inspection {
+/// The probe's answer, or the check that fails for want of it.
+fn arrived<T>(answer: Option<T>, check: &'static str) -> Result<T, Stop> {
+    answer.ok_or(Stop::Unanswered(check))
+}
+
+/// Judging in progress.
+struct Inspection<'a> {
+    gathered: &'a Gathered,
     findings: Findings,
     report: SourceReport,
     /// The path is the configured source rather than an argument.
     configured: bool,
-    /// Paths in the source searched for models like its root.
-    model_dirs: Vec<PathBuf>,
 }
 
-/// Runs the source checks for `target`; `model_dirs` are searched for models like
-/// the source's root. Errors only for a bad argument: a path that does not exist, a
-/// model the source does not have.
-pub(crate) fn inspect(target: &Target, model_dirs: &[PathBuf]) -> anyhow::Result<Findings> {
-    let (path, configured, model_id) = match target {
-        Target::Nothing => return Ok(unconfigured()),
-        Target::Path { path, configured } => (path, *configured, None),
-        Target::Model { id, hub } => (hub, true, Some(id.as_str())),
+/// The source checks for `target` from what the worker answered. Errors only for a
+/// bad argument: a path that does not exist, a model the source does not have.
+pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Findings> {
+    let Some((path, configured, model_id)) = target.parts() else {
+        let note = "no source configured: pass a path or set `source` in the config file";
+        let checks = vec![Check::note("source", note)];
+        return Ok(Findings {
+            checks,
+            ..Findings::default()
+        });
     };
-    let mut run = Inspection::new(path, configured);
-    run.model_dirs = model_dirs.to_vec();
+    let report = SourceReport {
+        path: path.to_path_buf(),
+        canonical: None,
+        fs: FsInfo::unknown(),
+        answered: false,
+        stagefs_source_fs: None,
+        probe: None,
+        probe_error: None,
+    };
+    let findings = Findings::default();
+    let mut run = Inspection {
+        gathered,
+        findings,
+        report,
+        configured,
+    };
     match run.steps(model_id) {
         Ok(()) => run.report.answered = true,
-        Err(Stop::Unanswered(late, name)) => run.unanswered(&late, name),
+        Err(Stop::Unanswered(check)) => run.unanswered(check),
         Err(Stop::Unreadable(e)) => run.unreadable(&e),
         Err(Stop::Invalid(e)) => return Err(e),
     }
@@ -120,104 +244,78 @@ pub(crate) fn inspect(target: &Target, model_dirs: &[PathBuf]) -> anyhow::Result
     Ok(run.findings)
 }
 
-impl Inspection {
-    fn new(path: &Path, configured: bool) -> Inspection {
-        Inspection {
-            findings: Findings::default(),
-            report: SourceReport {
-                path: path.to_path_buf(),
-                canonical: None,
-                fs: FsInfo::unknown(),
-                answered: false,
-                stagefs_source_fs: None,
-                probe: None,
-                probe_error: None,
-            },
-            configured,
-            model_dirs: Vec::new(),
-        }
-    }
-
+impl Inspection<'_> {
     fn steps(&mut self, model_id: Option<&str>) -> Result<(), Stop> {
-        let located = self.locate()?;
-        let readable = readable_path(&located);
-        self.findings
-            .checks
-            .push(fs_check(&self.report, self.configured));
-        if !located.is_file {
-            self.survey(&readable, &located)?;
-        }
-        self.find_model(&readable, model_id)?;
-        self.measure(&readable, located.is_file)
-    }
-
-    /// Where the path is; for a stagefs mount, also where its source is.
-    fn locate(&mut self) -> Result<Located, Stop> {
-        let path = &self.report.path;
-        let located = match worker::locate(path, SOURCE_TIMEOUT) {
-            Ok(Ok(located)) => located,
-            Ok(Err(e)) if e.not_found && !self.configured => {
-                return Err(Stop::Invalid(anyhow!("{} does not exist", path.display())));
+        let gathered = self.gathered;
+        let located = match arrived(got!(gathered, Located), "source")? {
+            Ok(located) => located,
+            Err(e) if e.not_found && !self.configured => {
+                let path = self.report.path.display();
+                return Err(Stop::Invalid(anyhow!("{path} does not exist")));
             }
-            Ok(Err(e)) => return Err(Stop::Unreadable(e)),
-            Err(late) => return Err(Stop::Unanswered(late, "source")),
+            Err(e) => return Err(Stop::Unreadable(e.clone())),
         };
         self.report.canonical = Some(located.canonical.clone());
         self.report.fs = located.fs.clone();
         self.findings.roots.push(located.canonical.clone());
         if let Some(source) = &located.fs.stagefs_source {
             self.findings.roots.push(source.clone());
-            let fs = worker::filesystem_of(source, true, SOURCE_TIMEOUT)
-                .map_err(|late| Stop::Unanswered(late, "source"))?;
-            self.report.stagefs_source_fs = fs.ok();
+            self.report.stagefs_source_fs = arrived(got!(gathered, SourceFs), "source")?.clone();
         }
-        Ok(located)
-    }
-
-    /// What shape the directory has, and how programs are pointed at it.
-    fn survey(&mut self, readable: &Path, located: &Located) -> Result<(), Stop> {
-        let answer = worker::survey(readable, &self.model_dirs, SOURCE_TIMEOUT)
-            .map_err(|late| Stop::Unanswered(late, "shape"))?;
-        match answer {
-            Ok(survey) => {
-                let is_mount = located.fs.kind == FsKind::Stagefs
-                    && located.canonical == located.fs.mount_point;
-                let advise_mounting = !self.configured && !is_mount;
-                let check = shape_check(&self.report.path, &survey, advise_mounting);
-                self.findings.checks.push(check);
-                self.findings.survey = Some(survey);
-            }
-            Err(e) => self.findings.checks.push(Check::fail(
-                "shape",
-                format!("listing the source failed: {e}"),
-            )),
+        let check = fs_check(&self.report, self.configured);
+        self.findings.checks.push(check);
+        if !located.is_file {
+            self.survey(arrived(got!(gathered, Survey), "shape")?, located);
         }
+        let readable = readable_path(located);
+        self.model(
+            arrived(got!(gathered, Model), "model")?,
+            &readable,
+            model_id,
+        )?;
+        self.measure(arrived(got!(gathered, Measured), "speed")?, &readable);
         Ok(())
     }
 
-    /// The model asked for, or the one the path lies in.
-    fn find_model(&mut self, readable: &Path, model_id: Option<&str>) -> Result<(), Stop> {
-        let found = match model_id {
-            Some(id) => worker::find_model(readable, id, &self.model_dirs, SOURCE_TIMEOUT),
-            None => worker::model_containing(readable, SOURCE_TIMEOUT),
+    /// What shape the directory has, and how programs are pointed at it.
+    fn survey(&mut self, answer: &Result<Survey, StepError>, located: &Located) {
+        let check = match answer {
+            Ok(survey) => {
+                let is_mount = located.fs.kind == FsKind::Stagefs
+                    && located.canonical == located.fs.mount_point;
+                let check = shape_check(&self.report.path, survey, !self.configured && !is_mount);
+                self.findings.survey = Some(survey.clone());
+                check
+            }
+            Err(e) => Check::fail("shape", format!("listing the source failed: {e}")),
         };
-        let model = match found.map_err(|late| Stop::Unanswered(late, "model"))? {
-            Ok(model) => model,
+        self.findings.checks.push(check);
+    }
+
+    /// The model asked for, or the one the path lies in.
+    fn model(
+        &mut self,
+        answer: &Result<Option<Model>, StepError>,
+        readable: &Path,
+        model_id: Option<&str>,
+    ) -> Result<(), Stop> {
+        let model = match (answer, model_id) {
+            (Ok(model), _) => model.clone(),
             // An ambiguous or malformed id is the argument's fault.
-            Err(e) if model_id.is_some() => return Err(Stop::Invalid(anyhow!("{e}"))),
-            Err(e) => {
+            (Err(e), Some(_)) => return Err(Stop::Invalid(anyhow!("{e}"))),
+            (Err(e), None) => {
                 let check = Check::fail("model", format!("reading the model failed: {e}"));
                 self.findings.checks.push(check);
                 None
             }
         };
         if let (Some(id), None) = (model_id, &model) {
-            let repo = stagefs_cache::hf::repo_dir_for(id)
+            let repo = hf::repo_dir_for(id)
                 .map(|dir| format!("no {} with a snapshot, ", dir.display()))
                 .unwrap_or_default();
+            let shown = readable.display();
             return Err(Stop::Invalid(anyhow!(
-                "model {id} is not in {}: {repo}no model folder or GGUF file whose path ends with {id}",
-                readable.display(),
+                "model {id} is not in {shown}: {repo}no model folder or GGUF file whose path ends with {id}"
             )));
         }
         self.findings.checks.extend(model.as_ref().map(model_check));
@@ -225,42 +323,40 @@ impl Inspection {
         Ok(())
     }
 
-    fn measure(&mut self, readable: &Path, is_file: bool) -> Result<(), Stop> {
-        let model = self.findings.model.as_ref();
-        let check = match measure(readable, is_file, model) {
-            Measured::Done(probe) => {
-                let check = speed_check(&probe, model);
-                self.report.probe = Some(probe);
-                check
+    fn measure(&mut self, answer: &Result<Option<Probe>, StepError>, readable: &Path) {
+        let check = match answer {
+            Ok(Some(probe)) => {
+                self.report.probe = Some(probe.clone());
+                speed_check(probe, self.findings.model.as_ref())
             }
-            Measured::NothingToRead => Check::note(
+            Ok(None) => Check::note(
                 "speed",
                 format!("no file to measure in {}", readable.display()),
             ),
-            Measured::Failed(e) => {
-                let check = Check::fail("speed", format!("reading the source failed: {e}"));
-                self.report.probe_error = Some(e);
-                check
+            Err(e) => {
+                self.report.probe_error = Some(e.to_string());
+                Check::fail("speed", format!("reading the source failed: {e}"))
             }
-            Measured::Late(late) => return Err(Stop::Unanswered(late, "speed")),
         };
         self.findings.checks.push(check);
-        Ok(())
     }
 
-    /// Step `name` did not answer in time.
-    fn unanswered(&mut self, late: &Unanswered, name: &'static str) {
+    /// The probe for check `check` did not answer in time.
+    fn unanswered(&mut self, check: &'static str) {
         let report = &mut self.report;
         if report.canonical.is_none() {
-            report.fs = guess_fs(&report.path);
+            report.fs = got!(self.gathered, Lexical)
+                .cloned()
+                .unwrap_or_else(FsInfo::unknown);
         }
         let on = if report.fs.kind == FsKind::Unknown {
             String::new()
         } else {
             format!("; it is {}", report.fs.describe())
         };
+        let late = &self.gathered.missing;
         let summary = format!("the source {} {late}{on}", report.path.display());
-        self.findings.checks.push(Check::fail(name, summary).advise(
+        self.findings.checks.push(Check::fail(check, summary).advise(
             "check that the share is reachable (`ls` it); a dead NFS, SMB or sshfs mount has to be remounted",
         ));
     }
@@ -268,11 +364,11 @@ impl Inspection {
     /// The path exists (or is configured) but could not be resolved.
     fn unreadable(&mut self, e: &StepError) {
         let report = &mut self.report;
-        report.fs = guess_fs(&report.path);
-        let mut check = Check::fail(
-            "source",
-            format!("cannot read {}: {e}", report.path.display()),
-        );
+        report.fs = got!(self.gathered, Lexical)
+            .cloned()
+            .unwrap_or_else(FsInfo::unknown);
+        let shown = report.path.display();
+        let mut check = Check::fail("source", format!("cannot read {shown}: {e}"));
         if report.fs.kind == FsKind::Stagefs {
             check = check.advise(format!(
                 "if its daemon is gone: `stagefs unmount --lazy {}`, then mount again",
@@ -282,16 +378,6 @@ impl Inspection {
             check = check.advise("mount the share first, or fix `source` in the config file");
         }
         self.findings.checks.push(check);
-    }
-}
-
-fn unconfigured() -> Findings {
-    Findings {
-        checks: vec![Check::note(
-            "source",
-            "no source configured: pass a path or set `source` in the config file",
-        )],
-        ..Findings::default()
     }
 }
 
@@ -307,46 +393,20 @@ fn readable_path(located: &Located) -> PathBuf {
     }
 }
 
-/// Resolves `path` (run by a worker).
-pub(crate) fn locate(path: &Path) -> io::Result<Located> {
-    let canonical = std::fs::canonicalize(path)?;
-    let is_file = std::fs::metadata(&canonical)?.is_file();
-    let fs = mounts::filesystem_of(&canonical)?;
-    Ok(Located {
-        canonical,
-        fs,
-        is_file,
-    })
-}
-
-/// The filesystem a path lexically lies on, for when the path itself does not answer
-/// (on Linux this reads only the mount table).
-fn guess_fs(path: &Path) -> FsInfo {
-    let lexical = Path::new("/").join(stagefs_cache::hf::normalize(path));
-    match worker::filesystem_of(&lexical, false, GUESS_TIMEOUT) {
-        Ok(Ok(fs)) => fs,
-        _ => FsInfo::unknown(),
-    }
-}
-
 fn fs_check(report: &SourceReport, configured: bool) -> Check {
     let fs = &report.fs;
-    let shown = report.path.display();
+    let summary = format!("{}: {}", report.path.display(), fs.describe());
     match fs.kind {
         FsKind::Stagefs => stagefs_check(report, configured),
-        FsKind::Network | FsKind::Usb => Check::ok("source", format!("{shown}: {}", fs.describe())),
-        FsKind::Removable if fs.lacks_symlinks() => {
-            Check::ok("source", format!("{shown}: {}", fs.describe())).advise(
-                "exFAT and FAT hold no symlinks, so snapshots hold full copies instead of links to blobs/; stagefs mirrors them as they are",
-            )
-        }
-        FsKind::Removable => Check::ok("source", format!("{shown}: {}", fs.describe())),
-        FsKind::Local => Check::ok("source", format!("{shown}: {}", fs.describe()))
-            .advise("a local disk is already fast; stagefs pays off for network and USB sources"),
-        FsKind::Fuse | FsKind::Unknown => Check::note(
-            "source",
-            format!("{shown}: {}; whether it is remote is not known", fs.describe()),
+        FsKind::Removable if fs.lacks_symlinks() => Check::ok("source", summary).advise(
+            "exFAT and FAT hold no symlinks, so snapshots hold full copies instead of links to blobs/; stagefs mirrors them as they are",
         ),
+        FsKind::Network | FsKind::Usb | FsKind::Removable => Check::ok("source", summary),
+        FsKind::Local => Check::ok("source", summary)
+            .advise("a local disk is already fast; stagefs pays off for network and USB sources"),
+        FsKind::Fuse | FsKind::Unknown => {
+            Check::note("source", format!("{summary}; whether it is remote is not known"))
+        }
     }
 }
 
@@ -355,73 +415,40 @@ fn stagefs_check(report: &SourceReport, configured: bool) -> Check {
     let source = fs
         .stagefs_source
         .as_deref()
-        .map_or_else(|| "?".to_string(), |p| p.display().to_string());
+        .map_or("?".into(), |p| p.display().to_string());
     let under = report
         .stagefs_source_fs
         .as_ref()
-        .map_or_else(String::new, |f| format!(", {}", f.describe()));
+        .map(|f| format!(", {}", f.describe()));
     let summary = format!(
-        "{} is in the stagefs mount at {}, which mirrors {source}{under}",
+        "{} is in the stagefs mount at {}, which mirrors {source}{}",
         report.path.display(),
-        fs.mount_point.display()
-    );
-    let advice = format!(
-        "the checks below read {source}; a stagefs mount is no source for another mount: use {source} itself"
+        fs.mount_point.display(),
+        under.unwrap_or_default()
     );
     let check = if configured {
         Check::warn("source", summary)
     } else {
         Check::note("source", summary)
     };
-    check.advise(advice)
+    check.advise(format!(
+        "the checks below read {source}; a stagefs mount is no source for another mount: use {source} itself"
+    ))
 }
 
 fn model_check(model: &Model) -> Check {
     let place = match (model.kind, &model.snapshot) {
         (ModelKind::HfRepo, Some(snapshot)) => {
-            let commit: String = snapshot
-                .file_name()
-                .map(|n| n.to_string_lossy().chars().take(12).collect())
-                .unwrap_or_default();
-            format!("snapshot {commit}")
+            let name = snapshot.file_name().unwrap_or_default().to_string_lossy();
+            format!("snapshot {}", name.chars().take(12).collect::<String>())
         }
         (kind, _) => format!("{} {}", kind.describe(), model.path.display()),
     };
+    let size = format_bytes(model.size_bytes);
     Check::ok(
         "model",
-        format!(
-            "{}: {} files, {} ({place})",
-            model.id,
-            model.files,
-            format_bytes(model.size_bytes)
-        ),
+        format!("{}: {} files, {size} ({place})", model.id, model.files),
     )
-}
-
-enum Measured {
-    Done(Probe),
-    NothingToRead,
-    Failed(String),
-    Late(Unanswered),
-}
-
-/// Measures the model's largest weight file, the file given, or the largest file in
-/// the directory.
-fn measure(readable: &Path, is_file: bool, model: Option<&Model>) -> Measured {
-    let chosen = match model.and_then(|m| m.largest_weight.clone()) {
-        Some(file) => file,
-        None => match worker::file_to_measure(readable, is_file, SOURCE_TIMEOUT) {
-            Ok(Ok(Some(file))) => file,
-            Ok(Ok(None)) => return Measured::NothingToRead,
-            Ok(Err(e)) => return Measured::Failed(e.to_string()),
-            Err(late) => return Measured::Late(late),
-        },
-    };
-    match worker::probe(&chosen, SOURCE_TIMEOUT) {
-        Ok(Ok(probe)) => Measured::Done(probe),
-        Ok(Err(e)) => Measured::Failed(e.to_string()),
-        Err(late) => Measured::Late(late),
-    }
 }
 
 /// Seconds to stage `model` at the measured rate (one stream; a mount copies with
@@ -432,31 +459,28 @@ pub(crate) fn staging_seconds(probe: &Probe, model: &Model) -> f64 {
 
 /// A file's name, with a blob's 64-digit hash cut to something readable.
 fn short_name(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
     if name.chars().count() > 24 {
         format!("{}…", name.chars().take(12).collect::<String>())
     } else {
-        name
+        name.into_owned()
     }
 }
 
 fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
-    let name = short_name(&probe.file);
     let mut summary = format!(
-        "latency {}, {} ({} of {name})",
+        "latency {}, {} ({} of {})",
         format_latency(probe.latency_ms),
         format_rate(probe.throughput_bytes_per_sec),
-        format_bytes(probe.bytes_read)
+        format_bytes(probe.bytes_read),
+        short_name(&probe.file)
     );
     let staging = model.map(|m| (m, staging_seconds(probe, m)));
     if let Some((model, seconds)) = staging {
+        let (size, time) = (format_bytes(model.size_bytes), format_duration(seconds));
         summary.push_str(&format!(
-            "; staging {} ({}) takes about {}",
-            model.id,
-            format_bytes(model.size_bytes),
-            format_duration(seconds)
+            "; staging {} ({size}) takes about {time}",
+            model.id
         ));
     }
     let slow = probe.throughput_bytes_per_sec < SLOW_RATE || probe.latency_ms > SLOW_LATENCY_MS;
@@ -466,14 +490,13 @@ fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
     } else {
         Check::ok("speed", summary)
     };
-    if slow || long {
-        let id = model.map_or("MODEL", |m| m.id.as_str());
-        check.advise(format!(
-            "stage models before loading them: `stagefs prefetch {id}`, or `stagefs run --model {id} -- COMMAND`"
-        ))
-    } else {
-        check
+    if !(slow || long) {
+        return check;
     }
+    let id = model.map_or("MODEL", |m| m.id.as_str());
+    check.advise(format!(
+        "stage models before loading them: `stagefs prefetch {id}`, or `stagefs run --model {id} -- COMMAND`"
+    ))
 }
 
 #[cfg(test)]
@@ -481,24 +504,32 @@ mod tests {
     use super::*;
     use crate::doctor::fskind::Disk;
     use crate::doctor::report::Verdict;
+    use crate::doctor::worker::Unanswered;
+    use std::time::Duration;
 
     fn probe(rate_mib: f64, latency_ms: f64) -> Probe {
+        let throughput_bytes_per_sec = rate_mib * (1 << 20) as f64;
+        let file = PathBuf::from("/s/blobs/abc");
         Probe {
-            file: PathBuf::from("/s/blobs/abc"),
+            file,
             file_size: 1 << 30,
             latency_ms,
-            throughput_bytes_per_sec: rate_mib * (1 << 20) as f64,
+            throughput_bytes_per_sec,
             bytes_read: 64 << 20,
             seconds: 1.0,
         }
     }
 
     fn model(size: u64) -> Model {
+        let (path, snapshot) = (
+            "/s/models--o--m".into(),
+            Some("/s/models--o--m/snapshots/0123456789abcdef".into()),
+        );
         Model {
             id: "o/m".into(),
             kind: ModelKind::HfRepo,
-            path: PathBuf::from("/s/models--o--m"),
-            snapshot: Some(PathBuf::from("/s/models--o--m/snapshots/0123456789abcdef")),
+            path,
+            snapshot,
             files: 3,
             size_bytes: size,
             largest_weight: None,
@@ -508,7 +539,7 @@ mod tests {
     #[test]
     fn speed_verdicts_and_staging_estimate() {
         let fast = speed_check(&probe(500.0, 0.2), Some(&model(1 << 30)));
-        assert_eq!(fast.verdict, Verdict::Ok);
+        assert_eq!((fast.verdict, fast.advice), (Verdict::Ok, None));
         assert!(fast.summary.contains("500 MiB/s"), "{}", fast.summary);
         assert!(
             fast.summary
@@ -516,7 +547,6 @@ mod tests {
             "{}",
             fast.summary
         );
-        assert!(fast.advice.is_none());
         let slow = speed_check(&probe(10.0, 5.0), None);
         assert_eq!(slow.verdict, Verdict::Warn);
         assert!(
@@ -531,6 +561,10 @@ mod tests {
                 .unwrap_or_default()
                 .contains("stagefs prefetch o/m")
         );
+        assert_eq!(
+            model_check(&model(1 << 20)).summary,
+            "o/m: 3 files, 1.0 MiB (snapshot 0123456789ab)"
+        );
     }
 
     #[test]
@@ -543,7 +577,7 @@ mod tests {
             None,
         );
         let located = Located {
-            canonical: PathBuf::from("/mnt/models--o--m/blobs/x"),
+            canonical: "/mnt/models--o--m/blobs/x".into(),
             fs: fs.clone(),
             is_file: true,
         };
@@ -551,7 +585,7 @@ mod tests {
             readable_path(&located),
             Path::new("/nas/hub/models--o--m/blobs/x")
         );
-        let report = SourceReport {
+        let mut report = SourceReport {
             path: "/mnt/models--o--m".into(),
             canonical: None,
             fs,
@@ -570,22 +604,119 @@ mod tests {
             given.summary
         );
         assert_eq!(fs_check(&report, true).verdict, Verdict::Warn);
+        report.fs = FsInfo::new("exfat", "/dev/sdc1", "/x".into(), Disk::Usb, None);
+        assert_eq!(
+            fs_check(&report, true).summary,
+            "/mnt/models--o--m: exfat on /dev/sdc1 (USB disk)"
+        );
     }
 
     #[test]
-    fn a_missing_path_is_an_error_and_nothing_is_a_note() {
-        let missing = Target::Path {
-            path: PathBuf::from("/nonexistent/doctor/path"),
+    fn targets_are_model_ids_or_paths() {
+        let never = |_: &Path| false;
+        let model = Target::of(Some("org/name"), Some(Path::new("/hub")), never);
+        assert_eq!(
+            model,
+            Ok(Target::Model {
+                id: "org/name".into(),
+                hub: "/hub".into()
+            })
+        );
+        let here = Target::of(Some("org/name"), Some(Path::new("/hub")), |_| true);
+        assert!(matches!(
+            here,
+            Ok(Target::Path {
+                configured: false,
+                ..
+            })
+        ));
+        for path in ["/abs/path", "./org", "models--org--name"] {
+            let target = Target::of(Some(path), None, never);
+            assert!(
+                matches!(
+                    target,
+                    Ok(Target::Path {
+                        configured: false,
+                        ..
+                    })
+                ),
+                "{path}"
+            );
+        }
+        let unconfigured = Target::of(Some("org/name"), None, never).expect_err("needs a source");
+        assert!(
+            unconfigured.contains("no source is configured"),
+            "{unconfigured}"
+        );
+        assert_eq!(Target::of(None, None, never), Ok(Target::Nothing));
+    }
+
+    fn gathered(lines: Vec<Line>) -> Gathered {
+        Gathered {
+            lines,
+            missing: Unanswered::Late(Duration::from_secs(15)),
+        }
+    }
+
+    #[test]
+    fn the_first_probe_that_did_not_answer_fails_its_check() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let target = Target::Path {
+            path: dir.path().into(),
             configured: false,
         };
-        assert!(inspect(&missing, &[]).is_err());
+        let located = Line::Located(locate(dir.path()).map_err(StepError::of));
+        let survey = Line::Survey(Err(StepError::of(anyhow!("denied"))));
+        let findings = inspect(&gathered(vec![located, survey]), &target)?;
+        let checks: Vec<_> = findings
+            .checks
+            .iter()
+            .map(|c| (c.name, c.verdict))
+            .collect();
+        assert_eq!(
+            checks,
+            [
+                ("source", Verdict::Ok),
+                ("shape", Verdict::Fail),
+                ("model", Verdict::Fail)
+            ]
+        );
+        let late = &findings.checks[2].summary;
+        assert!(late.contains("did not answer within 15s"), "{late}");
+        let nothing = inspect(&gathered(Vec::new()), &target)?;
+        assert_eq!(nothing.checks[0].name, "source");
+        assert!(
+            nothing.checks[0]
+                .summary
+                .contains("did not answer within 15s")
+        );
+        assert!(!nothing.report.expect("reported").answered);
+        Ok(())
+    }
+
+    #[test]
+    fn a_missing_path_is_an_error_unless_configured() {
+        let missing = Path::new("/nonexistent/doctor/path");
+        let located = || gathered(vec![Line::Located(locate(missing).map_err(StepError::of))]);
+        let given = Target::Path {
+            path: missing.into(),
+            configured: false,
+        };
+        assert!(inspect(&located(), &given).is_err());
         let configured = Target::Path {
-            path: PathBuf::from("/nonexistent/doctor/path"),
+            path: missing.into(),
             configured: true,
         };
-        let findings = inspect(&configured, &[]).expect("a failed check, not an error");
+        let findings = inspect(&located(), &configured).expect("a failed check, not an error");
         assert_eq!(findings.checks[0].verdict, Verdict::Fail);
-        let nothing = inspect(&Target::Nothing, &[]).expect("a note");
+        assert!(
+            findings.checks[0]
+                .advice
+                .as_deref()
+                .unwrap_or_default()
+                .contains("fix `source`")
+        );
+        let nothing = inspect(&gathered(Vec::new()), &Target::Nothing).expect("a note");
         assert_eq!(nothing.checks[0].verdict, Verdict::Note);
         assert!(nothing.report.is_none());
     }

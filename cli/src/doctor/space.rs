@@ -8,12 +8,11 @@ use serde::{Deserialize, Serialize};
 use stagefs_cache::Budget;
 use stagefs_cache::budget::{VolumeSpace, volume_space};
 
-use super::bounded::SOURCE_TIMEOUT;
 use super::fskind::{FsInfo, FsKind};
 use super::model::Model;
 use super::mounts;
 use super::report::Check;
-use super::worker;
+use super::worker::Gathered;
 use crate::units::format_bytes;
 
 /// The budget as the config file sets it; unset keys take the mount's defaults.
@@ -49,9 +48,10 @@ pub(crate) struct Place {
     space: VolumeSpace,
 }
 
-/// The `cache` and `space` checks. `roots` are the directories the cache must not be
-/// inside (the source; the mount point).
+/// The `cache` and `space` checks from what the worker found. `roots` are the
+/// directories the cache must not be inside (the source; the mount point).
 pub(crate) fn inspect(
+    gathered: &Gathered,
     dir: &Path,
     limits: Limits,
     roots: &[PathBuf],
@@ -67,16 +67,16 @@ pub(crate) fn inspect(
         usable_bytes: None,
         max_size_bytes: limits.max_size,
     };
-    let place = match worker::cache_place(dir, SOURCE_TIMEOUT) {
-        Ok(Ok(place)) => place,
-        Ok(Err(e)) => {
+    let place = match got!(gathered, Cache) {
+        Some(Ok(place)) => place,
+        Some(Err(e)) => {
             let check = Check::fail("cache", format!("{}: {e}", dir.display())).advise(
                 "choose a writable --cache-dir (or `cache_dir` in the config file) on a local disk",
             );
             return (vec![check], report);
         }
-        Err(late) => {
-            let check = Check::fail("cache", format!("{} {late}", dir.display()))
+        None => {
+            let check = Check::fail("cache", format!("{} {}", dir.display(), gathered.missing))
                 .advise("put the cache on a local disk");
             return (vec![check], report);
         }
@@ -92,7 +92,7 @@ pub(crate) fn inspect(
     report.min_free_bytes = Some(min_free);
     report.usable_bytes = Some(usable);
     let checks = vec![
-        location_check(dir, &place, roots),
+        location_check(dir, place, roots),
         space_check(place.space, min_free, limits.max_size, model),
     ];
     (checks, report)
@@ -187,6 +187,7 @@ fn space_check(
 mod tests {
     use super::*;
     use crate::doctor::report::Verdict;
+    use crate::doctor::worker::{Line, StepError, Unanswered};
 
     const GIB: u64 = 1 << 30;
 
@@ -239,15 +240,24 @@ mod tests {
     fn a_cache_inside_the_source_fails() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         let cache = dir.path().join("hub/cache");
-        let (checks, report) = inspect(
-            &cache,
-            Limits::default(),
-            &[std::fs::canonicalize(dir.path())?],
-            None,
-        );
+        let placed = |dir: &Path| {
+            let lines = vec![Line::Cache(place(dir).map_err(StepError::of))];
+            Gathered {
+                lines,
+                missing: Unanswered::Broken("none".into()),
+            }
+        };
+        let roots = [std::fs::canonicalize(dir.path())?];
+        let (checks, report) = inspect(&placed(&cache), &cache, Limits::default(), &roots, None);
         assert_eq!(checks[0].verdict, Verdict::Fail, "{checks:?}");
         assert!(!report.exists);
-        let (checks, report) = inspect(dir.path(), Limits::default(), &[], None);
+        let (checks, report) = inspect(
+            &placed(dir.path()),
+            dir.path(),
+            Limits::default(),
+            &[],
+            None,
+        );
         assert_ne!(checks[0].verdict, Verdict::Fail, "{checks:?}");
         assert!(report.exists && report.usable_bytes.is_some());
         Ok(())

@@ -1,33 +1,105 @@
-//! Every step that touches the source (or a path that may lie on a dead mount) runs
-//! in a child process: `stagefs --no-config doctor --worker`,
-//! which reads one [`Step`] as JSON on stdin and prints its answer as JSON. A step
-//! that is late is abandoned: the child is killed, and if the kernel holds it in a
-//! FUSE request it dies when that request ends, while doctor itself exits on time.
+//! Everything that touches the source, or a path that may lie on a dead mount, runs in
+//! one worker process per run: `stagefs --no-config doctor --worker` reads its tasks
+//! as JSON on stdin, runs each on its own thread and prints one JSON [`Line`] per
+//! finished probe. The parent reads the lines until one deadline, reports whatever
+//! arrived and kills the worker. A thread stuck in a request to a dead share cannot
+//! be killed, but a process nobody waits for does not hold doctor up.
 
-use std::io::{self, Read};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use stagefs_cache::SourceTree;
 use stagefs_cache::models::{self, Shape, Survey};
 
-use super::bounded::{Unanswered, bounded};
 use super::fskind::FsInfo;
-use super::model::{self, Model};
-use super::mounts;
-use super::probe::{self, Probe};
-use super::source::{self, Located};
+use super::model::Model;
+use super::probe::Probe;
+use super::source::{self, Located, Target};
 use super::space::{self, Place};
 
-/// What a step reports when it ran but failed.
+/// How long one doctor run waits for its worker's answers.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(15);
+
+/// The answer of the probe printed as `Line::$kind`, if it came.
+macro_rules! got {
+    ($gathered:expr, $kind:ident) => {
+        $gathered.lines.iter().find_map(|line| match line {
+            $crate::doctor::worker::Line::$kind(answer) => Some(answer),
+            _ => None,
+        })
+    };
+}
+
+/// What a worker is asked to do; each task runs on its own thread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Task {
+    /// The source checks for doctor's argument, else the configured source.
+    Source {
+        arg: Option<String>,
+        source: Option<PathBuf>,
+        model_dirs: Vec<PathBuf>,
+    },
+    /// Where the cache directory is; then whether a daemon serves `mountpoint` from it
+    /// (its control socket lives there, so it is asked only once the directory answers).
+    Cache {
+        dir: PathBuf,
+        mountpoint: Option<PathBuf>,
+    },
+    /// A path with links resolved; no line when it cannot be.
+    Resolve(PathBuf),
+    /// A path's place, as the source checks start with it.
+    Locate(PathBuf),
+    /// The shape of the source at a path.
+    Shape(PathBuf),
+}
+
+/// One finished probe.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Line {
+    Target(Result<Target, String>),
+    /// The filesystem the examined path lies on by its name alone (the mount table).
+    Lexical(FsInfo),
+    Located(Result<Located, StepError>),
+    /// The filesystem of a stagefs mount's source.
+    SourceFs(Option<FsInfo>),
+    Survey(Result<Survey, StepError>),
+    Model(Result<Option<Model>, StepError>),
+    /// The measurement; None when there is no file to measure.
+    Measured(Result<Option<Probe>, StepError>),
+    Cache(Result<Place, StepError>),
+    /// The mount served from the cache directory, as (source, mount point).
+    Daemon(Result<Option<(PathBuf, PathBuf)>, String>),
+    /// The filesystem the configured mount point lies on, when no daemon answered.
+    MountFs(FsInfo),
+    /// A path and the same path with links resolved.
+    Resolved(PathBuf, PathBuf),
+    Shape(Result<Shape, StepError>),
+}
+
+/// What a probe reports when it ran but failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StepError {
     /// The path did not exist (a bad argument rather than a broken source).
     pub(crate) not_found: bool,
     pub(crate) message: String,
+}
+
+impl StepError {
+    pub(crate) fn of(e: impl Into<anyhow::Error>) -> StepError {
+        let e = e.into();
+        let kind = e.downcast_ref::<io::Error>().map(io::Error::kind);
+        let not_found = kind == Some(io::ErrorKind::NotFound);
+        StepError {
+            not_found,
+            message: format!("{e:#}"),
+        }
+    }
 }
 
 impl std::fmt::Display for StepError {
@@ -36,283 +108,183 @@ impl std::fmt::Display for StepError {
     }
 }
 
-impl From<io::Error> for StepError {
-    fn from(e: io::Error) -> Self {
-        StepError {
-            not_found: e.kind() == io::ErrorKind::NotFound,
-            message: e.to_string(),
-        }
-    }
+/// Why a probe has no answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unanswered {
+    /// It did not finish before the deadline.
+    Late(Duration),
+    /// The worker could not be run, or ended without answering.
+    Broken(String),
 }
 
-impl From<anyhow::Error> for StepError {
-    fn from(e: anyhow::Error) -> Self {
-        StepError {
-            not_found: false,
-            message: format!("{e:#}"),
-        }
-    }
-}
-
-/// A step's outcome: its answer or error, or no answer at all.
-pub(crate) type Answer<T> = Result<Result<T, StepError>, Unanswered>;
-
-/// The steps a worker runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "step", rename_all = "snake_case")]
-enum Step {
-    Locate {
-        path: PathBuf,
-    },
-    Filesystem {
-        path: PathBuf,
-        resolve: bool,
-    },
-    Canonicalize {
-        path: PathBuf,
-    },
-    Exists {
-        path: PathBuf,
-    },
-    FindModel {
-        hub: PathBuf,
-        id: String,
-        model_dirs: Vec<PathBuf>,
-    },
-    Survey {
-        path: PathBuf,
-        model_dirs: Vec<PathBuf>,
-    },
-    Shape {
-        path: PathBuf,
-    },
-    ModelContaining {
-        path: PathBuf,
-    },
-    FileToMeasure {
-        path: PathBuf,
-        is_file: bool,
-    },
-    Probe {
-        file: PathBuf,
-    },
-    CachePlace {
-        dir: PathBuf,
-    },
-}
-
-impl Step {
-    /// Runs the step in this process; the answer as JSON.
-    fn execute(self) -> serde_json::Result<String> {
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Step::Locate { path } => reply(source::locate(&path).map_err(StepError::from)),
-            Step::Filesystem { path, resolve } => {
-                reply(filesystem(&path, resolve).map_err(StepError::from))
-            }
-            Step::Canonicalize { path } => {
-                reply(std::fs::canonicalize(path).map_err(StepError::from))
-            }
-            Step::Exists { path } => reply(Ok::<_, StepError>(path.exists())),
-            Step::FindModel {
-                hub,
-                id,
-                model_dirs,
-            } => reply(model::find(&hub, &id, &model_dirs).map_err(StepError::from)),
-            Step::Survey { path, model_dirs } => reply(
-                SourceTree::new(path)
-                    .map(|tree| models::survey(&tree, &model_dirs))
-                    .map_err(|e| StepError::from(anyhow::Error::from(e))),
-            ),
-            Step::Shape { path } => reply(
-                SourceTree::new(path)
-                    .map(|tree| models::shape(&tree))
-                    .map_err(|e| StepError::from(anyhow::Error::from(e))),
-            ),
-            Step::ModelContaining { path } => {
-                reply(model::containing(&path).map_err(StepError::from))
-            }
-            Step::FileToMeasure { path, is_file } => {
-                let file = if is_file {
-                    Some(path)
-                } else {
-                    model::largest_file(&path).map(|(p, _)| p)
-                };
-                reply(Ok::<_, StepError>(file))
-            }
-            Step::Probe { file } => reply(probe::measure(&file).map_err(StepError::from)),
-            Step::CachePlace { dir } => reply(space::place(&dir).map_err(StepError::from)),
+            Unanswered::Late(after) => write!(f, "did not answer within {}s", after.as_secs()),
+            Unanswered::Broken(why) => write!(f, "could not be examined ({why})"),
         }
     }
 }
 
-fn reply<T: Serialize>(result: Result<T, StepError>) -> serde_json::Result<String> {
-    serde_json::to_string(&result)
+/// The lines a worker printed in time, and why any other probe has no answer.
+#[derive(Debug)]
+pub(crate) struct Gathered {
+    pub(crate) lines: Vec<Line>,
+    pub(crate) missing: Unanswered,
 }
 
-fn filesystem(path: &Path, resolve: bool) -> io::Result<FsInfo> {
-    if resolve {
-        mounts::filesystem_of(&std::fs::canonicalize(path)?)
-    } else {
-        mounts::filesystem_of(path)
+impl Gathered {
+    /// `path` with links resolved where it answered, else as written.
+    pub(crate) fn resolved(&self, path: &Path) -> PathBuf {
+        let found = self.lines.iter().find_map(|line| match line {
+            Line::Resolved(asked, resolved) if asked == path => Some(resolved.clone()),
+            _ => None,
+        });
+        found.unwrap_or_else(|| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
     }
 }
 
-/// The worker's side: one step from stdin, its answer on stdout.
-pub(crate) fn serve() -> anyhow::Result<ExitCode> {
-    let mut request = String::new();
-    io::stdin().read_to_string(&mut request)?;
-    let step: Step = serde_json::from_str(&request)?;
-    println!("{}", step.execute()?);
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Resolves `path`, finds its filesystem and whether it is a file.
-pub(crate) fn locate(path: &Path, timeout: Duration) -> Answer<Located> {
-    ask(&Step::Locate { path: path.into() }, timeout)
-}
-
-/// The filesystem holding `path`; `resolve` follows links first (without, only the
-/// mount table is read on Linux, which works even when the path does not answer).
-pub(crate) fn filesystem_of(path: &Path, resolve: bool, timeout: Duration) -> Answer<FsInfo> {
-    ask(
-        &Step::Filesystem {
-            path: path.into(),
-            resolve,
+/// Runs `tasks` in one worker and gathers what it answers within `deadline`.
+pub(crate) fn gather(tasks: Vec<Task>, deadline: Duration) -> Gathered {
+    match start(tasks) {
+        Ok((answers, child)) => {
+            let gathered = collect(answers, deadline);
+            if let Some(mut child) = child {
+                // No wait for one that is late: the kernel may hold it until the source
+                // answers.
+                let _ = child.kill();
+                let _ = child.try_wait();
+            }
+            gathered
+        }
+        Err(e) => Gathered {
+            lines: Vec::new(),
+            missing: Unanswered::Broken(format!("starting a worker: {e}")),
         },
-        timeout,
-    )
+    }
 }
 
-pub(crate) fn canonicalize(path: &Path, timeout: Duration) -> Answer<PathBuf> {
-    ask(&Step::Canonicalize { path: path.into() }, timeout)
+/// Reads lines from `answers` until it ends or `deadline` passes. A line that does
+/// not parse is skipped: the probe it carried counts as unanswered.
+pub(crate) fn collect(answers: impl Read + Send + 'static, deadline: Duration) -> Gathered {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for text in BufReader::new(answers).lines().map_while(Result::ok) {
+            let line = serde_json::from_str::<Line>(&text).map_err(|e| format!("{e}: {text}"));
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let end = Instant::now() + deadline;
+    let (mut lines, mut malformed) = (Vec::new(), None);
+    loop {
+        match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(Ok(line)) => lines.push(line),
+            Ok(Err(e)) => malformed = Some(e),
+            Err(RecvTimeoutError::Timeout) => {
+                let missing = Unanswered::Late(deadline);
+                return Gathered { lines, missing };
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let why = malformed.map_or_else(
+        || "the worker ended early".to_string(),
+        |e| format!("reading the worker's answer: {e}"),
+    );
+    let missing = Unanswered::Broken(why);
+    Gathered { lines, missing }
 }
 
-pub(crate) fn exists(path: &Path, timeout: Duration) -> Answer<bool> {
-    ask(&Step::Exists { path: path.into() }, timeout)
-}
-
-/// Model `id` in the source `hub`.
-pub(crate) fn find_model(
-    hub: &Path,
-    id: &str,
-    model_dirs: &[PathBuf],
-    timeout: Duration,
-) -> Answer<Option<Model>> {
-    ask(
-        &Step::FindModel {
-            hub: hub.into(),
-            id: id.into(),
-            model_dirs: model_dirs.to_vec(),
-        },
-        timeout,
-    )
-}
-
-/// The shape of the source at `path` alone (no search unless it is neither an
-/// HF_HOME nor a hub cache).
-pub(crate) fn shape(path: &Path, timeout: Duration) -> Answer<Shape> {
-    ask(&Step::Shape { path: path.into() }, timeout)
-}
-
-/// The shape of the source at `path` and the models in it.
-pub(crate) fn survey(path: &Path, model_dirs: &[PathBuf], timeout: Duration) -> Answer<Survey> {
-    ask(
-        &Step::Survey {
-            path: path.into(),
-            model_dirs: model_dirs.to_vec(),
-        },
-        timeout,
-    )
-}
-
-/// The model `path` lies in, if any.
-pub(crate) fn model_containing(path: &Path, timeout: Duration) -> Answer<Option<Model>> {
-    ask(&Step::ModelContaining { path: path.into() }, timeout)
-}
-
-/// `path` itself if it is a file, else the largest file found under it.
-pub(crate) fn file_to_measure(
-    path: &Path,
-    is_file: bool,
-    timeout: Duration,
-) -> Answer<Option<PathBuf>> {
-    ask(
-        &Step::FileToMeasure {
-            path: path.into(),
-            is_file,
-        },
-        timeout,
-    )
-}
-
-pub(crate) fn probe(file: &Path, timeout: Duration) -> Answer<Probe> {
-    ask(&Step::Probe { file: file.into() }, timeout)
-}
-
-/// Where the cache directory is and how much room its volume has.
-pub(crate) fn cache_place(dir: &Path, timeout: Duration) -> Answer<Place> {
-    ask(&Step::CachePlace { dir: dir.into() }, timeout)
-}
-
-/// Runs `step` in a worker and waits at most `timeout` for its answer.
-fn ask<T: DeserializeOwned>(step: &Step, timeout: Duration) -> Answer<T> {
-    let broken = |what: &str, e: &dyn std::fmt::Display| Unanswered::Broken(format!("{what}: {e}"));
-    let request = serde_json::to_string(step).map_err(|e| broken("encoding the step", &e))?;
-    let answer = run(request, timeout)?;
-    serde_json::from_str(&answer).map_err(|e| broken("reading the worker's answer", &e))
-}
-
-/// Unit tests have no stagefs binary to start; they run steps on a thread.
+/// Unit tests have no stagefs binary to start: the worker runs on a thread.
 #[cfg(test)]
-fn run(request: String, timeout: Duration) -> Result<String, Unanswered> {
-    bounded(timeout, move || {
-        serde_json::from_str::<Step>(&request)
-            .and_then(Step::execute)
-            .map_err(|e| Unanswered::Broken(e.to_string()))
-    })?
+fn start(tasks: Vec<Task>) -> io::Result<(io::PipeReader, Option<std::process::Child>)> {
+    let (reader, writer) = io::pipe()?;
+    std::thread::spawn(move || work(tasks, writer));
+    Ok((reader, None))
 }
 
 #[cfg(not(test))]
-fn run(request: String, timeout: Duration) -> Result<String, Unanswered> {
-    use std::io::Write;
+fn start(tasks: Vec<Task>) -> io::Result<(std::process::ChildStdout, Option<std::process::Child>)> {
     use std::process::{Command, Stdio};
-
-    let broken = |what: &str, e: io::Error| Unanswered::Broken(format!("{what}: {e}"));
-    let exe = std::env::current_exe().map_err(|e| broken("finding the stagefs executable", e))?;
     // Its own pipes, never doctor's stdout or stderr: a worker stuck in the kernel
     // would otherwise keep whoever reads doctor's output waiting.
-    let mut child = Command::new(exe)
+    let mut child = Command::new(std::env::current_exe()?)
         .args(["--no-config", "doctor", "--worker"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| broken("starting a worker", e))?;
-    // A few hundred bytes: they fit in the pipe whatever the worker does.
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(request.as_bytes())
-            .map_err(|e| broken("talking to the worker", e))?;
-    }
-    let mut stdout = child
+        .spawn()?;
+    let job = serde_json::to_vec(&tasks)?;
+    // A few hundred bytes fit in the pipe whatever the worker does; closing it ends
+    // the job.
+    child
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(&job))
+        .transpose()?;
+    let answers = child
         .stdout
         .take()
-        .ok_or_else(|| Unanswered::Broken("the worker has no stdout".into()))?;
-    let read = bounded(timeout, move || {
-        let mut answer = String::new();
-        stdout.read_to_string(&mut answer).map(|_| answer)
-    });
-    match read {
-        Ok(Ok(answer)) => {
-            let _ = child.wait();
-            Ok(answer)
-        }
-        Ok(Err(e)) => Err(broken("reading the worker's answer", e)),
-        Err(late) => {
-            // No wait: the kernel may hold it until the source answers.
-            let _ = child.kill();
-            tracing::debug!("abandoned worker {} after {late}", child.id());
-            Err(late)
+        .ok_or_else(|| io::Error::other("no stdout"))?;
+    Ok((answers, Some(child)))
+}
+
+/// The worker's side: tasks from stdin, a line on stdout for each probe as it ends.
+pub(crate) fn serve() -> anyhow::Result<ExitCode> {
+    let tasks: Vec<Task> = serde_json::from_reader(io::stdin())?;
+    work(tasks, io::stdout())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn work(tasks: Vec<Task>, mut out: impl Write) -> io::Result<()> {
+    let (tx, rx) = mpsc::channel();
+    for task in tasks {
+        let tx = tx.clone();
+        std::thread::spawn(move || task.run(&tx));
+    }
+    drop(tx);
+    for line in rx {
+        writeln!(out, "{}", serde_json::to_string(&line)?)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// Prints `line` (through the worker's main thread).
+pub(crate) fn reply(tx: &Sender<Line>, line: Line) {
+    // The receiver lives until every task has ended.
+    let _ = tx.send(line);
+}
+
+impl Task {
+    fn run(self, tx: &Sender<Line>) {
+        let send = |line| reply(tx, line);
+        match self {
+            Task::Source {
+                arg,
+                source,
+                model_dirs,
+            } => source::probe(arg.as_deref(), source.as_deref(), model_dirs, tx),
+            Task::Cache { dir, mountpoint } => {
+                let place = space::place(&dir).map_err(StepError::of);
+                let answered = place.is_ok();
+                send(Line::Cache(place));
+                if let (true, Some(mountpoint)) = (answered, mountpoint) {
+                    super::hub::probe_mount(&dir, &mountpoint, tx);
+                }
+            }
+            Task::Resolve(path) => {
+                if let Ok(resolved) = std::fs::canonicalize(&path) {
+                    send(Line::Resolved(path, resolved));
+                }
+            }
+            Task::Locate(path) => send(Line::Located(source::locate(&path).map_err(StepError::of))),
+            Task::Shape(path) => {
+                let tree = SourceTree::new(path).map_err(StepError::of);
+                send(Line::Shape(tree.map(|tree| models::shape(&tree))));
+            }
         }
     }
 }
@@ -320,24 +292,73 @@ fn run(request: String, timeout: Duration) -> Result<String, Unanswered> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::bounded::SOURCE_TIMEOUT;
+
+    const SHORT: Duration = Duration::from_millis(50);
+
+    fn line(text: &str) -> String {
+        let line = Line::Resolved(PathBuf::from("/a"), PathBuf::from(text));
+        serde_json::to_string(&line).expect("encodes") + "\n"
+    }
 
     #[test]
-    fn steps_round_trip_through_json() -> io::Result<()> {
+    fn a_worker_that_never_answers_is_late() -> io::Result<()> {
+        let (reader, _open) = io::pipe()?;
+        let gathered = collect(reader, SHORT);
+        assert!(gathered.lines.is_empty());
+        assert_eq!(gathered.missing, Unanswered::Late(SHORT));
+        assert_eq!(gathered.missing.to_string(), "did not answer within 0s");
+        Ok(())
+    }
+
+    #[test]
+    fn answers_before_a_hang_are_kept() -> io::Result<()> {
+        let (reader, mut writer) = io::pipe()?;
+        writer.write_all(line("/b").as_bytes())?;
+        let gathered = collect(reader, SHORT);
+        assert_eq!(gathered.resolved(Path::new("/a")), Path::new("/b"));
+        assert_eq!(
+            gathered.resolved(Path::new("/c")),
+            Path::new("/c"),
+            "unanswered"
+        );
+        assert_eq!(gathered.missing, Unanswered::Late(SHORT));
+        Ok(())
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped_and_named() {
+        let text = format!("not json\n{}{{\"located\": 3}}\n", line("/b"));
+        let gathered = collect(io::Cursor::new(text), DEADLINE);
+        assert_eq!(gathered.lines.len(), 1);
+        let Unanswered::Broken(why) = &gathered.missing else {
+            panic!("{:?}", gathered.missing);
+        };
+        assert!(why.starts_with("reading the worker's answer: "), "{why}");
+        let ended = collect(io::Cursor::new(""), DEADLINE).missing;
+        assert_eq!(
+            ended.to_string(),
+            "could not be examined (the worker ended early)"
+        );
+    }
+
+    #[test]
+    fn tasks_run_in_the_worker_and_answer_in_json() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
-        let file = dir.path().join("f");
-        std::fs::write(&file, [1u8; 8192])?;
-        let located = locate(&file, SOURCE_TIMEOUT)
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("link"))?;
+        let tasks = vec![
+            Task::Locate(dir.path().join("link")),
+            Task::Resolve(dir.path().join("link")),
+            Task::Shape(dir.path().to_path_buf()),
+        ];
+        let gathered = gather(tasks, DEADLINE);
+        let located = got!(gathered, Located)
+            .cloned()
             .expect("answered")
-            .expect("located");
-        assert!(located.is_file);
-        assert_eq!(exists(&file, SOURCE_TIMEOUT), Ok(Ok(true)));
-        let missing = canonicalize(&dir.path().join("nope"), SOURCE_TIMEOUT).expect("answered");
-        assert!(missing.expect_err("missing").not_found);
-        let probe = probe(&file, SOURCE_TIMEOUT)
-            .expect("answered")
-            .expect("measured");
-        assert_eq!(probe.bytes_read, 8192);
+            .expect("found");
+        assert!(!located.is_file);
+        let canonical = std::fs::canonicalize(dir.path())?;
+        assert_eq!(gathered.resolved(&dir.path().join("link")), canonical);
+        assert!(matches!(got!(gathered, Shape), Some(Ok(Shape::Unknown))));
         Ok(())
     }
 }
