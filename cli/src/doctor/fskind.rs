@@ -54,34 +54,50 @@ pub(crate) struct FsInfo {
     pub(crate) stagefs_source: Option<PathBuf>,
 }
 
+/// Types whose reads cross a network. FUSE types carry their program's name.
+const NETWORK_TYPES: &str = "nfs nfs4 cifs smb3 smbfs afpfs webdav davfs ncpfs 9p afs ceph \
+    glusterfs lustre gpfs beegfs fuse.sshfs fuse.rclone fuse.s3fs fuse.gcsfuse fuse.goofys \
+    fuse.juicefs fuse.glusterfs fuse.ceph-fuse fuse.davfs fuse.mountpoint-s3 fuse.blobfuse2";
+/// Formats found on external disks more than internal ones.
+const EXTERNAL_FORMATS: &str = "exfat vfat msdos fat ntfs ntfs3";
+/// Disk-backed or in-memory types.
+const LOCAL_TYPES: &str = "ext2 ext3 ext4 xfs btrfs zfs f2fs bcachefs jfs reiserfs tmpfs ramfs \
+    overlay squashfs apfs hfs ufs fuseblk";
+
+fn listed(types: &str, fstype: &str) -> bool {
+    types.split_whitespace().any(|t| t == fstype)
+}
+
+/// For a path whose filesystem could not be found.
+impl Default for FsInfo {
+    fn default() -> FsInfo {
+        FsInfo::new("unknown", "", PathBuf::new(), Disk::Unknown, None)
+    }
+}
+
 impl FsInfo {
-    /// Classifies a mount table entry; `local_flag` is macOS's MNT_LOCAL, when known.
+    /// Classifies a mount table entry; `local` is macOS's MNT_LOCAL, when known.
     pub(crate) fn new(
         fstype: &str,
         device: &str,
         mount_point: PathBuf,
         disk: Disk,
-        local_flag: Option<bool>,
+        local: Option<bool>,
     ) -> FsInfo {
         let stagefs_source = stagefs_source_of(fstype, device);
-        let kind = if stagefs_source.is_some() {
-            FsKind::Stagefs
-        } else {
-            classify(fstype, device, disk, local_flag)
+        let kind = match stagefs_source {
+            Some(_) => FsKind::Stagefs,
+            None => classify(fstype, device, disk, local),
         };
+        let (fstype, device, network) = (fstype.into(), device.into(), kind == FsKind::Network);
         FsInfo {
             kind,
-            fstype: fstype.to_string(),
-            network: kind == FsKind::Network,
+            fstype,
+            network,
             mount_point,
-            device: device.to_string(),
+            device,
             stagefs_source,
         }
-    }
-
-    /// For a path whose filesystem could not be found.
-    pub(crate) fn unknown() -> FsInfo {
-        FsInfo::new("unknown", "", PathBuf::new(), Disk::Unknown, None)
     }
 
     /// `ext4 on /dev/vda (local disk)`.
@@ -100,74 +116,25 @@ impl FsInfo {
 
     /// exFAT and FAT cannot hold the snapshot -> blob symlinks of an HF cache.
     pub(crate) fn lacks_symlinks(&self) -> bool {
-        matches!(self.fstype.as_str(), "exfat" | "vfat" | "msdos" | "fat")
+        listed("exfat vfat msdos fat", &self.fstype)
     }
 }
 
-/// Types whose reads cross a network. FUSE types carry their program's name.
-const NETWORK_TYPES: &[&str] = &[
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb3",
-    "smbfs",
-    "afpfs",
-    "webdav",
-    "davfs",
-    "ncpfs",
-    "9p",
-    "afs",
-    "ceph",
-    "glusterfs",
-    "lustre",
-    "gpfs",
-    "beegfs",
-    "fuse.sshfs",
-    "fuse.rclone",
-    "fuse.s3fs",
-    "fuse.gcsfuse",
-    "fuse.goofys",
-    "fuse.juicefs",
-    "fuse.glusterfs",
-    "fuse.ceph-fuse",
-    "fuse.davfs",
-    "fuse.mountpoint-s3",
-    "fuse.blobfuse2",
-];
-
-/// Formats found on external disks more than internal ones.
-const EXTERNAL_FORMATS: &[&str] = &["exfat", "vfat", "msdos", "fat", "ntfs", "ntfs3"];
-
-/// Disk-backed or in-memory types.
-const LOCAL_TYPES: &[&str] = &[
-    "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs", "jfs", "reiserfs", "tmpfs",
-    "ramfs", "overlay", "squashfs", "apfs", "hfs", "ufs", "fuseblk",
-];
-
-fn classify(fstype: &str, device: &str, disk: Disk, local_flag: Option<bool>) -> FsKind {
+fn classify(fstype: &str, device: &str, disk: Disk, local: Option<bool>) -> FsKind {
     let fuse = is_fuse(fstype);
-    if NETWORK_TYPES.contains(&fstype) || local_flag == Some(false) {
+    // sshfs and friends under macFUSE all report the type `macfuse`.
+    if listed(NETWORK_TYPES, fstype) || local == Some(false) || (fuse && looks_remote(device)) {
         return FsKind::Network;
     }
-    if fuse && looks_remote(device) {
-        // sshfs and friends under macFUSE all report the type `macfuse`.
-        return FsKind::Network;
-    }
+    let external = listed(EXTERNAL_FORMATS, fstype);
     match disk {
-        Disk::Usb => return FsKind::Usb,
-        Disk::External => return FsKind::Removable,
-        Disk::Internal | Disk::Unknown => {}
-    }
-    if EXTERNAL_FORMATS.contains(&fstype) && disk == Disk::Unknown {
-        FsKind::Removable
-    } else if LOCAL_TYPES.contains(&fstype) || EXTERNAL_FORMATS.contains(&fstype) {
-        FsKind::Local
-    } else if fuse {
-        FsKind::Fuse
-    } else if device.starts_with("/dev/") {
-        FsKind::Local
-    } else {
-        FsKind::Unknown
+        Disk::Usb => FsKind::Usb,
+        Disk::External => FsKind::Removable,
+        Disk::Unknown if external => FsKind::Removable,
+        _ if external || listed(LOCAL_TYPES, fstype) => FsKind::Local,
+        _ if fuse => FsKind::Fuse,
+        _ if device.starts_with("/dev/") => FsKind::Local,
+        _ => FsKind::Unknown,
     }
 }
 
@@ -177,93 +144,81 @@ fn is_fuse(fstype: &str) -> bool {
 
 /// `user@host:/path` or `host:/path`, as sshfs and NFS name their source.
 fn looks_remote(device: &str) -> bool {
-    !device.starts_with('/')
-        && device
-            .split_once(':')
-            .is_some_and(|(host, path)| !host.is_empty() && path.starts_with('/'))
+    let host_path = device.split_once(':');
+    !device.starts_with('/') && host_path.is_some_and(|(h, p)| !h.is_empty() && p.starts_with('/'))
 }
 
 /// A stagefs mount names itself `stagefs:<source>` (see `FsConfig::session_config`).
 fn stagefs_source_of(fstype: &str, device: &str) -> Option<PathBuf> {
     let source = device.strip_prefix("stagefs:")?;
-    (fstype == "fuse.stagefs" || is_fuse(fstype)).then(|| PathBuf::from(source))
+    is_fuse(fstype).then(|| PathBuf::from(source))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn kind(fstype: &str, device: &str, disk: Disk) -> FsKind {
-        FsInfo::new(fstype, device, "/m".into(), disk, None).kind
-    }
-
     #[test]
-    fn linux_types() {
-        assert_eq!(kind("ext4", "/dev/vda", Disk::Internal), FsKind::Local);
-        assert_eq!(kind("ext4", "/dev/sdb1", Disk::Usb), FsKind::Usb);
-        assert_eq!(kind("tmpfs", "tmpfs", Disk::Unknown), FsKind::Local);
-        assert_eq!(kind("nfs4", "nas:/export", Disk::Unknown), FsKind::Network);
-        assert_eq!(kind("cifs", "//nas/share", Disk::Unknown), FsKind::Network);
-        let sshfs = kind("fuse.sshfs", "root@10.0.0.2:/hub", Disk::Unknown);
-        assert_eq!(sshfs, FsKind::Network);
-        assert_eq!(kind("exfat", "/dev/sdc1", Disk::Unknown), FsKind::Removable);
-        assert_eq!(
-            kind("vfat", "/dev/nvme0n1p1", Disk::Internal),
-            FsKind::Local
-        );
-        assert_eq!(kind("fuse.mergerfs", "a:b", Disk::Unknown), FsKind::Fuse);
-        assert_eq!(kind("weirdfs", "none", Disk::Unknown), FsKind::Unknown);
-    }
-
-    #[test]
-    fn a_stagefs_mount_names_its_source() {
-        let info = FsInfo::new(
+    fn kinds_from_the_mount_table_and_the_disk() {
+        use {Disk as D, FsKind as K};
+        let cases = [
+            ("ext4", "/dev/vda", D::Internal, None, K::Local),
+            ("ext4", "/dev/sdb1", D::Usb, None, K::Usb),
+            ("tmpfs", "tmpfs", D::Unknown, None, K::Local),
+            ("nfs4", "nas:/export", D::Unknown, None, K::Network),
+            ("cifs", "//nas/share", D::Unknown, None, K::Network),
+            (
+                "fuse.sshfs",
+                "root@10.0.0.2:/hub",
+                D::Unknown,
+                None,
+                K::Network,
+            ),
+            ("exfat", "/dev/sdc1", D::Unknown, None, K::Removable),
+            ("vfat", "/dev/nvme0n1p1", D::Internal, None, K::Local),
+            ("fuse.mergerfs", "a:b", D::Unknown, None, K::Fuse),
+            ("weirdfs", "none", D::Unknown, None, K::Unknown),
+            ("apfs", "/dev/disk3s5", D::Internal, Some(true), K::Local),
+            ("apfs", "/dev/disk5s1", D::Usb, Some(true), K::Usb),
+            ("smbfs", "//u@nas/hf", D::Unknown, Some(false), K::Network),
+            ("macfuse", "u@host:/hub", D::Unknown, Some(true), K::Network),
+            (
+                "exfat",
+                "/dev/disk4s1",
+                D::External,
+                Some(true),
+                K::Removable,
+            ),
+            (
+                "fuse.stagefs",
+                "stagefs:/nas/hub",
+                D::Unknown,
+                None,
+                K::Stagefs,
+            ),
+            (
+                "macfuse",
+                "stagefs:/Volumes/nas",
+                D::Unknown,
+                Some(true),
+                K::Stagefs,
+            ),
+        ];
+        for (fstype, device, disk, local, kind) in cases {
+            let info = FsInfo::new(fstype, device, "/m".into(), disk, local);
+            assert_eq!(info.kind, kind, "{fstype} {device}");
+            assert_eq!(info.network, kind == K::Network);
+        }
+        let mount = FsInfo::new(
             "fuse.stagefs",
             "stagefs:/nas/hub",
             "/m".into(),
-            Disk::Unknown,
+            D::Unknown,
             None,
         );
-        assert_eq!(info.kind, FsKind::Stagefs);
-        assert_eq!(info.stagefs_source, Some(PathBuf::from("/nas/hub")));
-        assert!(!info.network);
-        let mac = FsInfo::new(
-            "macfuse",
-            "stagefs:/Volumes/nas",
-            "/m".into(),
-            Disk::Unknown,
-            Some(true),
-        );
-        assert_eq!(mac.kind, FsKind::Stagefs);
-    }
-
-    #[test]
-    fn macos_types() {
-        let k =
-            |t: &str, d: &str, disk, local| FsInfo::new(t, d, "/m".into(), disk, Some(local)).kind;
-        assert_eq!(
-            k("apfs", "/dev/disk3s5", Disk::Internal, true),
-            FsKind::Local
-        );
-        assert_eq!(k("apfs", "/dev/disk5s1", Disk::Usb, true), FsKind::Usb);
-        assert_eq!(
-            k("smbfs", "//u@nas/hf", Disk::Unknown, false),
-            FsKind::Network
-        );
-        assert_eq!(
-            k("macfuse", "u@host:/hub", Disk::Unknown, true),
-            FsKind::Network
-        );
-        assert_eq!(
-            k("exfat", "/dev/disk4s1", Disk::External, true),
-            FsKind::Removable
-        );
-    }
-
-    #[test]
-    fn describes_and_flags() {
-        let info = FsInfo::new("exfat", "/dev/sdc1", "/media/x".into(), Disk::Usb, None);
-        assert_eq!(info.describe(), "exfat on /dev/sdc1 (USB disk)");
-        assert!(info.lacks_symlinks());
+        assert_eq!(mount.stagefs_source, Some(PathBuf::from("/nas/hub")));
+        let usb = FsInfo::new("exfat", "/dev/sdc1", "/media/x".into(), D::Usb, None);
+        assert_eq!(usb.describe(), "exfat on /dev/sdc1 (USB disk)");
+        assert!(usb.lacks_symlinks());
     }
 }

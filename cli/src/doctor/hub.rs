@@ -18,55 +18,56 @@ use super::worker::{self, Gathered, Line, Task, reply};
 
 /// How long resolving two paths for [`same_place`] may take.
 const PATH_TIMEOUT: Duration = Duration::from_secs(5);
+const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 
-/// The hub cache huggingface_hub will use, and which setting chose it.
+/// The hub cache huggingface_hub will use; `from` is the setting that chose it
+/// (`HF_HUB_CACHE`, `HUGGINGFACE_HUB_CACHE`, `HF_HOME`, `XDG_CACHE_HOME` or
+/// `default`), `shape` that of the mount's source when known, `points_at_mount`
+/// whether `path` is the hub cache in the configured mount (null without a mount point
+/// or for plain model folders).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct HubCache {
     pub(crate) path: PathBuf,
-    /// `HF_HUB_CACHE`, `HUGGINGFACE_HUB_CACHE`, `HF_HOME`, `XDG_CACHE_HOME` or `default`.
     pub(crate) from: &'static str,
-    /// The configured mount point, if any.
     pub(crate) mountpoint: Option<PathBuf>,
-    /// The shape of the mount's source, when known.
     pub(crate) shape: Option<Shape>,
-    /// Whether `path` is the hub cache in the mount (the mount point, or its `hub/`
-    /// for an HF_HOME); null without a mount point or for plain model folders.
     pub(crate) points_at_mount: Option<bool>,
 }
 
-/// The configured mount as reported in JSON.
+/// The configured mount as reported in JSON: `up` when a stagefs daemon answered
+/// for it, and what it mirrors.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct MountState {
     pub(crate) mountpoint: PathBuf,
-    /// Whether a stagefs daemon answered for this mount point.
     pub(crate) up: bool,
-    /// What the running mount mirrors.
     pub(crate) source: Option<PathBuf>,
 }
 
 /// The hub cache as huggingface_hub resolves it: `HF_HUB_CACHE`, the legacy
 /// `HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`, then
 /// `~/.cache/huggingface/hub`. `~` is expanded as huggingface_hub does.
-pub(crate) fn effective_hub_cache(
-    var: impl Fn(&str) -> Option<OsString>,
-) -> Option<(PathBuf, &'static str)> {
-    let set = |name: &str| var(name).filter(|v| !v.is_empty());
-    let expand = |value: OsString| expand_home(value, &var);
-    for name in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
-        if let Some(value) = set(name) {
-            return Some((expand(value), name));
-        }
-    }
-    if let Some(value) = set("HF_HOME") {
-        return Some((expand(value).join("hub"), "HF_HOME"));
-    }
-    if let Some(value) = set("XDG_CACHE_HOME") {
-        return Some((expand(value).join("huggingface/hub"), "XDG_CACHE_HOME"));
-    }
-    Some((
-        PathBuf::from(set("HOME")?).join(".cache/huggingface/hub"),
-        "default",
-    ))
+fn effective_hub_cache(var: impl Fn(&str) -> Option<OsString>) -> Option<(PathBuf, &'static str)> {
+    let set = |name| {
+        var(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| expand_home(v, &var))
+    };
+    let places = [
+        ("HF_HUB_CACHE", ""),
+        ("HUGGINGFACE_HUB_CACHE", ""),
+        ("HF_HOME", "hub"),
+        ("XDG_CACHE_HOME", "huggingface/hub"),
+        ("HOME", ".cache/huggingface/hub"),
+    ];
+    let (path, name, rest) = places
+        .into_iter()
+        .find_map(|(name, rest)| Some((set(name)?, name, rest)))?;
+    let path = if rest.is_empty() {
+        path
+    } else {
+        path.join(rest)
+    };
+    Some((path, if name == "HOME" { "default" } else { name }))
 }
 
 /// `~/x` with `~` as `HOME`, as huggingface_hub expands it.
@@ -79,16 +80,21 @@ fn expand_home(value: OsString, var: impl Fn(&str) -> Option<OsString>) -> PathB
     }
 }
 
+fn env(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
 /// `HF_HOME` as set in this environment, expanded.
 fn hf_home() -> Option<PathBuf> {
-    let value = std::env::var_os("HF_HOME").filter(|v| !v.is_empty())?;
-    Some(expand_home(value, |name| std::env::var_os(name)))
+    env("HF_HOME")
+        .filter(|v| !v.is_empty())
+        .map(|home| expand_home(home, env))
 }
 
 /// The paths the `hub-cache` check compares, for the worker to resolve: the hub
 /// cache, `HF_HOME`, and the places in the mount it may be.
 pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> Vec<PathBuf> {
-    let hub_cache = effective_hub_cache(|name| std::env::var_os(name)).map(|(path, _)| path);
+    let hub_cache = effective_hub_cache(env).map(|(path, _)| path);
     let in_mount = mountpoint
         .into_iter()
         .flat_map(|m| [m.to_path_buf(), m.join("hub")]);
@@ -107,17 +113,22 @@ pub(crate) fn hub_cache_check(
     mountpoint: Option<&Path>,
     shape: Option<Shape>,
 ) -> (Check, Option<HubCache>) {
-    let Some((path, from)) = effective_hub_cache(|name| std::env::var_os(name)) else {
+    let Some((path, from)) = effective_hub_cache(env) else {
         let note = "neither HF_HUB_CACHE, HF_HOME nor HOME is set";
         return (Check::note("hub-cache", note), None);
     };
-    let shown = format!("{} ({})", path.display(), origin(from));
+    let origin = match from {
+        "default" => "the default".to_string(),
+        "XDG_CACHE_HOME" => "from XDG_CACHE_HOME".to_string(),
+        name => format!("from {name}"),
+    };
+    let shown = format!("{} ({origin})", path.display());
     let resolved = gathered.resolved(&path);
-    let mountpoint_path = mountpoint.map(Path::to_path_buf);
+    let mount = mountpoint.map(Path::to_path_buf);
     let mut hub = HubCache {
         path,
         from,
-        mountpoint: mountpoint_path,
+        mountpoint: mount,
         shape,
         points_at_mount: None,
     };
@@ -126,82 +137,82 @@ pub(crate) fn hub_cache_check(
             .advise("`stagefs run --source SRC --mountpoint DIR -- COMMAND` mounts and sets the HF variables for that one command; set `source` and `mountpoint` in the config file to drop the flags");
         return (check, Some(hub));
     };
+    let mount = gathered.resolved(mountpoint);
     // With no model recognised, the source may yet become either kind of HF cache.
-    let known = shape.filter(|s| *s != Shape::Unknown);
-    let check = match known.map(|s| (s, s.hub_cache(mountpoint))) {
-        Some((Shape::ModelFolders, _)) | Some((_, None)) => Check::note(
+    let check = match shape.filter(|s| *s != Shape::Unknown) {
+        Some(Shape::ModelFolders) => Check::note(
             "hub-cache",
             format!(
                 "the source holds plain model folders, loaded by path under {}; the hub cache ({shown}) does not matter to them",
                 mountpoint.display()
             ),
         ),
-        Some((shape, Some(expected))) => {
+        Some(shape) => {
+            let expected = shape.hub_cache(mountpoint).unwrap_or_default();
             let points = resolved == gathered.resolved(&expected);
             hub.points_at_mount = Some(points);
-            judge(gathered, shape, points, &shown, mountpoint, from)
+            judge(
+                shape,
+                points,
+                &shown,
+                mountpoint,
+                from,
+                hf_home().map(|h| gathered.resolved(&h)) != Some(mount),
+            )
         }
         None => {
             // The source's shape is not known: either place in the mount will do.
-            let mount = gathered.resolved(mountpoint);
             let points = resolved == mount || resolved == mount.join("hub");
             hub.points_at_mount = Some(points);
-            if points {
-                Check::ok("hub-cache", format!("the hub cache is the mount: {shown}"))
-            } else {
-                Check::warn("hub-cache", format!("the hub cache is {shown}, not the mount {}", mountpoint.display()))
-                    .advise(format!(
-                        "export HF_HUB_CACHE={} (its hub/ if the source is a whole HF_HOME), or start programs with `stagefs run -- COMMAND`, which sets it for that command",
+            match points {
+                true => Check::ok("hub-cache", format!("the hub cache is the mount: {shown}")),
+                false => Check::warn(
+                    "hub-cache",
+                    format!(
+                        "the hub cache is {shown}, not the mount {}",
                         mountpoint.display()
-                    ))
+                    ),
+                )
+                .advise(format!(
+                    "export HF_HUB_CACHE={} (its hub/ if the source is a whole HF_HOME), or {RUN}",
+                    mountpoint.display()
+                )),
             }
         }
     };
     (check, Some(hub))
 }
 
-/// Whether the environment matches a mount of an HF_HOME or a hub cache.
+/// Whether the environment matches a mount of an HF_HOME or a hub cache;
+/// `home_elsewhere` when `HF_HOME` is not the mount.
 fn judge(
-    gathered: &Gathered,
     shape: Shape,
     points: bool,
     shown: &str,
     mountpoint: &Path,
     from: &str,
+    home_elsewhere: bool,
 ) -> Check {
     let export = super::shape::usage(shape, mountpoint);
-    let run = "or start programs with `stagefs run -- COMMAND`, which sets it for that command";
     if !points {
-        let unset = if shape == Shape::HfHome && from.ends_with("HUB_CACHE") {
-            format!(" and unset {from}, which wins over HF_HOME")
-        } else {
-            String::new()
+        let unset = match shape == Shape::HfHome && from.ends_with("HUB_CACHE") {
+            true => format!(" and unset {from}, which wins over HF_HOME"),
+            false => String::new(),
         };
         let (mount, what) = (mountpoint.display(), shape.describe());
         let summary =
             format!("the hub cache is {shown}, not the one in the mount ({mount} is {what})");
-        return Check::warn("hub-cache", summary).advise(format!("{export}{unset}, {run}"));
+        return Check::warn("hub-cache", summary).advise(format!("{export}{unset}, or {RUN}"));
     }
     let check = Check::ok(
         "hub-cache",
         format!("the hub cache is the mount's: {shown}"),
     );
-    let mount = gathered.resolved(mountpoint);
-    let home_elsewhere = hf_home().is_none_or(|home| gathered.resolved(&home) != mount);
-    if shape == Shape::HfHome && home_elsewhere {
-        check.advise(format!(
+    match shape == Shape::HfHome && home_elsewhere {
+        true => check.advise(format!(
             "{export} as well, so the token and xet/ in the mount are used"
-        ))
-    } else {
-        check
-    }
-}
-
-fn origin(from: &str) -> String {
-    match from {
-        "default" => "the default".to_string(),
-        "XDG_CACHE_HOME" => "from XDG_CACHE_HOME".to_string(),
-        name => format!("from {name}"),
+        )),
+        false => check,
     }
 }
 
@@ -252,39 +263,32 @@ pub(crate) fn mount_check(
         up: false,
         source: None,
     };
-    let socket = control::socket_path(cache_dir);
-    let shown = mountpoint.display();
+    let (socket, shown) = (control::socket_path(cache_dir), mountpoint.display());
     let check = match got!(gathered, Daemon) {
         Some(Ok(Some((source, serving)))) => {
-            if serving != mountpoint && gathered.resolved(serving) != gathered.resolved(mountpoint)
-            {
-                let (cache, source, serving) =
-                    (cache_dir.display(), source.display(), serving.display());
+            let same = serving == mountpoint
+                || gathered.resolved(serving) == gathered.resolved(mountpoint);
+            let (cache, mirrored, serving) =
+                (cache_dir.display(), source.display(), serving.display());
+            if !same {
+                let summary = format!("{cache} serves another mount: {mirrored} at {serving}");
+                let check = Check::warn("mount", summary);
                 return (
-                    Check::warn(
-                        "mount",
-                        format!("{cache} serves another mount: {source} at {serving}"),
-                    )
-                    .advise("unmount it, or give this mount its own --cache-dir"),
+                    check.advise("unmount it, or give this mount its own --cache-dir"),
                     state,
                 );
             }
-            state.up = true;
-            state.source = Some(source.clone());
-            Check::ok(
-                "mount",
-                format!("{shown} is mounted, mirroring {}", source.display()),
-            )
+            (state.up, state.source) = (true, Some(source.clone()));
+            Check::ok("mount", format!("{shown} is mounted, mirroring {mirrored}"))
         }
         Some(Ok(None)) => {
             let mounted = got!(gathered, MountFs)
                 .is_some_and(|fs| fs.kind == FsKind::Stagefs && fs.mount_point == mountpoint);
-            if mounted {
-                Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
-                    .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again"))
-            } else {
-                Check::note("mount", format!("{shown} is not mounted"))
-                    .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login")
+            match mounted {
+                true => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
+                    .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
+                false => Check::note("mount", format!("{shown} is not mounted"))
+                    .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login"),
             }
         }
         Some(Err(e)) => Check::warn("mount", format!("cannot ask {}: {e}", socket.display())),
@@ -302,25 +306,20 @@ mod tests {
     use super::*;
     use crate::doctor::worker::Unanswered;
 
-    fn resolve(vars: &[(&str, &str)]) -> Option<(PathBuf, &'static str)> {
-        let vars: HashMap<&str, OsString> =
-            vars.iter().map(|(k, v)| (*k, OsString::from(v))).collect();
-        effective_hub_cache(|name| vars.get(name).cloned())
-    }
-
     #[test]
     fn hub_cache_precedence() {
+        let resolve = |vars: &[(&str, &str)]| {
+            let vars: HashMap<&str, OsString> = vars.iter().map(|(k, v)| (*k, v.into())).collect();
+            effective_hub_cache(|name| vars.get(name).cloned())
+                .map(|(p, from)| (p.display().to_string(), from))
+        };
         let home = ("HOME", "/home/u");
-        assert_eq!(
-            resolve(&[home]),
-            Some(("/home/u/.cache/huggingface/hub".into(), "default"))
-        );
+        let default = Some(("/home/u/.cache/huggingface/hub".into(), "default"));
+        assert_eq!(resolve(&[home]), default);
         let xdg = resolve(&[home, ("XDG_CACHE_HOME", "/x")]);
         assert_eq!(xdg, Some(("/x/huggingface/hub".into(), "XDG_CACHE_HOME")));
-        assert_eq!(
-            resolve(&[home, ("HF_HOME", "~/hf")]),
-            Some(("/home/u/hf/hub".into(), "HF_HOME"))
-        );
+        let hf_home = resolve(&[home, ("HF_HOME", "~/hf")]);
+        assert_eq!(hf_home, Some(("/home/u/hf/hub".into(), "HF_HOME")));
         let both = resolve(&[home, ("HF_HOME", "/hf"), ("HF_HUB_CACHE", "/m")]);
         assert_eq!(both, Some(("/m".into(), "HF_HUB_CACHE")));
         let legacy = resolve(&[("HUGGINGFACE_HUB_CACHE", "/legacy"), ("HF_HUB_CACHE", "")]);
@@ -339,27 +338,26 @@ mod tests {
 
     #[test]
     fn the_mount_check_reads_the_daemons_answer() {
-        let gathered = |lines| Gathered {
-            lines,
-            missing: Unanswered::Late(Duration::from_secs(15)),
+        let check = |lines| {
+            let gathered = Gathered {
+                lines,
+                missing: Unanswered::Late(Duration::from_secs(15)),
+            };
+            mount_check(&gathered, Path::new("/m"), Path::new("/c"))
         };
-        let (mnt, cache) = (Path::new("/m"), Path::new("/c"));
-        let served = Line::Daemon(Ok(Some(("/src".into(), "/m".into()))));
-        let (up, state) = mount_check(&gathered(vec![served]), mnt, cache);
+        let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];
+        let (up, state) = check(served("/m"));
         assert_eq!(
             (up.summary.as_str(), state.up),
             ("/m is mounted, mirroring /src", true)
         );
-        let other = Line::Daemon(Ok(Some(("/src".into(), "/other".into()))));
-        let (elsewhere, _) = mount_check(&gathered(vec![other]), mnt, cache);
-        assert!(
-            elsewhere.summary.contains("serves another mount"),
-            "{}",
-            elsewhere.summary
-        );
-        let (late, _) = mount_check(&gathered(Vec::new()), mnt, cache);
+        let (elsewhere, _) = check(served("/other"));
+        assert_eq!(elsewhere.summary, "/c serves another mount: /src at /other");
+        let (late, _) = check(Vec::new());
         assert_eq!(late.summary, "the mount's daemon did not answer within 15s");
-        let (down, _) = mount_check(&gathered(vec![Line::Daemon(Ok(None))]), mnt, cache);
-        assert_eq!(down.summary, "/m is not mounted");
+        assert_eq!(
+            check(vec![Line::Daemon(Ok(None))]).0.summary,
+            "/m is not mounted"
+        );
     }
 }

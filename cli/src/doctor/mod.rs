@@ -25,6 +25,7 @@ mod watchdog;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::anyhow;
 use serde::Serialize;
@@ -35,15 +36,16 @@ pub(crate) use shape::{shape_of, usage as shape_usage};
 
 use crate::args::DoctorArgs;
 use crate::config::Config;
+use fskind::FsKind;
 use report::Check;
-use source::Target;
+use source::{Findings, Target};
 use worker::{DEADLINE, Gathered, Task};
 
-/// The whole report, as `--json` prints it.
+/// The whole report, as `--json` prints it; `failed` when a check failed (then the
+/// exit code is 1).
 #[derive(Debug, Serialize)]
 struct Report {
     checks: Vec<Check>,
-    /// Whether any check failed (then the exit code is 1).
     failed: bool,
     source: Option<source::SourceReport>,
     model: Option<ModelReport>,
@@ -67,10 +69,9 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
     }
     let cache_dir = config.cache_dir_for(&args.cache)?;
     let report = examine(args.target.as_deref(), &cache_dir, config)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report::render(&report.checks));
+    match args.json {
+        true => println!("{}", serde_json::to_string_pretty(&report)?),
+        false => print!("{}", report::render(&report.checks)),
     }
     Ok(if report.failed {
         ExitCode::FAILURE
@@ -79,26 +80,18 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
     })
 }
 
+/// Asks one worker everything that touches a path, then judges what it answered.
 fn examine(arg: Option<&str>, cache_dir: &Path, config: &Config) -> anyhow::Result<Report> {
-    let mountpoint = config.configured_mountpoint();
-    let source = config.source();
-    let mut tasks = vec![
-        Task::Source {
-            arg: arg.map(str::to_string),
-            source: source.map(Path::to_path_buf),
-            model_dirs: config.model_dirs().to_vec(),
-        },
-        Task::Cache {
-            dir: cache_dir.to_path_buf(),
-            mountpoint: mountpoint.map(Path::to_path_buf),
-        },
-    ];
-    tasks.extend(
-        hub::paths_to_resolve(mountpoint)
-            .into_iter()
-            .map(Task::Resolve),
+    let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
+    let source = Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs);
+    let cache = Task::Cache(cache_dir.to_path_buf(), mountpoint.map(Into::into));
+    let resolve = hub::paths_to_resolve(mountpoint)
+        .into_iter()
+        .map(Task::Resolve);
+    let gathered = worker::gather(
+        [source, cache].into_iter().chain(resolve).collect(),
+        DEADLINE,
     );
-    let gathered = worker::gather(tasks, DEADLINE);
     judge(&gathered, arg, cache_dir, config)
 }
 
@@ -106,57 +99,51 @@ fn examine(arg: Option<&str>, cache_dir: &Path, config: &Config) -> anyhow::Resu
 fn judge(
     gathered: &Gathered,
     arg: Option<&str>,
-    cache_dir: &Path,
+    cache: &Path,
     config: &Config,
 ) -> anyhow::Result<Report> {
-    let mountpoint = config.configured_mountpoint();
     // Without the worker's word, whether `org/name` is a path here is not known.
-    let target = match got!(gathered, Target) {
-        Some(target) => target.clone(),
-        None => Target::of(arg, config.source(), |_| false),
-    }
-    .map_err(|e| anyhow!(e))?;
-    let configured = matches!(
-        target,
-        Target::Path {
-            configured: true,
-            ..
-        } | Target::Model { .. }
-    );
-    let mut checks = vec![fuse::check()];
+    let told = got!(gathered, Target).cloned();
+    let target = told.unwrap_or_else(|| Target::of(arg, config.source(), |_| false));
+    let target = target.map_err(|e| anyhow!(e))?;
     let mut found = source::inspect(gathered, &target)?;
+    let mountpoint = config.configured_mountpoint();
+    let roots = [
+        found.roots.clone(),
+        mountpoint.into_iter().map(Into::into).collect(),
+    ]
+    .concat();
+    let model = found.model.as_ref();
+    let (cache_checks, cache_report) =
+        space::inspect(gathered, cache, config.budget(), &roots, model);
+    let (mount, shape) = environment_target(&found, &target, mountpoint);
+    let (hub_check, hub_cache) = hub::hub_cache_check(gathered, mount.as_deref(), shape);
+    // The worker asks the control socket in the cache directory only once that answered.
+    let answered = mountpoint.filter(|_| cache_report.fs.is_some());
+    let (mount_check, mount) = answered
+        .map(|m| hub::mount_check(gathered, m, cache))
+        .unzip();
+    let mut checks = vec![fuse::check()];
     checks.append(&mut found.checks);
-    let mut roots = found.roots.clone();
-    roots.extend(mountpoint.map(Path::to_path_buf));
-    let (cache_checks, cache) = space::inspect(
-        gathered,
-        cache_dir,
-        limits(config),
-        &roots,
-        found.model.as_ref(),
+    checks.extend(
+        cache_checks
+            .into_iter()
+            .chain([hub_check])
+            .chain(mount_check),
     );
-    checks.extend(cache_checks);
-    let (judged_mount, shape) = environment_target(&found, configured, mountpoint);
-    let (hub_check, hub_cache) = hub::hub_cache_check(gathered, judged_mount.as_deref(), shape);
-    checks.push(hub_check);
-    // The control socket lives in the cache directory: the worker asks it only once
-    // that answered.
-    let cache_answered = cache.fs.is_some();
-    let mount = mountpoint.filter(|_| cache_answered).map(|m| {
-        let (check, state) = hub::mount_check(gathered, m, cache_dir);
-        checks.push(check);
-        state
-    });
     checks.extend(watchdog::checks());
     let probe = found.report.as_ref().and_then(|r| r.probe.as_ref());
+    let staging_seconds = |model: &model::Model| probe.map(|p| source::staging_seconds(p, model));
     let model = found.model.map(|model| ModelReport {
-        staging_seconds: probe.map(|p| source::staging_seconds(p, &model)),
+        staging_seconds: staging_seconds(&model),
         model,
     });
+    let (failed, source) = (report::any_failed(&checks), found.report);
+    let cache = cache_report;
     Ok(Report {
-        failed: report::any_failed(&checks),
         checks,
-        source: found.report,
+        failed,
+        source,
         model,
         cache,
         hub_cache,
@@ -168,22 +155,26 @@ fn judge(
 /// stagefs mount examined, else the configured mount (whose source's shape is known
 /// when the configured source was examined).
 fn environment_target(
-    found: &source::Findings,
-    configured: bool,
+    found: &Findings,
+    target: &Target,
     mountpoint: Option<&Path>,
 ) -> (Option<PathBuf>, Option<Shape>) {
     let shape = found.survey.as_ref().map(|s| s.shape);
-    let examined_mount = found.report.as_ref().and_then(|r| {
-        let is_mount = r.fs.kind == fskind::FsKind::Stagefs
-            && r.canonical.as_deref() == Some(r.fs.mount_point.as_path());
-        is_mount.then(|| r.fs.mount_point.clone())
-    });
-    match examined_mount {
-        Some(mount) => (Some(mount), shape),
-        None => (
-            mountpoint.map(Path::to_path_buf),
-            shape.filter(|_| configured),
-        ),
+    let examined = found
+        .report
+        .as_ref()
+        .map(|r| (&r.fs, r.canonical.as_deref()));
+    match examined {
+        Some((fs, Some(path))) if fs.kind == FsKind::Stagefs && path == fs.mount_point => {
+            (Some(fs.mount_point.clone()), shape)
+        }
+        _ => {
+            let configured = target.parts().is_some_and(|(_, configured, _)| configured);
+            (
+                mountpoint.map(Path::to_path_buf),
+                shape.filter(|_| configured),
+            )
+        }
     }
 }
 
@@ -191,18 +182,12 @@ fn environment_target(
 /// alone can be answered from the kernel's caches). It is asked of a worker process,
 /// so a dead share cannot hang the caller (`stagefs mount` checks its source this
 /// way); whether the path exists is left to the caller.
-pub(crate) fn responds(path: &Path, timeout: std::time::Duration) -> Result<(), String> {
+pub(crate) fn responds(path: &Path, timeout: Duration) -> Result<(), String> {
     let gathered = worker::gather(vec![Task::Locate(path.to_path_buf())], timeout);
     match got!(gathered, Located) {
         Some(_) => Ok(()),
         None => Err(gathered.missing.to_string()),
     }
-}
-
-/// The config file's budget; the reserve defaults as for a mount.
-fn limits(config: &Config) -> space::Limits {
-    let (max_size, min_free) = config.budget();
-    space::Limits { min_free, max_size }
 }
 
 #[cfg(test)]
@@ -214,8 +199,8 @@ mod tests {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir_all(dir.path().join("models--o--m/blobs"))?;
         std::fs::write(dir.path().join("models--o--m/blobs/x"), vec![1u8; 1 << 20])?;
-        let arg = dir.path().to_str();
-        let report = examine(arg, &dir.path().join("../doctor-cache"), &Config::default())?;
+        let (config, cache) = (Config::default(), dir.path().join("../doctor-cache"));
+        let report = examine(dir.path().to_str(), &cache, &config)?;
         let names: Vec<&str> = report.checks.iter().map(|c| c.name).collect();
         assert_eq!(
             names[..4],
@@ -224,29 +209,27 @@ mod tests {
         );
         let probe = report.source.and_then(|s| s.probe).expect("measured");
         assert!(probe.throughput_bytes_per_sec > 0.0);
-        let unconfigured = examine(Some("org/name"), dir.path(), &Config::default());
-        assert!(unconfigured.is_err(), "a model id needs a source");
-        Ok(())
-    }
-
-    #[test]
-    fn without_the_workers_answers_the_source_did_not_answer() -> anyhow::Result<()> {
+        assert!(
+            examine(Some("org/name"), &cache, &config).is_err(),
+            "a model id needs a source"
+        );
         let late = Gathered {
             lines: Vec::new(),
             missing: worker::Unanswered::Late(DEADLINE),
         };
-        let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &Config::default())?;
-        let failed: Vec<&str> = report
+        let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &config)?;
+        let failed = report
             .checks
             .iter()
-            .filter(|c| c.verdict == report::Verdict::Fail)
-            .map(|c| c.name)
-            .collect();
-        assert_eq!(failed, ["source", "cache"]);
+            .filter(|c| c.verdict == report::Verdict::Fail);
+        assert_eq!(
+            failed.map(|c| c.name).collect::<Vec<_>>(),
+            ["source", "cache"]
+        );
+        let summary = &report.checks[1].summary;
         assert!(
-            report.checks[1]
-                .summary
-                .starts_with("the source /nas/hub did not answer within 15s")
+            summary.starts_with("the source /nas/hub did not answer within 15s"),
+            "{summary}"
         );
         Ok(())
     }

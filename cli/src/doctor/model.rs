@@ -1,6 +1,6 @@
 //! Finding the model to judge and the file to measure, with stagefs-cache's view of
 //! models (HF repositories, plain model folders, GGUF files). Everything here reads
-//! the source, so callers run it under a deadline.
+//! the source: only the worker runs it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,8 +10,6 @@ use stagefs_cache::SourceTree;
 use stagefs_cache::hf;
 use stagefs_cache::models::{self, ModelError, ModelKind, ModelRef};
 
-/// The revision looked up for a repository.
-const REVISION: &str = "main";
 /// Most directory entries a search for a file to measure looks at.
 const SCAN_LIMIT: usize = 5000;
 
@@ -45,20 +43,35 @@ pub(crate) fn find(root: &Path, id: &str, model_dirs: &[PathBuf]) -> anyhow::Res
     }
 }
 
-/// The model a path is, or lies in: a repository directory or anything in it, a
-/// model folder or a file in it (or in its subdirectory), a GGUF file.
+/// The model a path is, or lies in: a repository directory or anything in it (the
+/// snapshot it is in, else the repository's main or newest), a model folder or a
+/// file in it (or in its subdirectory), a GGUF file.
 pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
     if let Some(repo) = hf::repo_of(path) {
-        return in_repository(path, &repo);
+        let (Some(hub), Some(name)) = (repo.parent(), repo.file_name()) else {
+            return Ok(None);
+        };
+        let Some(id) = name.to_str().and_then(hf::id_of_repo_dir) else {
+            return Ok(None);
+        };
+        let rel = PathBuf::from(name);
+        let commit = path
+            .strip_prefix(repo.join("snapshots"))
+            .ok()
+            .and_then(|c| c.iter().next());
+        let snapshot = commit.map(|commit| rel.join("snapshots").join(commit));
+        let model = ModelRef {
+            id,
+            kind: ModelKind::HfRepo,
+            path: rel,
+        };
+        return Ok(describe(&SourceTree::new(hub)?, &model, snapshot));
     }
     let is_dir = fs::metadata(path)?.is_dir();
-    let ancestors = path.ancestors().take(if is_dir { 2 } else { 3 });
-    let mut candidates: Vec<&Path> = ancestors.skip(usize::from(!is_dir)).collect();
-    if !is_dir {
-        // A file is its own model (a GGUF) only when no folder holds it.
-        candidates.push(path);
-    }
-    for candidate in candidates {
+    // A file is its own model (a GGUF) only when no folder holds it.
+    let itself = (!is_dir).then_some(path);
+    let folders = path.ancestors().skip(usize::from(!is_dir)).take(2);
+    for candidate in folders.chain(itself) {
         let (Some(parent), Some(name)) = (candidate.parent(), candidate.file_name()) else {
             continue;
         };
@@ -70,52 +83,29 @@ pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
     Ok(None)
 }
 
-/// `path` lies in the repository directory `repo` (both absolute): the snapshot it is
-/// in, else the repository's main or newest.
-fn in_repository(path: &Path, repo: &Path) -> anyhow::Result<Option<Model>> {
-    let (Some(hub), Some(name)) = (repo.parent(), repo.file_name()) else {
-        return Ok(None);
-    };
-    let Some(id) = name.to_str().and_then(hf::id_of_repo_dir) else {
-        return Ok(None);
-    };
-    let tree = SourceTree::new(hub)?;
-    let model = ModelRef {
-        id,
-        kind: ModelKind::HfRepo,
-        path: PathBuf::from(name),
-    };
-    let snapshot = path
-        .strip_prefix(repo.join("snapshots"))
-        .ok()
-        .and_then(|rest| rest.components().next())
-        .map(|commit| model.path.join("snapshots").join(commit));
-    Ok(describe(&tree, &model, snapshot))
-}
-
 /// Counts a model's files and finds its largest weight; None for a repository
 /// without a snapshot.
 fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> Option<Model> {
     let (snapshot, files, weights) = match model.kind {
         ModelKind::HfRepo => {
+            let main = || hf::snapshot_of(tree, &model.path, "main");
             let snapshot = snapshot
-                .or_else(|| hf::snapshot_of(tree, &model.path, REVISION))
+                .or_else(main)
                 .or_else(|| hf::newest_snapshot(tree, &model.path))?;
             let files = hf::all_files(tree, &snapshot);
-            let weights = hf::weight_files(tree, &snapshot);
-            (Some(tree.root().join(snapshot)), files, weights)
+            (
+                Some(tree.root().join(&snapshot)),
+                files,
+                hf::weight_files(tree, &snapshot),
+            )
         }
-        ModelKind::Folder | ModelKind::File => (
-            None,
-            models::files(tree, model, None).ok()?,
-            models::weights(tree, model, None).ok()?,
-        ),
+        ModelKind::Folder | ModelKind::File => {
+            let files = models::files(tree, model, None).ok()?;
+            (None, files, models::weights(tree, model, None).ok()?)
+        }
     };
     let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
-    let largest_weight = weights
-        .into_iter()
-        .max_by_key(|rel| size_of(rel))
-        .map(|rel| tree.root().join(rel));
+    let largest = weights.into_iter().max_by_key(|rel| size_of(rel));
     Some(Model {
         id: model.id.clone(),
         kind: model.kind,
@@ -123,48 +113,47 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         snapshot,
         files: files.len(),
         size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
-        largest_weight,
+        largest_weight: largest.map(|rel| tree.root().join(rel)),
     })
 }
 
 /// The largest file to measure under `dir`: first among HF blobs (`blobs/`,
 /// `models--*/blobs/`, `hub/models--*/blobs/`), else anywhere a few levels down.
 /// Looks at no more than a bounded number of entries.
-pub(crate) fn largest_file(dir: &Path) -> Option<(PathBuf, u64)> {
+pub(crate) fn largest_file(dir: &Path) -> Option<PathBuf> {
     let mut budget = SCAN_LIMIT;
+    let mut blobs = vec![dir.join("blobs")];
+    for hub in [dir.to_path_buf(), dir.join("hub")] {
+        let entries = fs::read_dir(&hub).into_iter().flatten().flatten();
+        for entry in entries.take_while(|_| spend(&mut budget)) {
+            if entry.file_name().to_string_lossy().starts_with("models--") {
+                blobs.push(entry.path().join("blobs"));
+            }
+        }
+    }
     let mut best = None;
-    for blobs in blob_dirs(dir, &mut budget) {
-        scan(&blobs, 0, &mut budget, &mut best);
+    for dir in blobs {
+        scan(&dir, 0, &mut budget, &mut best);
     }
     if best.is_none() {
         scan(dir, 3, &mut budget, &mut best);
     }
-    best
+    best.map(|(file, _)| file)
 }
 
-fn blob_dirs(dir: &Path, budget: &mut usize) -> Vec<PathBuf> {
-    let mut found = vec![dir.join("blobs")];
-    for hub in [dir.to_path_buf(), dir.join("hub")] {
-        for entry in fs::read_dir(&hub).into_iter().flatten().flatten() {
-            if *budget == 0 {
-                return found;
-            }
-            *budget -= 1;
-            if entry.file_name().to_string_lossy().starts_with("models--") {
-                found.push(entry.path().join("blobs"));
-            }
-        }
-    }
-    found
+/// Takes one entry from `budget`; false when it is spent.
+fn spend(budget: &mut usize) -> bool {
+    let left = *budget > 0;
+    *budget = budget.saturating_sub(1);
+    left
 }
 
 /// Keeps the largest regular file (symlinks not followed) in `best`.
 fn scan(dir: &Path, depth: usize, budget: &mut usize, best: &mut Option<(PathBuf, u64)>) {
     for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-        if *budget == 0 {
+        if !spend(budget) {
             return;
         }
-        *budget -= 1;
         let Ok(kind) = entry.file_type() else {
             continue;
         };
@@ -200,34 +189,24 @@ mod tests {
         fs::write(folder.join("model.safetensors"), [0u8; 30])?;
         fs::write(folder.join("original/params.json"), "{}")?;
         fs::write(dir.path().join("models/solo.gguf"), [0u8; 5])?;
-
-        let named = |path: PathBuf| -> anyhow::Result<Option<(String, ModelKind, u64)>> {
-            Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes)))
+        let named = |path: PathBuf| -> anyhow::Result<_> {
+            Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes, m.snapshot)))
         };
-        let repo_model = Some(("org/m".to_string(), ModelKind::HfRepo, 10));
+        let in_repo = |snapshot| Some(("org/m".to_string(), ModelKind::HfRepo, 10, snapshot));
+        let abc = Some(repo.join("snapshots/abc"));
         assert_eq!(
             named(repo.join("snapshots/abc/model.safetensors"))?,
-            repo_model
+            in_repo(abc.clone())
         );
-        assert_eq!(named(repo.clone())?, repo_model);
-        let snapshot = containing(&repo.join("snapshots/abc"))?.and_then(|m| m.snapshot);
-        assert_eq!(snapshot, Some(repo.join("snapshots/abc")));
-        let folder_model = Some(("m".to_string(), ModelKind::Folder, 34));
-        for inside in [
-            folder.clone(),
-            folder.join("config.json"),
-            folder.join("original/params.json"),
-        ] {
-            assert_eq!(named(inside.clone())?, folder_model, "{}", inside.display());
+        assert_eq!(named(repo.clone())?, in_repo(abc));
+        let in_folder = Some(("m".to_string(), ModelKind::Folder, 34, None));
+        for inside in ["", "config.json", "original/params.json"] {
+            assert_eq!(named(folder.join(inside))?, in_folder, "{inside}");
         }
-        assert_eq!(
-            named(dir.path().join("models/solo.gguf"))?,
-            Some(("solo.gguf".to_string(), ModelKind::File, 5))
-        );
+        let solo = Some(("solo.gguf".to_string(), ModelKind::File, 5, None));
+        assert_eq!(named(dir.path().join("models/solo.gguf"))?, solo);
         assert_eq!(named(dir.path().join("models"))?, None);
-
-        let by_id = find(dir.path(), "org/m", &[])?.map(|m| m.path);
-        assert_eq!(by_id, Some(repo.clone()));
+        assert_eq!(find(dir.path(), "org/m", &[])?.map(|m| m.path), Some(repo));
         let by_path = find(dir.path(), "models/org/m", &[])?.map(|m| m.kind);
         assert_eq!(by_path, Some(ModelKind::Folder));
         assert_eq!(find(dir.path(), "org/absent", &[])?, None);
@@ -242,12 +221,11 @@ mod tests {
         fs::write(blobs.join("small"), [0u8; 10])?;
         fs::write(blobs.join("big"), [0u8; 100])?;
         fs::write(dir.path().join("outside"), [0u8; 1000])?;
-        let (path, size) = largest_file(dir.path()).expect("a blob");
-        assert_eq!((path, size), (blobs.join("big"), 100));
+        assert_eq!(largest_file(dir.path()), Some(blobs.join("big")));
         let plain = tempfile::tempdir()?;
         fs::create_dir_all(plain.path().join("a/b"))?;
         fs::write(plain.path().join("a/b/f"), [0u8; 5])?;
-        assert_eq!(largest_file(plain.path()).map(|(_, s)| s), Some(5));
+        assert_eq!(largest_file(plain.path()), Some(plain.path().join("a/b/f")));
         Ok(())
     }
 }

@@ -17,13 +17,21 @@ const DISKUTIL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The filesystem holding `path`.
 pub(crate) fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
-    let st = statfs(path)?;
-    let fstype = String::from_utf8_lossy(&c_bytes(&st.f_fstypename)).into_owned();
-    let device = String::from_utf8_lossy(&c_bytes(&st.f_mntfromname)).into_owned();
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let mut out = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: c_path is NUL-terminated and out points to writable statfs storage.
+    if unsafe { libc::statfs(c_path.as_ptr(), out.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs succeeded, so it initialised `out`.
+    let st = unsafe { out.assume_init() };
+    let text = |chars: &[libc::c_char]| String::from_utf8_lossy(&c_bytes(chars)).into_owned();
+    let (fstype, device) = (text(&st.f_fstypename), text(&st.f_mntfromname));
     let mount_point = PathBuf::from(OsString::from_vec(c_bytes(&st.f_mntonname)));
     #[allow(clippy::unnecessary_cast)] // MNT_LOCAL is a c_int, f_flags a u32
     let local = st.f_flags & (libc::MNT_LOCAL as u32) != 0;
-    let disk = if local && device.starts_with("/dev/disk") {
+    let on_disk = local && device.starts_with("/dev/disk");
+    let disk = if on_disk {
         disk_of(&device)
     } else {
         Disk::Unknown
@@ -35,17 +43,6 @@ pub(crate) fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
         disk,
         Some(local),
     ))
-}
-
-fn statfs(path: &Path) -> io::Result<libc::statfs> {
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let mut out = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: c_path is NUL-terminated and out points to writable statfs storage.
-    if unsafe { libc::statfs(c_path.as_ptr(), out.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statfs succeeded, so it initialised `out`.
-    Ok(unsafe { out.assume_init() })
 }
 
 /// The bytes of a NUL-terminated C array.
@@ -60,27 +57,26 @@ fn c_bytes(chars: &[libc::c_char]) -> Vec<u8> {
 
 /// The keys of `diskutil info -plist` that say where a disk is attached.
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
 struct DiskInfo {
-    #[serde(rename = "BusProtocol")]
-    bus: Option<String>,
-    #[serde(rename = "Internal")]
+    bus_protocol: Option<String>,
     internal: Option<bool>,
-    #[serde(rename = "RemovableMedia")]
-    removable: Option<bool>,
+    removable_media: Option<bool>,
 }
 
 fn disk_of(device: &str) -> Disk {
-    let Some(bytes) = diskutil_info(device) else {
-        return Disk::Unknown;
-    };
-    match plist::from_bytes::<DiskInfo>(&bytes) {
-        Ok(info) if info.bus.as_deref() == Some("USB") => Disk::Usb,
-        Ok(info) if info.internal == Some(false) || info.removable == Some(true) => Disk::External,
-        Ok(_) => Disk::Internal,
-        Err(e) => {
+    let info = diskutil_info(device).map(|bytes| plist::from_bytes::<DiskInfo>(&bytes));
+    match info {
+        Some(Ok(info)) if info.bus_protocol.as_deref() == Some("USB") => Disk::Usb,
+        Some(Ok(info)) if info.internal == Some(false) || info.removable_media == Some(true) => {
+            Disk::External
+        }
+        Some(Ok(_)) => Disk::Internal,
+        Some(Err(e)) => {
             tracing::debug!("diskutil info for {device}: {e}");
             Disk::Unknown
         }
+        None => Disk::Unknown,
     }
 }
 

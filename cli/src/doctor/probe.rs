@@ -1,7 +1,7 @@
 //! A short measurement of how the source reads: latency of a few small reads spread
 //! over one large file, then sequential throughput. The page cache is dropped for the
-//! file first, so the numbers are the source's, not memory's. Callers run this under
-//! a deadline (`bounded`): every read may hang on a dead source.
+//! file first, so the numbers are the source's, not memory's. Every read may hang on
+//! a dead source: only the worker runs this.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -13,11 +13,10 @@ use serde::{Deserialize, Serialize};
 
 /// Small reads for the latency figure.
 const LATENCY_READS: u64 = 5;
-const SMALL_READ: usize = 4 << 10;
+const SMALL_READ: u64 = 4 << 10;
 /// The sequential read stops after this many bytes or this long, whichever is first.
 const THROUGHPUT_BYTES: u64 = 64 << 20;
 const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
-const CHUNK: usize = 1 << 20;
 
 /// What was measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,60 +32,46 @@ pub(crate) struct Probe {
 
 /// Measures `file`.
 pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
-    let file = File::open(path)?;
-    let size = file.metadata()?.len();
-    if size == 0 {
+    let mut file = File::open(path)?;
+    let file_size = file.metadata()?.len();
+    if file_size == 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "the file is empty",
         ));
     }
     forget_cached(&file, Access::Random);
-    let latency = median(small_reads(&file, size)?);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut times = Vec::new();
+    for i in 0..LATENCY_READS {
+        // Page-aligned offsets at the middle of each fifth of the file.
+        let offset = (file_size * (2 * i + 1) / (2 * LATENCY_READS)) & !(SMALL_READ - 1);
+        let start = Instant::now();
+        file.read_at(&mut buf[..SMALL_READ as usize], offset)?;
+        times.push(start.elapsed());
+    }
+    times.sort();
     forget_cached(&file, Access::Sequential);
-    let (bytes_read, elapsed) = read_ahead(&file)?;
+    let (mut bytes_read, start) = (0u64, Instant::now());
+    while bytes_read < THROUGHPUT_BYTES && start.elapsed() < THROUGHPUT_TIME {
+        match file.read(&mut buf)? {
+            0 => break,
+            n => bytes_read += n as u64,
+        }
+    }
     // A tiny local file can read in less than a clock tick; never divide by zero.
-    let seconds = elapsed.as_secs_f64().max(1e-6);
+    let seconds = start.elapsed().as_secs_f64().max(1e-6);
+    let latency_ms = times[times.len() / 2].as_secs_f64() * 1000.0;
+    let throughput_bytes_per_sec = bytes_read as f64 / seconds;
+    let file = path.to_path_buf();
     Ok(Probe {
-        file: path.to_path_buf(),
-        file_size: size,
-        latency_ms: latency.as_secs_f64() * 1000.0,
-        throughput_bytes_per_sec: bytes_read as f64 / seconds,
+        file,
+        file_size,
+        latency_ms,
+        throughput_bytes_per_sec,
         bytes_read,
         seconds,
     })
-}
-
-fn small_reads(file: &File, size: u64) -> io::Result<Vec<Duration>> {
-    let mut buf = vec![0u8; SMALL_READ];
-    (0..LATENCY_READS)
-        .map(|i| {
-            // Page-aligned offsets at the middle of each fifth of the file.
-            let offset = (size * (2 * i + 1) / (2 * LATENCY_READS)) & !(SMALL_READ as u64 - 1);
-            let start = Instant::now();
-            file.read_at(&mut buf, offset)?;
-            Ok(start.elapsed())
-        })
-        .collect()
-}
-
-fn median(mut times: Vec<Duration>) -> Duration {
-    times.sort();
-    times.get(times.len() / 2).copied().unwrap_or_default()
-}
-
-/// Reads from the start until the byte or time limit or the end of the file.
-fn read_ahead(mut file: &File) -> io::Result<(u64, Duration)> {
-    let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
-    let start = Instant::now();
-    while total < THROUGHPUT_BYTES && start.elapsed() < THROUGHPUT_TIME {
-        match file.read(&mut buf)? {
-            0 => break,
-            n => total += n as u64,
-        }
-    }
-    Ok((total, start.elapsed()))
 }
 
 /// How the file is about to be read.
@@ -101,15 +86,14 @@ enum Access {
 #[cfg(target_os = "linux")]
 fn forget_cached(file: &File, access: Access) {
     use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
     let pattern = match access {
         Access::Random => libc::POSIX_FADV_RANDOM,
         Access::Sequential => libc::POSIX_FADV_SEQUENTIAL,
     };
-    // SAFETY: fd is open for the life of `file`; fadvise only gives hints.
+    // SAFETY: the descriptor is open for the life of `file`; fadvise only gives hints.
     unsafe {
-        libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED);
-        libc::posix_fadvise(fd, 0, 0, pattern);
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, pattern);
     }
 }
 
@@ -118,7 +102,7 @@ fn forget_cached(file: &File, access: Access) {
 #[cfg(target_os = "macos")]
 fn forget_cached(file: &File, _access: Access) {
     use std::os::fd::AsRawFd;
-    // SAFETY: fd is open for the life of `file`; F_NOCACHE takes an int flag.
+    // SAFETY: the descriptor is open for the life of `file`; F_NOCACHE takes an int.
     unsafe {
         libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1);
     }
@@ -126,14 +110,11 @@ fn forget_cached(file: &File, _access: Access) {
 
 /// `12 µs`, `1.5 ms`, `42 ms`, `2.3 s`.
 pub(crate) fn format_latency(ms: f64) -> String {
-    if ms >= 1000.0 {
-        format!("{:.1} s", ms / 1000.0)
-    } else if ms >= 10.0 {
-        format!("{ms:.0} ms")
-    } else if ms >= 1.0 {
-        format!("{ms:.1} ms")
-    } else {
-        format!("{:.0} µs", ms * 1000.0)
+    match ms {
+        ..1.0 => format!("{:.0} µs", ms * 1000.0),
+        ..10.0 => format!("{ms:.1} ms"),
+        ..1000.0 => format!("{ms:.0} ms"),
+        _ => format!("{:.1} s", ms / 1000.0),
     }
 }
 
@@ -149,12 +130,10 @@ pub(crate) fn format_rate(bytes_per_sec: f64) -> String {
 
 /// `45 s`, `12 min`, `3.5 h`.
 pub(crate) fn format_duration(seconds: f64) -> String {
-    if seconds < 90.0 {
-        format!("{:.0} s", seconds.max(1.0))
-    } else if seconds < 90.0 * 60.0 {
-        format!("{:.0} min", seconds / 60.0)
-    } else {
-        format!("{:.1} h", seconds / 3600.0)
+    match seconds {
+        ..90.0 => format!("{:.0} s", seconds.max(1.0)),
+        ..5400.0 => format!("{:.0} min", seconds / 60.0),
+        _ => format!("{:.1} h", seconds / 3600.0),
     }
 }
 
@@ -169,8 +148,7 @@ mod tests {
         std::fs::write(&path, vec![7u8; 3 << 20])?;
         let probe = measure(&path)?;
         assert_eq!(probe.bytes_read, 3 << 20);
-        assert!(probe.latency_ms >= 0.0);
-        assert!(probe.throughput_bytes_per_sec > 0.0);
+        assert!(probe.latency_ms >= 0.0 && probe.throughput_bytes_per_sec > 0.0);
         std::fs::write(&path, b"")?;
         assert!(measure(&path).is_err());
         Ok(())
@@ -178,14 +156,11 @@ mod tests {
 
     #[test]
     fn formats() {
-        assert_eq!(format_latency(0.084), "84 µs");
-        assert_eq!(format_latency(1.54), "1.5 ms");
-        assert_eq!(format_latency(42.4), "42 ms");
-        assert_eq!(format_latency(2300.0), "2.3 s");
-        assert_eq!(format_rate(850.0 * 1048576.0), "850 MiB/s");
-        assert_eq!(format_rate(2.4 * 1048576.0), "2.4 MiB/s");
-        assert_eq!(format_duration(0.2), "1 s");
-        assert_eq!(format_duration(600.0), "10 min");
-        assert_eq!(format_duration(3.5 * 3600.0), "3.5 h");
+        let latencies = [0.084, 1.54, 42.4, 2300.0].map(format_latency);
+        assert_eq!(latencies, ["84 µs", "1.5 ms", "42 ms", "2.3 s"]);
+        let rates = [850.0, 2.4].map(|mib| format_rate(mib * 1048576.0));
+        assert_eq!(rates, ["850 MiB/s", "2.4 MiB/s"]);
+        let durations = [0.2, 600.0, 3.5 * 3600.0].map(format_duration);
+        assert_eq!(durations, ["1 s", "10 min", "3.5 h"]);
     }
 }

@@ -17,17 +17,6 @@ pub(crate) enum Verdict {
     Note,
 }
 
-impl Verdict {
-    fn label(self) -> &'static str {
-        match self {
-            Verdict::Ok => "ok",
-            Verdict::Warn => "warn",
-            Verdict::Fail => "fail",
-            Verdict::Note => "note",
-        }
-    }
-}
-
 /// One line of the report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Check {
@@ -41,12 +30,13 @@ pub(crate) struct Check {
 }
 
 impl Check {
-    pub(crate) fn new(name: &'static str, verdict: Verdict, summary: impl Into<String>) -> Check {
+    fn new(name: &'static str, verdict: Verdict, summary: impl Into<String>) -> Check {
+        let (summary, advice) = (summary.into(), None);
         Check {
             name,
             verdict,
-            summary: summary.into(),
-            advice: None,
+            summary,
+            advice,
         }
     }
 
@@ -72,24 +62,18 @@ impl Check {
     }
 }
 
-/// Width of the name column, so summaries line up.
-const NAME_WIDTH: usize = 13;
-/// Width of the verdict column.
-const VERDICT_WIDTH: usize = 6;
-
-/// The report for a terminal: `ok    fuse         summary`, advice indented below.
+/// The report for a terminal: `ok    fuse         summary`, advice indented below
+/// (the columns are 6 and 13 wide).
 pub(crate) fn render(checks: &[Check]) -> String {
-    let indent = " ".repeat(VERDICT_WIDTH + NAME_WIDTH);
     let mut out = String::new();
     for check in checks {
+        let verdict = format!("{:?}", check.verdict).to_lowercase();
         out.push_str(&format!(
-            "{:<VERDICT_WIDTH$}{:<NAME_WIDTH$}{}\n",
-            check.verdict.label(),
-            check.name,
-            check.summary
+            "{verdict:<6}{:<13}{}\n",
+            check.name, check.summary
         ));
         if let Some(advice) = &check.advice {
-            out.push_str(&format!("{indent}{advice}\n"));
+            out.push_str(&format!("{:19}{advice}\n", ""));
         }
     }
     out
@@ -105,29 +89,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_aligned_lines_with_advice_below() {
-        let checks = [
-            Check::ok("fuse", "/dev/fuse is usable"),
-            Check::fail("source", "did not answer").advise("check the share"),
-        ];
-        let text = render(&checks);
-        assert_eq!(
-            text,
-            "ok    fuse         /dev/fuse is usable\n\
-             fail  source       did not answer\n\
-             \x20                  check the share\n"
-        );
-        assert!(any_failed(&checks));
-        assert!(!any_failed(&checks[..1]));
-    }
-
-    #[test]
-    fn json_uses_lowercase_verdicts_and_null_advice() -> Result<(), serde_json::Error> {
+    fn renders_aligned_lines_with_advice_below_or_json() -> serde_json::Result<()> {
+        let fail = Check::fail("source", "did not answer").advise("check the share");
+        let checks = [Check::ok("fuse", "/dev/fuse is usable"), fail];
+        let expected = "ok    fuse         /dev/fuse is usable\n\
+                        fail  source       did not answer\n\
+                        \x20                  check the share\n";
+        assert_eq!(render(&checks), expected);
+        assert!(any_failed(&checks) && !any_failed(&checks[..1]));
         let json = serde_json::to_value(Check::note("mount", "not mounted"))?;
-        assert_eq!(
-            json,
-            serde_json::json!({"name": "mount", "verdict": "note", "summary": "not mounted", "advice": null})
-        );
+        let expected =
+            r#"{"name": "mount", "verdict": "note", "summary": "not mounted", "advice": null}"#;
+        assert_eq!(json, serde_json::from_str::<serde_json::Value>(expected)?);
         Ok(())
     }
 }

@@ -36,20 +36,13 @@ macro_rules! got {
 
 /// What a worker is asked to do; each task runs on its own thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub(crate) enum Task {
-    /// The source checks for doctor's argument, else the configured source.
-    Source {
-        arg: Option<String>,
-        source: Option<PathBuf>,
-        model_dirs: Vec<PathBuf>,
-    },
-    /// Where the cache directory is; then whether a daemon serves `mountpoint` from it
-    /// (its control socket lives there, so it is asked only once the directory answers).
-    Cache {
-        dir: PathBuf,
-        mountpoint: Option<PathBuf>,
-    },
+    /// The source checks for doctor's argument, else the configured source (with the
+    /// configured `model_dirs`).
+    Source(Option<String>, Option<PathBuf>, Vec<PathBuf>),
+    /// Where the cache directory is; then whether a daemon serves the mount point from
+    /// it (its control socket lives there, so it is asked only once that answered).
+    Cache(PathBuf, Option<PathBuf>),
     /// A path with links resolved; no line when it cannot be.
     Resolve(PathBuf),
     /// A path's place, as the source checks start with it.
@@ -60,7 +53,6 @@ pub(crate) enum Task {
 
 /// One finished probe.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub(crate) enum Line {
     Target(Result<Target, String>),
     /// The filesystem the examined path lies on by its name alone (the mount table).
@@ -82,10 +74,10 @@ pub(crate) enum Line {
     Shape(Result<Shape, StepError>),
 }
 
-/// What a probe reports when it ran but failed.
+/// What a probe reports when it ran but failed; `not_found` when the path did not
+/// exist (a bad argument rather than a broken source).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StepError {
-    /// The path did not exist (a bad argument rather than a broken source).
     pub(crate) not_found: bool,
     pub(crate) message: String,
 }
@@ -94,10 +86,10 @@ impl StepError {
     pub(crate) fn of(e: impl Into<anyhow::Error>) -> StepError {
         let e = e.into();
         let kind = e.downcast_ref::<io::Error>().map(io::Error::kind);
-        let not_found = kind == Some(io::ErrorKind::NotFound);
+        let message = format!("{e:#}");
         StepError {
-            not_found,
-            message: format!("{e:#}"),
+            not_found: kind == Some(io::ErrorKind::NotFound),
+            message,
         }
     }
 }
@@ -108,12 +100,11 @@ impl std::fmt::Display for StepError {
     }
 }
 
-/// Why a probe has no answer.
+/// Why a probe has no answer: it did not finish before the deadline, or the worker
+/// could not be run or ended without answering.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Unanswered {
-    /// It did not finish before the deadline.
     Late(Duration),
-    /// The worker could not be run, or ended without answering.
     Broken(String),
 }
 
@@ -140,28 +131,29 @@ impl Gathered {
             Line::Resolved(asked, resolved) if asked == path => Some(resolved.clone()),
             _ => None,
         });
-        found.unwrap_or_else(|| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
+        found.unwrap_or_else(|| std::path::absolute(path).unwrap_or_else(|_| path.into()))
     }
 }
 
 /// Runs `tasks` in one worker and gathers what it answers within `deadline`.
 pub(crate) fn gather(tasks: Vec<Task>, deadline: Duration) -> Gathered {
-    match start(tasks) {
-        Ok((answers, child)) => {
-            let gathered = collect(answers, deadline);
-            if let Some(mut child) = child {
-                // No wait for one that is late: the kernel may hold it until the source
-                // answers.
-                let _ = child.kill();
-                let _ = child.try_wait();
-            }
-            gathered
+    let (answers, child) = match start(tasks) {
+        Ok(started) => started,
+        Err(e) => {
+            let missing = Unanswered::Broken(format!("starting a worker: {e}"));
+            return Gathered {
+                lines: Vec::new(),
+                missing,
+            };
         }
-        Err(e) => Gathered {
-            lines: Vec::new(),
-            missing: Unanswered::Broken(format!("starting a worker: {e}")),
-        },
+    };
+    let gathered = collect(answers, deadline);
+    if let Some(mut child) = child {
+        // No wait for one that is late: the kernel may hold it until the source answers.
+        let _ = child.kill();
+        let _ = child.try_wait();
     }
+    gathered
 }
 
 /// Reads lines from `answers` until it ends or `deadline` passes. A line that does
@@ -177,24 +169,25 @@ pub(crate) fn collect(answers: impl Read + Send + 'static, deadline: Duration) -
         }
     });
     let end = Instant::now() + deadline;
-    let (mut lines, mut malformed) = (Vec::new(), None);
+    let (mut lines, mut why) = (Vec::new(), "the worker ended early".to_string());
     loop {
         match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
             Ok(Ok(line)) => lines.push(line),
-            Ok(Err(e)) => malformed = Some(e),
+            Ok(Err(e)) => why = format!("reading the worker's answer: {e}"),
             Err(RecvTimeoutError::Timeout) => {
-                let missing = Unanswered::Late(deadline);
-                return Gathered { lines, missing };
+                return Gathered {
+                    lines,
+                    missing: Unanswered::Late(deadline),
+                };
             }
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Gathered {
+                    lines,
+                    missing: Unanswered::Broken(why),
+                };
+            }
         }
     }
-    let why = malformed.map_or_else(
-        || "the worker ended early".to_string(),
-        |e| format!("reading the worker's answer: {e}"),
-    );
-    let missing = Unanswered::Broken(why);
-    Gathered { lines, missing }
 }
 
 /// Unit tests have no stagefs binary to start: the worker runs on a thread.
@@ -208,17 +201,19 @@ fn start(tasks: Vec<Task>) -> io::Result<(io::PipeReader, Option<std::process::C
 #[cfg(not(test))]
 fn start(tasks: Vec<Task>) -> io::Result<(std::process::ChildStdout, Option<std::process::Child>)> {
     use std::process::{Command, Stdio};
+    let mut worker = Command::new(std::env::current_exe()?);
+    worker
+        .args(["--no-config", "doctor", "--worker"])
+        .stdin(Stdio::piped());
     // Its own pipes, never doctor's stdout or stderr: a worker stuck in the kernel
     // would otherwise keep whoever reads doctor's output waiting.
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["--no-config", "doctor", "--worker"])
-        .stdin(Stdio::piped())
+    let mut child = worker
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let job = serde_json::to_vec(&tasks)?;
     // A few hundred bytes fit in the pipe whatever the worker does; closing it ends
     // the job.
+    let job = serde_json::to_vec(&tasks)?;
     child
         .stdin
         .take()
@@ -262,12 +257,10 @@ impl Task {
     fn run(self, tx: &Sender<Line>) {
         let send = |line| reply(tx, line);
         match self {
-            Task::Source {
-                arg,
-                source,
-                model_dirs,
-            } => source::probe(arg.as_deref(), source.as_deref(), model_dirs, tx),
-            Task::Cache { dir, mountpoint } => {
+            Task::Source(arg, source, dirs) => {
+                source::probe(arg.as_deref(), source.as_deref(), dirs, tx)
+            }
+            Task::Cache(dir, mountpoint) => {
                 let place = space::place(&dir).map_err(StepError::of);
                 let answered = place.is_ok();
                 send(Line::Cache(place));
@@ -295,7 +288,7 @@ mod tests {
 
     const SHORT: Duration = Duration::from_millis(50);
 
-    fn line(text: &str) -> String {
+    fn resolved(text: &str) -> String {
         let line = Line::Resolved(PathBuf::from("/a"), PathBuf::from(text));
         serde_json::to_string(&line).expect("encodes") + "\n"
     }
@@ -306,14 +299,13 @@ mod tests {
         let gathered = collect(reader, SHORT);
         assert!(gathered.lines.is_empty());
         assert_eq!(gathered.missing, Unanswered::Late(SHORT));
-        assert_eq!(gathered.missing.to_string(), "did not answer within 0s");
         Ok(())
     }
 
     #[test]
     fn answers_before_a_hang_are_kept() -> io::Result<()> {
         let (reader, mut writer) = io::pipe()?;
-        writer.write_all(line("/b").as_bytes())?;
+        writer.write_all(resolved("/b").as_bytes())?;
         let gathered = collect(reader, SHORT);
         assert_eq!(gathered.resolved(Path::new("/a")), Path::new("/b"));
         assert_eq!(
@@ -321,43 +313,40 @@ mod tests {
             Path::new("/c"),
             "unanswered"
         );
-        assert_eq!(gathered.missing, Unanswered::Late(SHORT));
+        assert_eq!(gathered.missing.to_string(), "did not answer within 0s");
         Ok(())
     }
 
     #[test]
     fn malformed_lines_are_skipped_and_named() {
-        let text = format!("not json\n{}{{\"located\": 3}}\n", line("/b"));
+        let text = format!("not json\n{}{{\"Located\": 3}}\n", resolved("/b"));
         let gathered = collect(io::Cursor::new(text), DEADLINE);
         assert_eq!(gathered.lines.len(), 1);
-        let Unanswered::Broken(why) = &gathered.missing else {
-            panic!("{:?}", gathered.missing);
-        };
-        assert!(why.starts_with("reading the worker's answer: "), "{why}");
-        let ended = collect(io::Cursor::new(""), DEADLINE).missing;
-        assert_eq!(
-            ended.to_string(),
-            "could not be examined (the worker ended early)"
+        let why = gathered.missing.to_string();
+        assert!(
+            why.starts_with("could not be examined (reading the worker's answer: "),
+            "{why}"
         );
+        let ended = collect(io::Cursor::new(""), DEADLINE).missing.to_string();
+        assert_eq!(ended, "could not be examined (the worker ended early)");
     }
 
     #[test]
     fn tasks_run_in_the_worker_and_answer_in_json() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
-        std::os::unix::fs::symlink(dir.path(), dir.path().join("link"))?;
-        let tasks = vec![
-            Task::Locate(dir.path().join("link")),
-            Task::Resolve(dir.path().join("link")),
-            Task::Shape(dir.path().to_path_buf()),
-        ];
-        let gathered = gather(tasks, DEADLINE);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link)?;
+        let tasks = vec![Task::Locate(link.clone()), Task::Resolve(link.clone())];
+        let gathered = gather(
+            [tasks, vec![Task::Shape(dir.path().into())]].concat(),
+            DEADLINE,
+        );
         let located = got!(gathered, Located)
             .cloned()
             .expect("answered")
             .expect("found");
         assert!(!located.is_file);
-        let canonical = std::fs::canonicalize(dir.path())?;
-        assert_eq!(gathered.resolved(&dir.path().join("link")), canonical);
+        assert_eq!(gathered.resolved(&link), std::fs::canonicalize(dir.path())?);
         assert!(matches!(got!(gathered, Shape), Some(Ok(Shape::Unknown))));
         Ok(())
     }
