@@ -30,7 +30,7 @@ pub(crate) struct Check {
 }
 
 impl Check {
-    fn new(name: &'static str, verdict: Verdict, summary: impl Into<String>) -> Check {
+    pub(crate) fn new(name: &'static str, verdict: Verdict, summary: impl Into<String>) -> Check {
         let (summary, advice) = (summary.into(), None);
         Check {
             name,

@@ -247,6 +247,9 @@ fn work(tasks: Vec<Task>, mut out: impl Write) -> io::Result<()> {
     Ok(())
 }
 
+/// Where a task sends its lines.
+pub(crate) type Tx = Sender<Line>;
+
 /// Prints `line` (through the worker's main thread).
 pub(crate) fn reply(tx: &Sender<Line>, line: Line) {
     // The receiver lives until every task has ended.
