@@ -241,7 +241,8 @@ pub(crate) struct DoctorArgs {
     /// Print the checks as JSON.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Internal: run one step of a check for a parent doctor (JSON on stdin and stdout).
+    /// Internal: run the probes of a parent doctor (its tasks as JSON on stdin, one JSON
+    /// line per finished probe on stdout).
     #[arg(long, hide = true)]
     pub(crate) worker: bool,
 }
