@@ -167,13 +167,7 @@ mod tests {
             ("tmpfs", "tmpfs", D::Unknown, None, K::Local),
             ("nfs4", "nas:/export", D::Unknown, None, K::Network),
             ("cifs", "//nas/share", D::Unknown, None, K::Network),
-            (
-                "fuse.sshfs",
-                "root@10.0.0.2:/hub",
-                D::Unknown,
-                None,
-                K::Network,
-            ),
+            ("fuse.sshfs", "u@h:/hub", D::Unknown, None, K::Network),
             ("exfat", "/dev/sdc1", D::Unknown, None, K::Removable),
             ("vfat", "/dev/nvme0n1p1", D::Internal, None, K::Local),
             ("fuse.mergerfs", "a:b", D::Unknown, None, K::Fuse),
@@ -182,23 +176,11 @@ mod tests {
             ("apfs", "/dev/disk5s1", D::Usb, Some(true), K::Usb),
             ("smbfs", "//u@nas/hf", D::Unknown, Some(false), K::Network),
             ("macfuse", "u@host:/hub", D::Unknown, Some(true), K::Network),
-            (
-                "exfat",
-                "/dev/disk4s1",
-                D::External,
-                Some(true),
-                K::Removable,
-            ),
-            (
-                "fuse.stagefs",
-                "stagefs:/nas/hub",
-                D::Unknown,
-                None,
-                K::Stagefs,
-            ),
+            ("exfat", "/dev/disk4", D::External, Some(true), K::Removable),
+            ("fuse.stagefs", "stagefs:/hub", D::Unknown, None, K::Stagefs),
             (
                 "macfuse",
-                "stagefs:/Volumes/nas",
+                "stagefs:/nas",
                 D::Unknown,
                 Some(true),
                 K::Stagefs,
@@ -211,13 +193,13 @@ mod tests {
         }
         let mount = FsInfo::new(
             "fuse.stagefs",
-            "stagefs:/nas/hub",
+            "stagefs:/hub",
             "/m".into(),
             D::Unknown,
             None,
         );
-        assert_eq!(mount.stagefs_source, Some(PathBuf::from("/nas/hub")));
-        let usb = FsInfo::new("exfat", "/dev/sdc1", "/media/x".into(), D::Usb, None);
+        assert_eq!(mount.stagefs_source, Some(PathBuf::from("/hub")));
+        let usb = FsInfo::new("exfat", "/dev/sdc1", "/x".into(), D::Usb, None);
         assert_eq!(usb.describe(), "exfat on /dev/sdc1 (USB disk)");
         assert!(usb.lacks_symlinks());
     }

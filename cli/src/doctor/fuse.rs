@@ -174,35 +174,25 @@ mod tests {
 
     #[test]
     fn linux_verdicts() {
-        let kernel = Some((6, 18));
-        let ok = LinuxFuse {
-            device_error: None,
-            root: true,
-            fusermount: true,
-            kernel,
-            cap_sys_admin: true,
+        let facts = |device_error, root: bool, kernel: (u32, u32), caps: bool| {
+            let (fusermount, kernel) = (root, Some(kernel));
+            judge_linux(&LinuxFuse {
+                device_error,
+                root,
+                fusermount,
+                kernel,
+                cap_sys_admin: caps,
+            })
         };
-        let summary = |facts: &LinuxFuse| judge_linux(facts).summary;
-        assert_eq!(judge_linux(&ok).advice, None);
-        assert!(summary(&ok).contains("passthrough available (kernel 6.18"));
-        let old = LinuxFuse {
-            kernel: Some((6, 1)),
-            ..ok.clone()
-        };
-        assert_eq!(judge_linux(&old).verdict, Verdict::Ok);
-        assert!(summary(&old).contains("no passthrough (kernel 6.1 < 6.9)"));
-        let missing = LinuxFuse {
-            device_error: Some(ErrorKind::NotFound),
-            ..ok.clone()
-        };
-        assert_eq!(summary(&missing), "/dev/fuse does not exist");
-        let user = LinuxFuse {
-            root: false,
-            fusermount: false,
-            cap_sys_admin: false,
-            ..ok
-        };
-        assert_eq!(judge_linux(&user).verdict, Verdict::Fail);
+        let ok = facts(None, true, (6, 18), true);
+        assert_eq!(ok.advice, None);
+        assert!(ok.summary.contains("passthrough available (kernel 6.18"));
+        let old = facts(None, true, (6, 1), true);
+        assert_eq!(old.verdict, Verdict::Ok);
+        assert!(old.summary.contains("no passthrough (kernel 6.1 < 6.9)"));
+        let missing = facts(Some(ErrorKind::NotFound), true, (6, 18), true);
+        assert_eq!(missing.summary, "/dev/fuse does not exist");
+        assert_eq!(facts(None, false, (6, 18), false).verdict, Verdict::Fail);
         assert_eq!(parse_kernel("5.15.0-91-generic"), Some((5, 15)));
         assert_eq!(parse_kernel("garbage"), None);
         assert!(has_cap_sys_admin("Name:\tx\nCapEff:\t000001ffffffffff\n"));

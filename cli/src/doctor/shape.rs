@@ -90,10 +90,13 @@ mod tests {
     use crate::doctor::report::Verdict;
 
     fn check(shape: Shape, kinds: &[ModelKind], advise: bool) -> Check {
-        let model = |(i, kind): (usize, &ModelKind)| ModelRef {
-            id: format!("m{i}"),
-            kind: *kind,
-            path: format!("m{i}").into(),
+        let model = |(i, kind): (usize, &ModelKind)| {
+            let (id, path) = (format!("m{i}"), format!("m{i}").into());
+            ModelRef {
+                id,
+                kind: *kind,
+                path,
+            }
         };
         let models = kinds.iter().enumerate().map(model).collect();
         let catalog = Catalog {
