@@ -45,50 +45,39 @@ pub(crate) struct MountState {
 
 /// The hub cache as huggingface_hub resolves it: `HF_HUB_CACHE`, the legacy
 /// `HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`, then
-/// `~/.cache/huggingface/hub`. `~` is expanded as huggingface_hub does.
+/// `~/.cache/huggingface/hub`.
 fn effective_hub_cache(var: impl Fn(&str) -> Option<OsString>) -> Option<(PathBuf, &'static str)> {
-    let set = |name| {
-        var(name)
-            .filter(|v| !v.is_empty())
-            .map(|v| expand_home(v, &var))
-    };
     let places = [
-        ("HF_HUB_CACHE", ""),
-        ("HUGGINGFACE_HUB_CACHE", ""),
-        ("HF_HOME", "hub"),
-        ("XDG_CACHE_HOME", "huggingface/hub"),
-        ("HOME", ".cache/huggingface/hub"),
+        ("HF_HUB_CACHE", None),
+        ("HUGGINGFACE_HUB_CACHE", None),
+        ("HF_HOME", Some("hub")),
+        ("XDG_CACHE_HOME", Some("huggingface/hub")),
+        ("HOME", Some(".cache/huggingface/hub")),
     ];
-    let (path, name, rest) = places
+    let found = places
         .into_iter()
-        .find_map(|(name, rest)| Some((set(name)?, name, rest)))?;
-    let path = if rest.is_empty() {
-        path
-    } else {
-        path.join(rest)
-    };
-    Some((path, if name == "HOME" { "default" } else { name }))
+        .find_map(|(name, rest)| Some((set(&var, name)?, name, rest)));
+    let (path, name, rest) = found?;
+    let from = if name == "HOME" { "default" } else { name };
+    Some((
+        rest.map_or_else(|| path.clone(), |rest| path.join(rest)),
+        from,
+    ))
 }
 
-/// `~/x` with `~` as `HOME`, as huggingface_hub expands it.
-fn expand_home(value: OsString, var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    let path = PathBuf::from(value);
+/// Variable `name` if it is set and not empty, with `~` expanded to `HOME` as
+/// huggingface_hub does.
+fn set(var: &impl Fn(&str) -> Option<OsString>, name: &str) -> Option<PathBuf> {
+    let value = PathBuf::from(var(name).filter(|v| !v.is_empty())?);
     let home = var("HOME").filter(|v| !v.is_empty()).map(PathBuf::from);
-    match (path.strip_prefix("~"), home) {
-        (Ok(rest), Some(home)) => home.join(rest),
-        _ => path,
+    match (value.strip_prefix("~"), home) {
+        (Ok(rest), Some(home)) => Some(home.join(rest)),
+        _ => Some(value),
     }
 }
 
 fn env(name: &str) -> Option<OsString> {
     std::env::var_os(name)
-}
-
-/// `HF_HOME` as set in this environment, expanded.
-fn hf_home() -> Option<PathBuf> {
-    env("HF_HOME")
-        .filter(|v| !v.is_empty())
-        .map(|home| expand_home(home, env))
 }
 
 /// The paths the `hub-cache` check compares, for the worker to resolve: the hub
@@ -100,7 +89,7 @@ pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> Vec<PathBuf> {
         .flat_map(|m| [m.to_path_buf(), m.join("hub")]);
     hub_cache
         .into_iter()
-        .chain(hf_home())
+        .chain(set(&env, "HF_HOME"))
         .chain(in_mount)
         .collect()
 }
@@ -157,7 +146,7 @@ pub(crate) fn hub_cache_check(
                 &shown,
                 mountpoint,
                 from,
-                hf_home().map(|h| gathered.resolved(&h)) != Some(mount),
+                set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount),
             )
         }
         None => {
@@ -339,10 +328,7 @@ mod tests {
     #[test]
     fn the_mount_check_reads_the_daemons_answer() {
         let check = |lines| {
-            let gathered = Gathered {
-                lines,
-                missing: Unanswered::Late(Duration::from_secs(15)),
-            };
+            let gathered = Gathered::new(lines, Unanswered::Late(Duration::from_secs(15)));
             mount_check(&gathered, Path::new("/m"), Path::new("/c"))
         };
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];

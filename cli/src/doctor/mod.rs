@@ -213,10 +213,7 @@ mod tests {
             examine(Some("org/name"), &cache, &config).is_err(),
             "a model id needs a source"
         );
-        let late = Gathered {
-            lines: Vec::new(),
-            missing: worker::Unanswered::Late(DEADLINE),
-        };
+        let late = Gathered::new(Vec::new(), worker::Unanswered::Late(DEADLINE));
         let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &config)?;
         let failed = report
             .checks

@@ -487,10 +487,7 @@ mod tests {
 
     #[test]
     fn the_first_probe_that_did_not_answer_fails_its_check() -> anyhow::Result<()> {
-        let late = |lines| Gathered {
-            lines,
-            missing: Unanswered::Late(Duration::from_secs(15)),
-        };
+        let late = |lines| Gathered::new(lines, Unanswered::Late(Duration::from_secs(15)));
         let dir = tempfile::tempdir()?;
         let target = Target::Path {
             path: dir.path().into(),

@@ -208,10 +208,7 @@ mod tests {
         let cache = dir.path().join("hub/cache");
         let inspect = |dir: &Path, roots: &[PathBuf]| {
             let lines = vec![Line::Cache(place(dir).map_err(StepError::of))];
-            let gathered = Gathered {
-                lines,
-                missing: Unanswered::Broken("none".into()),
-            };
+            let gathered = Gathered::new(lines, Unanswered::Broken("none".into()));
             inspect(&gathered, dir, (None, None), roots, None)
         };
         let (checks, report) = inspect(&cache, &[std::fs::canonicalize(dir.path())?]);

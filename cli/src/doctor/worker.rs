@@ -125,6 +125,10 @@ pub(crate) struct Gathered {
 }
 
 impl Gathered {
+    pub(crate) fn new(lines: Vec<Line>, missing: Unanswered) -> Gathered {
+        Gathered { lines, missing }
+    }
+
     /// `path` with links resolved where it answered, else as written.
     pub(crate) fn resolved(&self, path: &Path) -> PathBuf {
         let found = self.lines.iter().find_map(|line| match line {
@@ -141,10 +145,7 @@ pub(crate) fn gather(tasks: Vec<Task>, deadline: Duration) -> Gathered {
         Ok(started) => started,
         Err(e) => {
             let missing = Unanswered::Broken(format!("starting a worker: {e}"));
-            return Gathered {
-                lines: Vec::new(),
-                missing,
-            };
+            return Gathered::new(Vec::new(), missing);
         }
     };
     let gathered = collect(answers, deadline);
@@ -170,24 +171,15 @@ pub(crate) fn collect(answers: impl Read + Send + 'static, deadline: Duration) -
     });
     let end = Instant::now() + deadline;
     let (mut lines, mut why) = (Vec::new(), "the worker ended early".to_string());
-    loop {
+    let missing = loop {
         match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
             Ok(Ok(line)) => lines.push(line),
             Ok(Err(e)) => why = format!("reading the worker's answer: {e}"),
-            Err(RecvTimeoutError::Timeout) => {
-                return Gathered {
-                    lines,
-                    missing: Unanswered::Late(deadline),
-                };
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                return Gathered {
-                    lines,
-                    missing: Unanswered::Broken(why),
-                };
-            }
+            Err(RecvTimeoutError::Timeout) => break Unanswered::Late(deadline),
+            Err(RecvTimeoutError::Disconnected) => break Unanswered::Broken(why),
         }
-    }
+    };
+    Gathered::new(lines, missing)
 }
 
 /// Unit tests have no stagefs binary to start: the worker runs on a thread.
@@ -201,29 +193,25 @@ fn start(tasks: Vec<Task>) -> io::Result<(io::PipeReader, Option<std::process::C
 #[cfg(not(test))]
 fn start(tasks: Vec<Task>) -> io::Result<(std::process::ChildStdout, Option<std::process::Child>)> {
     use std::process::{Command, Stdio};
-    let mut worker = Command::new(std::env::current_exe()?);
-    worker
-        .args(["--no-config", "doctor", "--worker"])
-        .stdin(Stdio::piped());
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args(["--no-config", "doctor", "--worker"]);
     // Its own pipes, never doctor's stdout or stderr: a worker stuck in the kernel
     // would otherwise keep whoever reads doctor's output waiting.
-    let mut child = worker
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+    let (piped, null) = (Stdio::piped, Stdio::null);
+    let mut child = command
+        .stdin(piped())
+        .stdout(piped())
+        .stderr(null())
         .spawn()?;
+    let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
     // A few hundred bytes fit in the pipe whatever the worker does; closing it ends
     // the job.
     let job = serde_json::to_vec(&tasks)?;
-    child
-        .stdin
-        .take()
-        .map(|mut stdin| stdin.write_all(&job))
-        .transpose()?;
-    let answers = child
-        .stdout
-        .take()
-        .ok_or_else(|| io::Error::other("no stdout"))?;
-    Ok((answers, Some(child)))
+    stdin.map(|mut stdin| stdin.write_all(&job)).transpose()?;
+    Ok((
+        stdout.ok_or_else(|| io::Error::other("no stdout"))?,
+        Some(child),
+    ))
 }
 
 /// The worker's side: tasks from stdin, a line on stdout for each probe as it ends.
