@@ -150,9 +150,14 @@ pub(crate) fn gather(tasks: Vec<Task>, deadline: Duration) -> Gathered {
     };
     let gathered = collect(answers, deadline);
     if let Some(mut child) = child {
-        // No wait for one that is late: the kernel may hold it until the source answers.
         let _ = child.kill();
-        let _ = child.try_wait();
+        // One that closed its output has ended: reap it, so that no zombie outlives this
+        // call (`stagefs run` execs the user's command next). No wait for one that is
+        // late: the kernel may hold it until the source answers.
+        let _ = match gathered.missing {
+            Unanswered::Late(_) => child.try_wait(),
+            Unanswered::Broken(_) => child.wait().map(Some),
+        };
     }
     gathered
 }
@@ -162,8 +167,10 @@ pub(crate) fn gather(tasks: Vec<Task>, deadline: Duration) -> Gathered {
 pub(crate) fn collect(answers: impl Read + Send + 'static, deadline: Duration) -> Gathered {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        for text in BufReader::new(answers).lines().map_while(Result::ok) {
-            let line = serde_json::from_str::<Line>(&text).map_err(|e| format!("{e}: {text}"));
+        // Bytes, not text: a line that is not UTF-8 is one more malformed line.
+        for bytes in BufReader::new(answers).split(b'\n').map_while(Result::ok) {
+            let text = String::from_utf8_lossy(&bytes);
+            let line = serde_json::from_slice::<Line>(&bytes).map_err(|e| format!("{e}: {text}"));
             if tx.send(line).is_err() {
                 return;
             }
@@ -310,8 +317,10 @@ mod tests {
 
     #[test]
     fn malformed_lines_are_skipped_and_named() {
-        let text = format!("not json\n{}{{\"Located\": 3}}\n", resolved("/b"));
-        let gathered = collect(io::Cursor::new(text), DEADLINE);
+        // Not JSON, not UTF-8, then a good line, then JSON of the wrong shape.
+        let mut bytes = b"not json\n\xff\xfe\n".to_vec();
+        bytes.extend(resolved("/b").bytes().chain(*b"{\"Located\": 3}\n"));
+        let gathered = collect(io::Cursor::new(bytes), DEADLINE);
         assert_eq!(gathered.lines.len(), 1);
         let why = gathered.missing.to_string();
         assert!(
