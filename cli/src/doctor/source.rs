@@ -181,6 +181,15 @@ fn arrived<T>(answer: Option<T>, check: &'static str) -> Result<T, Stop> {
     answer.ok_or(Stop::Unanswered(check))
 }
 
+/// The source checks in progress: what the worker answered, and what was found.
+struct Judging<'a> {
+    gathered: &'a Gathered,
+    found: Findings,
+    report: SourceReport,
+    /// The path is the configured source rather than an argument.
+    configured: bool,
+}
+
 /// The source checks for `target` from what the worker answered. Errors only for a
 /// bad argument: a path that does not exist, a model the source does not have.
 pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Findings> {
@@ -190,106 +199,162 @@ pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Fi
         found.checks.push(Check::note("source", note));
         return Ok(found);
     };
-    let mut report = SourceReport {
+    let report = SourceReport {
         path: path.into(),
         ..Default::default()
     };
-    // The checks in the order the worker probes; the first probe that did not answer
-    // ends them.
-    let mut steps = || -> Result<(), Stop> {
-        let missing = || anyhow!("{} does not exist", path.display());
-        let located = match arrived(got!(gathered, Located), "source")? {
-            Ok(located) => located,
-            Err(e) if e.not_found && !configured => return Err(Stop::Invalid(missing())),
-            Err(e) => return Err(Stop::Unreadable(e.clone())),
-        };
-        report.canonical = Some(located.canonical.clone());
-        report.fs = located.fs.clone();
-        found.roots.push(located.canonical.clone());
-        if let Some(source) = &located.fs.stagefs_source {
-            found.roots.push(source.clone());
-            report.stagefs_source_fs = arrived(got!(gathered, SourceFs), "source")?.clone();
-        }
-        found.checks.push(fs_check(&report, configured));
-        if !located.is_file {
-            let check = match arrived(got!(gathered, Survey), "shape")? {
-                Ok(survey) => {
-                    let mount = located.fs.kind == FsKind::Stagefs;
-                    let is_mount = mount && located.canonical == located.fs.mount_point;
-                    found.survey = Some(survey.clone());
-                    shape_check(path, survey, !configured && !is_mount)
-                }
-                Err(e) => Check::fail("shape", format!("listing the source failed: {e}")),
-            };
-            found.checks.push(check);
-        }
-        let readable = readable_path(located);
-        found.model = match (arrived(got!(gathered, Model), "model")?, model_id) {
-            (Ok(Some(model)), _) => Some(model.clone()),
-            // An ambiguous or malformed id is the argument's fault.
-            (Err(e), Some(_)) => return Err(Stop::Invalid(anyhow!("{e}"))),
-            (Ok(None), Some(id)) => return Err(Stop::Invalid(not_in(id, &readable))),
-            (Ok(None), None) => None,
-            (Err(e), None) => {
-                let check = Check::fail("model", format!("reading the model failed: {e}"));
-                found.checks.push(check);
-                None
-            }
-        };
-        found.checks.extend(found.model.as_ref().map(model_check));
-        let nothing = || format!("no file to measure in {}", readable.display());
-        let check = match arrived(got!(gathered, Measured), "speed")? {
-            Ok(Some(probe)) => {
-                report.probe = Some(probe.clone());
-                speed_check(probe, found.model.as_ref())
-            }
-            Ok(None) => Check::note("speed", nothing()),
-            Err(e) => {
-                report.probe_error = Some(e.to_string());
-                Check::fail("speed", format!("reading the source failed: {e}"))
-            }
-        };
-        found.checks.push(check);
-        Ok(())
+    let mut judging = Judging {
+        gathered,
+        found,
+        report,
+        configured,
     };
-    let lexical = got!(gathered, Lexical).cloned().unwrap_or_default();
-    let shown = path.display();
-    let check = match steps() {
+    let check = match judging.steps(model_id) {
         Ok(()) => None,
         Err(Stop::Invalid(e)) => return Err(e),
-        Err(Stop::Unanswered(check)) => {
-            if report.canonical.is_none() {
-                report.fs = lexical;
-            }
-            let on = match report.fs.kind {
-                FsKind::Unknown => String::new(),
-                _ => format!("; it is {}", report.fs.describe()),
-            };
-            let late = format!("the source {shown} {}{on}", gathered.missing);
-            Some(Check::fail(check, late).advise(
-                "check that the share is reachable (`ls` it); a dead NFS, SMB or sshfs mount has to be remounted",
-            ))
-        }
-        Err(Stop::Unreadable(e)) => {
-            let check = Check::fail("source", format!("cannot read {shown}: {e}"));
-            let mount = lexical.mount_point.display().to_string();
-            let check = match lexical.kind {
-                FsKind::Stagefs => check.advise(format!(
-                    "if its daemon is gone: `stagefs unmount --lazy {mount}`, then mount again"
-                )),
-                _ if configured && e.not_found => {
-                    check.advise("mount the share first, or fix `source` in the config file")
-                }
-                _ => check,
-            };
-            report.fs = lexical;
-            Some(check)
-        }
+        Err(Stop::Unanswered(check)) => Some(judging.unanswered(check)),
+        Err(Stop::Unreadable(e)) => Some(judging.unreadable(&e)),
     };
+    let Judging {
+        mut found,
+        mut report,
+        ..
+    } = judging;
     report.answered = check.is_none();
     found.checks.extend(check);
     found.report = Some(report);
     Ok(found)
+}
+
+impl Judging<'_> {
+    /// The checks in the order the worker probes; the first probe that did not answer
+    /// ends them.
+    fn steps(&mut self, model_id: Option<&str>) -> Result<(), Stop> {
+        let (gathered, path) = (self.gathered, &self.report.path);
+        let located = match arrived(got!(gathered, Located), "source")? {
+            Ok(located) => located,
+            Err(e) if e.not_found && !self.configured => {
+                return Err(Stop::Invalid(anyhow!("{} does not exist", path.display())));
+            }
+            Err(e) => return Err(Stop::Unreadable(e.clone())),
+        };
+        self.report.canonical = Some(located.canonical.clone());
+        self.report.fs = located.fs.clone();
+        self.found.roots.push(located.canonical.clone());
+        if let Some(source) = &located.fs.stagefs_source {
+            self.found.roots.push(source.clone());
+            let fs = arrived(got!(gathered, SourceFs), "source")?;
+            self.report.stagefs_source_fs = fs.clone();
+        }
+        self.found
+            .checks
+            .push(fs_check(&self.report, self.configured));
+        if !located.is_file {
+            let survey = arrived(got!(gathered, Survey), "shape")?;
+            let check = self.shape(survey, located);
+            self.found.checks.push(check);
+        }
+        let readable = readable_path(located);
+        self.model(
+            arrived(got!(gathered, Model), "model")?,
+            &readable,
+            model_id,
+        )?;
+        self.measure(arrived(got!(gathered, Measured), "speed")?, &readable);
+        Ok(())
+    }
+
+    /// What shape the directory has, and how programs are pointed at it.
+    fn shape(&mut self, survey: &Result<Survey, StepError>, located: &Located) -> Check {
+        let survey = match survey {
+            Ok(survey) => survey,
+            Err(e) => return Check::fail("shape", format!("listing the source failed: {e}")),
+        };
+        let mount = located.fs.kind == FsKind::Stagefs;
+        let is_mount = mount && located.canonical == located.fs.mount_point;
+        self.found.survey = Some(survey.clone());
+        shape_check(&self.report.path, survey, !self.configured && !is_mount)
+    }
+
+    /// The model asked for, or the one the path lies in.
+    fn model(
+        &mut self,
+        answer: &Result<Option<Model>, StepError>,
+        readable: &Path,
+        model_id: Option<&str>,
+    ) -> Result<(), Stop> {
+        self.found.model = match (answer, model_id) {
+            (Ok(Some(model)), _) => Some(model.clone()),
+            // An ambiguous or malformed id is the argument's fault.
+            (Err(e), Some(_)) => return Err(Stop::Invalid(anyhow!("{e}"))),
+            (Ok(None), Some(id)) => return Err(Stop::Invalid(not_in(id, readable))),
+            (Ok(None), None) => None,
+            (Err(e), None) => {
+                let check = Check::fail("model", format!("reading the model failed: {e}"));
+                self.found.checks.push(check);
+                None
+            }
+        };
+        self.found
+            .checks
+            .extend(self.found.model.as_ref().map(model_check));
+        Ok(())
+    }
+
+    fn measure(&mut self, answer: &Result<Option<Probe>, StepError>, readable: &Path) {
+        let check = match answer {
+            Ok(Some(probe)) => {
+                self.report.probe = Some(probe.clone());
+                speed_check(probe, self.found.model.as_ref())
+            }
+            Ok(None) => {
+                let nothing = format!("no file to measure in {}", readable.display());
+                Check::note("speed", nothing)
+            }
+            Err(e) => {
+                self.report.probe_error = Some(e.to_string());
+                Check::fail("speed", format!("reading the source failed: {e}"))
+            }
+        };
+        self.found.checks.push(check);
+    }
+
+    /// The failed check for a probe that did not answer in time.
+    fn unanswered(&mut self, check: &'static str) -> Check {
+        let report = &mut self.report;
+        if report.canonical.is_none() {
+            report.fs = got!(self.gathered, Lexical).cloned().unwrap_or_default();
+        }
+        let on = match report.fs.kind {
+            FsKind::Unknown => String::new(),
+            _ => format!("; it is {}", report.fs.describe()),
+        };
+        let (shown, late) = (report.path.display(), &self.gathered.missing);
+        Check::fail(check, format!("the source {shown} {late}{on}")).advise(
+            "check that the share is reachable (`ls` it); a dead NFS, SMB or sshfs mount has to be remounted",
+        )
+    }
+
+    /// The failed check for a path that exists (or is configured) but could not be
+    /// resolved.
+    fn unreadable(&mut self, e: &StepError) -> Check {
+        let report = &mut self.report;
+        report.fs = got!(self.gathered, Lexical).cloned().unwrap_or_default();
+        let check = Check::fail(
+            "source",
+            format!("cannot read {}: {e}", report.path.display()),
+        );
+        let mount = report.fs.mount_point.display();
+        match report.fs.kind {
+            FsKind::Stagefs => check.advise(format!(
+                "if its daemon is gone: `stagefs unmount --lazy {mount}`, then mount again"
+            )),
+            _ if self.configured && e.not_found => {
+                check.advise("mount the share first, or fix `source` in the config file")
+            }
+            _ => check,
+        }
+    }
 }
 
 /// Model `id` is not in the source at `root`.
