@@ -9,6 +9,7 @@ pub mod admin;
 pub mod budget;
 pub mod control;
 pub mod copy;
+pub mod defaults;
 pub mod error;
 pub mod faulty;
 pub mod hf;
@@ -22,6 +23,7 @@ pub mod source_pool;
 pub mod stage;
 pub mod store;
 pub mod sys;
+pub mod units;
 
 pub use budget::Budget;
 pub use error::{SourceError, StageError, StoreError};

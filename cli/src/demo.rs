@@ -28,7 +28,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         fs: FsConfig::default(),
         max_size: None,
         min_free: None,
-        redirect_grace: stagefs_cache::store::DEFAULT_REDIRECT_GRACE,
+        redirect_grace: stagefs_cache::defaults::REDIRECT_GRACE,
         copy: Default::default(),
         model_dirs: Vec::new(),
     };
