@@ -26,7 +26,7 @@ pub mod sys;
 pub mod units;
 
 pub use budget::Budget;
-pub use error::{SourceError, StageError, StoreError};
+pub use error::{Remedy, SourceError, StageError, StoreError};
 pub use index::Entry;
 pub use key::Key;
 pub use metrics::{Metrics, MetricsSnapshot};

@@ -25,7 +25,10 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         source: work.path().join("source-hub"),
         mountpoint: work.path().join("mnt"),
         cache_dir: work.path().join("cache"),
-        fs: FsConfig::default(),
+        fs: FsConfig {
+            hint: Some(crate::args::flag_hint),
+            ..FsConfig::default()
+        },
         max_size: None,
         min_free: None,
         redirect_grace: stagefs_cache::defaults::REDIRECT_GRACE,
