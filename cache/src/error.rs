@@ -18,7 +18,8 @@ pub type SharedIo = Arc<io::Error>;
 /// What a user can change so an error does not recur. The core's texts describe
 /// only the condition; each front end names the remedy in its own terms (the CLI
 /// as the flag to try), so no core text goes stale when a flag is renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Remedy {
     /// Give the cache more room: a larger size limit or a smaller free-space
     /// reserve, free disk space, or close models in use.
