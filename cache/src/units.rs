@@ -40,6 +40,7 @@ fn is_fractional_byte_count(text: &str) -> bool {
     text.contains('.')
         && text
             .trim_end_matches(['b', 'B'])
+            .trim_end()
             .ends_with(|c: char| c.is_ascii_digit())
 }
 
@@ -144,6 +145,7 @@ mod tests {
             "-1",
             "1.5",
             "1.5B",
+            "1.5 b",
             "9999999999T",
             "five",
             "1K2",
