@@ -16,7 +16,6 @@ mod cold_open;
 mod latency;
 mod mmap;
 mod pread;
-mod size;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,8 +37,8 @@ enum Command {
         /// Threads issuing preads.
         #[arg(long, default_value_t = 8)]
         threads: usize,
-        /// Largest single pread (4096, 512K, 32M).
-        #[arg(long, default_value = "32M", value_parser = size::parse_size)]
+        /// Largest single pread (4096, 512K, 32M), spelled as for `stagefs`.
+        #[arg(long, default_value = "32M", value_parser = chunk_size)]
         chunk: u64,
         /// Files to read completely.
         #[arg(required = true)]
@@ -63,6 +62,14 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+}
+
+/// A read size: any size `stagefs` accepts, except zero, which would never finish.
+fn chunk_size(text: &str) -> Result<u64, String> {
+    match stagefs_cache::units::parse_size(text)? {
+        0 => Err(format!("'{text}': a read must be at least 1 byte")),
+        bytes => Ok(bytes),
+    }
 }
 
 fn main() -> ExitCode {
@@ -89,5 +96,23 @@ fn main() -> ExitCode {
             eprintln!("readbench: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_size;
+
+    #[test]
+    fn chunks_are_spelled_as_for_stagefs() {
+        assert_eq!(chunk_size("4096"), Ok(4096));
+        assert_eq!(chunk_size("32M"), Ok(32 << 20));
+        assert_eq!(chunk_size("1g"), Ok(1 << 30));
+        // Refused before the shared parser: a fraction and the MB and KiB spellings.
+        assert_eq!(chunk_size("1.5M"), Ok(3 << 19));
+        assert_eq!(chunk_size("64MB"), Ok(64 << 20));
+        assert_eq!(chunk_size("512 KiB"), Ok(512 << 10));
+        assert!(chunk_size("0").is_err_and(|e| e.contains("at least 1 byte")));
+        assert!(chunk_size("12X").is_err_and(|e| e.contains("unknown size suffix")));
     }
 }

@@ -393,11 +393,7 @@ fn hash_both(path: &Path) -> io::Result<(String, String)> {
         blake3.update(&buf[..n]);
         sha256.update(&buf[..n]);
     }
-    let sha = sha256
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha = format!("{:x}", sha256.finalize());
     Ok((blake3.finalize().to_hex().to_string(), sha))
 }
 

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::defaults;
+
 /// The cache's limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {
@@ -25,10 +27,13 @@ pub struct VolumeSpace {
 }
 
 impl Budget {
-    /// The default free-space reserve: a tenth of the volume, at most 50 GiB, so the
-    /// OS (swap, updates) never runs out because of model weights.
+    /// The default free-space reserve: [`defaults::MIN_FREE_PERCENT`] of the volume,
+    /// at most [`defaults::MIN_FREE_CAP`].
     pub fn default_min_free(volume: VolumeSpace) -> u64 {
-        (volume.total / 10).min(50 << 30)
+        let share = u128::from(volume.total) * u128::from(defaults::MIN_FREE_PERCENT) / 100;
+        u64::try_from(share)
+            .unwrap_or(u64::MAX)
+            .min(defaults::MIN_FREE_CAP)
     }
 
     /// Whether `incoming` more bytes fit when the cache holds `used` bytes

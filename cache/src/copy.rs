@@ -26,11 +26,10 @@ pub struct CopyOptions {
 }
 
 impl Default for CopyOptions {
-    /// Four 2 MiB reads in flight: enough to fill a 1 Gbit/s link over sshfs
-    /// (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
+    /// [`crate::defaults::COPY_STREAMS`] reads of 2 MiB in flight.
     fn default() -> Self {
         CopyOptions {
-            streams: 4,
+            streams: crate::defaults::COPY_STREAMS,
             chunk: 2 << 20,
         }
     }
@@ -313,10 +312,7 @@ mod tests {
             assert_eq!(copied.bytes, len as u64);
             assert_eq!(reported, len as u64);
             assert_eq!(copied.blake3, blake3::hash(&data).to_hex().to_string());
-            let sha: String = Sha256::digest(&data)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let sha = format!("{:x}", Sha256::digest(&data));
             assert_eq!(copied.sha256, Some(sha));
         }
     }

@@ -10,9 +10,25 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::budget::Budget;
+use crate::units::format_bytes;
 
 /// A shared I/O error, so errors stay cloneable.
 pub type SharedIo = Arc<io::Error>;
+
+/// What a user can change so an error does not recur. The core's texts describe
+/// only the condition; each front end names the remedy in its own terms (the CLI
+/// as the flag to try), so no core text goes stale when a flag is renamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Remedy {
+    /// Give the cache more room: a larger size limit or a smaller free-space
+    /// reserve, free disk space, or close models in use.
+    MoreRoom,
+    /// Wait longer for a slow source.
+    LongerSourceTimeout,
+    /// Ask for the model without a revision: it has none.
+    NoRevision,
+}
 
 /// Failures reading the source tree (the slow, mirrored directory).
 #[derive(Debug, Clone, Error)]
@@ -73,8 +89,8 @@ pub enum StoreError {
     /// The cache budget cannot make room for this file, even after evicting every
     /// copy not in use.
     #[error(
-        "{path}: needs {} but the cache cannot make room ({}; {} in use, {} free on the volume); raise --max-size, lower --min-free, free disk space, or close models in use",
-        mib(*needed), describe_budget(budget), mib(*in_use), mib(*available)
+        "{path}: needs {} but the cache cannot make room ({}; {} in use, {} free on the volume)",
+        format_bytes(*needed), describe_budget(budget), format_bytes(*in_use), format_bytes(*available)
     )]
     NoRoom {
         /// The source file that did not fit.
@@ -113,6 +129,11 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// What would avoid this error, if the user can change anything.
+    pub fn remedy(&self) -> Option<Remedy> {
+        matches!(self, StoreError::NoRoom { .. }).then_some(Remedy::MoreRoom)
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
         let path = path.into();
         // Wrapped errors (tempfile adds the path) keep their kind but lose the errno.
@@ -167,16 +188,24 @@ pub enum StageError {
     },
 }
 
-fn describe_budget(budget: &Budget) -> String {
-    let max = budget.max_size.map_or("no max-size".to_string(), |m| {
-        format!("max-size {}", mib(m))
-    });
-    let free = budget.min_free.map_or("no min-free".to_string(), |m| {
-        format!("min-free {}", mib(m))
-    });
-    format!("{max}, {free}")
+impl StageError {
+    /// What would avoid this error, if the user can change anything.
+    pub fn remedy(&self) -> Option<Remedy> {
+        match self {
+            StageError::Store(e) => e.remedy(),
+            _ => None,
+        }
+    }
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+fn describe_budget(budget: &Budget) -> String {
+    let max = budget.max_size.map_or("no size limit".to_string(), |m| {
+        format!("size limit {}", format_bytes(m))
+    });
+    let free = budget
+        .min_free
+        .map_or("no free-space reserve".to_string(), |m| {
+            format!("free-space reserve {}", format_bytes(m))
+        });
+    format!("{max}, {free}")
 }

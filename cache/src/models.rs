@@ -105,7 +105,7 @@ pub enum ModelError {
         revision: String,
     },
     /// A revision was asked of a model that has none.
-    #[error("{id} is a {kind} ({path}), which has no revisions; drop --revision")]
+    #[error("{id} is a {kind} ({path}), which has no revisions")]
     NoRevisions {
         /// The model.
         id: String,
@@ -114,6 +114,13 @@ pub enum ModelError {
         /// Its path in the source.
         path: String,
     },
+}
+
+impl ModelError {
+    /// What would avoid this error, if the user can change anything.
+    pub fn remedy(&self) -> Option<crate::Remedy> {
+        matches!(self, ModelError::NoRevisions { .. }).then_some(crate::Remedy::NoRevision)
+    }
 }
 
 /// How a source is laid out as a whole, which decides what programs are pointed at.

@@ -57,6 +57,9 @@ pub enum FileState {
     Failed {
         /// Why.
         error: String,
+        /// What would let it be staged, for the front end to name.
+        #[serde(default)]
+        remedy: Option<crate::Remedy>,
     },
 }
 
@@ -170,6 +173,7 @@ impl Job {
                             i,
                             FileState::Failed {
                                 error: "skipped: the cache budget is full".into(),
+                                remedy: Some(crate::Remedy::MoreRoom),
                             },
                         );
                         return;
@@ -192,6 +196,7 @@ impl Job {
                             }
                             FileState::Failed {
                                 error: e.to_string(),
+                                remedy: e.remedy(),
                             }
                         }
                     };

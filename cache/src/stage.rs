@@ -132,7 +132,7 @@ impl Default for StagerOptions {
     fn default() -> Self {
         StagerOptions {
             copy: CopyOptions::default(),
-            source_timeout: std::time::Duration::from_secs(30),
+            source_timeout: crate::defaults::SOURCE_TIMEOUT,
             source_threads: DEFAULT_SOURCE_THREADS,
         }
     }

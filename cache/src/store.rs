@@ -46,10 +46,9 @@ use crate::key::Key;
 /// Name of the layout directory; a new layout gets a new name.
 pub const LAYOUT_DIR: &str = "v1";
 
-/// How long a copy whose path was handed out stays in use. A process resolves a
-/// path and opens what it resolved to within one system call; the grace also covers
-/// one that resolved it in user space (`realpath`) a moment before opening it.
-pub const DEFAULT_REDIRECT_GRACE: Duration = Duration::from_secs(30);
+/// How long a copy whose path was handed out stays in use: see
+/// [`crate::defaults::REDIRECT_GRACE`].
+pub const DEFAULT_REDIRECT_GRACE: Duration = crate::defaults::REDIRECT_GRACE;
 
 // Committed copies are read-only, so nothing writes to one by following a redirect.
 const COPY_MODE: u32 = 0o400;

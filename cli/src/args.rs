@@ -1,10 +1,68 @@
 //! The command line. Only this module knows about clap; it converts flags into the
 //! library's plain configuration structs.
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use stagefs_cache::Remedy;
+use stagefs_cache::defaults;
+use stagefs_cache::units::format_duration;
+use stagefs_fs::OnFull;
 use std::path::PathBuf;
 
-use crate::units::{parse_duration, parse_size, parse_source_dir};
+use crate::units::{format_bytes, parse_duration, parse_size, parse_source_dir};
+
+/// The command line, with the default of each mount option (from the defaults table
+/// the config file falls back to) shown in its help.
+pub(crate) fn command() -> clap::Command {
+    Cli::command()
+        .mut_subcommand("mount", show_defaults)
+        .mut_subcommand("run", show_defaults)
+}
+
+/// Each mount option that has a default, by argument id, and the default as shown.
+/// Flags are optional rather than defaulted in clap, so that the config file can
+/// fill in what they leave out; the defaults apply only after both.
+pub(crate) fn mount_defaults() -> [(&'static str, String); 8] {
+    let on_full = OnFullArg::from(OnFull::default());
+    [
+        ("min_stage_size", format_bytes(defaults::MIN_STAGE_SIZE)),
+        ("redirect_grace", format_duration(defaults::REDIRECT_GRACE)),
+        ("max_size", "no limit besides --min-free".into()),
+        (
+            "min_free",
+            format!(
+                "{}% of the volume, at most {}",
+                defaults::MIN_FREE_PERCENT,
+                format_bytes(defaults::MIN_FREE_CAP)
+            ),
+        ),
+        ("on_full", on_full.name().into()),
+        ("prefetch_parallel", defaults::PREFETCH_PARALLEL.to_string()),
+        ("copy_streams", defaults::COPY_STREAMS.to_string()),
+        ("source_timeout", format_duration(defaults::SOURCE_TIMEOUT)),
+    ]
+}
+
+fn show_defaults(command: clap::Command) -> clap::Command {
+    mount_defaults()
+        .into_iter()
+        .fold(command, |command, (id, shown)| {
+            command.mut_arg(id, |arg| {
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                arg.help(format!("{help} [default: {shown}]"))
+            })
+        })
+}
+
+/// The flag to try for a condition the core reports, added to its message.
+pub(crate) fn flag_hint(remedy: Remedy) -> &'static str {
+    match remedy {
+        Remedy::MoreRoom => {
+            "raise --max-size, lower --min-free, free disk space, or close models in use"
+        }
+        Remedy::LongerSourceTimeout => "raise --source-timeout if the source is only slow",
+        Remedy::NoRevision => "drop --revision",
+    }
+}
 
 /// Mount a slow HuggingFace cache and serve every opened weight file from a complete
 /// local copy.
@@ -75,7 +133,7 @@ pub(crate) struct MountOptions {
     /// ~/Library/Caches/stagefs on macOS].
     #[arg(long)]
     pub(crate) cache_dir: Option<PathBuf>,
-    /// Files at least this large are copied to the cache when opened [default: 1M].
+    /// Files at least this large are copied to the cache when opened.
     #[arg(long, value_parser = parse_size)]
     pub(crate) min_stage_size: Option<u64>,
     /// Serve reads of staged files from the daemon instead of kernel passthrough.
@@ -86,31 +144,31 @@ pub(crate) struct MountOptions {
     #[arg(long)]
     pub(crate) no_redirect: bool,
     /// How long a copy whose link was just followed counts as in use and is not
-    /// evicted (10s, 2m, ...) [default: 30s].
+    /// evicted (10s, 2m, ...).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) redirect_grace: Option<u64>,
-    /// Most bytes of staged copies to keep [default: no limit besides --min-free].
+    /// Most bytes of staged copies to keep (500G, 1.5T, ...).
     #[arg(long, value_parser = parse_size)]
     pub(crate) max_size: Option<u64>,
-    /// Free space to leave on the cache volume [default: 10% of the volume, at most 50G].
+    /// Free space to leave on the cache volume (50G, 0, ...).
     #[arg(long, value_parser = parse_size)]
     pub(crate) min_free: Option<u64>,
-    /// When a file cannot fit in the cache: fail the open with ENOSPC, or serve it
-    /// straight from the source with a warning [default: fail].
+    /// When a file cannot fit in the cache: fail the open with ENOSPC, or read it
+    /// from the source with a warning.
     #[arg(long, value_enum)]
     pub(crate) on_full: Option<OnFullArg>,
     /// Do not stage a snapshot's other weight files when one of its files is opened.
     #[arg(long, conflicts_with = "prefetch_parallel")]
     pub(crate) no_prefetch: bool,
     /// Files a prefetch copies at a time; one already keeps --copy-streams reads in
-    /// flight [default: 1].
+    /// flight.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) prefetch_parallel: Option<u16>,
-    /// Reads in flight while copying one file [default: 4].
+    /// Reads in flight while copying one file.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) copy_streams: Option<u16>,
     /// A source operation, or a copy that stops making progress, fails with EIO
-    /// after this long instead of hanging (45s, 2m, ...) [default: 30s].
+    /// after this long instead of hanging (45s, 2m, ...).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) source_timeout: Option<u64>,
     /// Let other users read through the mount (FUSE's allow_other; non-root users
@@ -125,12 +183,48 @@ pub(crate) struct MountOptions {
 
 /// `--on-full` values (`on_full` in the config file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum OnFullArg {
     /// Fail the open with ENOSPC.
     Fail,
-    /// Read the file from the source.
+    /// Read the file from the source, through the daemon.
+    ReadSource,
+    /// The old name of `read-source`: "passthrough" now means only kernel passthrough.
+    #[value(hide = true)]
     Passthrough,
+}
+
+impl OnFullArg {
+    /// The spelling users write.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            OnFullArg::Fail => "fail",
+            OnFullArg::ReadSource => "read-source",
+            OnFullArg::Passthrough => "passthrough",
+        }
+    }
+
+    /// What the mount does; the old spelling means `read-source`.
+    pub(crate) fn on_full(self) -> OnFull {
+        match self {
+            OnFullArg::Fail => OnFull::Fail,
+            OnFullArg::ReadSource | OnFullArg::Passthrough => OnFull::ReadSource,
+        }
+    }
+
+    /// Whether this is a deprecated spelling, which earns a warning.
+    pub(crate) fn is_deprecated(self) -> bool {
+        self == OnFullArg::Passthrough
+    }
+}
+
+impl From<OnFull> for OnFullArg {
+    fn from(on_full: OnFull) -> Self {
+        match on_full {
+            OnFull::Fail => OnFullArg::Fail,
+            OnFull::ReadSource => OnFullArg::ReadSource,
+        }
+    }
 }
 
 /// Where the cache is, for commands that work on it.
@@ -193,7 +287,7 @@ pub(crate) struct PrefetchArgs {
     #[arg(long)]
     pub(crate) revision: Option<String>,
     /// Files copied at a time.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = defaults::PREFETCH_COMMAND_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) parallel: u16,
 }
 
@@ -294,4 +388,91 @@ pub(crate) struct GenDemoArgs {
     /// Size of each shard.
     #[arg(long, default_value = "8M", value_parser = parse_size)]
     pub(crate) shard_size: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn help_of(subcommand: &str) -> String {
+        let mut command = command();
+        command
+            .find_subcommand_mut(subcommand)
+            .expect("subcommand")
+            .render_help()
+            .to_string()
+    }
+
+    #[test]
+    fn help_shows_the_defaults_table() {
+        for subcommand in ["mount", "run"] {
+            let help = help_of(subcommand);
+            for (id, shown) in mount_defaults() {
+                assert!(
+                    help.contains(&format!("[default: {shown}]")),
+                    "{id} in {help}"
+                );
+            }
+            assert!(help.contains("[default: 1.0 MiB]"), "{help}");
+            assert!(help.contains("[default: 30s]"), "{help}");
+            assert!(
+                help.contains("[default: 10% of the volume, at most 50.0 GiB]"),
+                "{help}"
+            );
+            assert!(help.contains("[default: fail]"), "{help}");
+            assert!(
+                help.contains("[possible values: fail, read-source]"),
+                "{help}"
+            );
+        }
+        let help = help_of("prefetch");
+        let parallel = defaults::PREFETCH_COMMAND_PARALLEL;
+        assert!(help.contains(&format!("[default: {parallel}]")), "{help}");
+    }
+
+    #[test]
+    fn the_shown_defaults_read_back_as_the_table_says() {
+        assert_eq!(
+            parse_size(&format_bytes(defaults::MIN_STAGE_SIZE)),
+            Ok(defaults::MIN_STAGE_SIZE)
+        );
+        let timeout = format_duration(defaults::SOURCE_TIMEOUT);
+        assert_eq!(
+            parse_duration(&timeout),
+            Ok(defaults::SOURCE_TIMEOUT.as_secs())
+        );
+    }
+
+    fn on_full_flag(value: &str) -> Result<Option<OnFullArg>, clap::Error> {
+        let matches =
+            command().try_get_matches_from(["stagefs", "mount", "/s", "/m", "--on-full", value])?;
+        match clap::FromArgMatches::from_arg_matches(&matches)? {
+            Cli {
+                command: Command::Mount(args),
+                ..
+            } => Ok(args.options.on_full),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn on_full_read_source_and_its_old_spelling() {
+        let new = on_full_flag("read-source").expect("read-source");
+        assert_eq!(new, Some(OnFullArg::ReadSource));
+        let old = on_full_flag("passthrough").expect("the old spelling still parses");
+        assert_eq!(old, Some(OnFullArg::Passthrough));
+        for arg in [OnFullArg::ReadSource, OnFullArg::Passthrough] {
+            assert_eq!(arg.on_full(), OnFull::ReadSource);
+        }
+        assert!(!OnFullArg::ReadSource.is_deprecated() && OnFullArg::Passthrough.is_deprecated());
+        assert_eq!(on_full_flag("fail").expect("fail"), Some(OnFullArg::Fail));
+        assert!(on_full_flag("maybe").is_err());
+    }
+
+    #[test]
+    fn hints_name_the_flags() {
+        assert!(flag_hint(Remedy::MoreRoom).starts_with("raise --max-size"));
+        assert!(flag_hint(Remedy::LongerSourceTimeout).contains("--source-timeout"));
+        assert!(flag_hint(Remedy::NoRevision).contains("--revision"));
+    }
 }

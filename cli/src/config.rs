@@ -10,8 +10,8 @@ use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use stagefs_cache::copy::CopyOptions;
-use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
-use stagefs_fs::{FsConfig, OnFull};
+use stagefs_cache::defaults;
+use stagefs_fs::FsConfig;
 
 use crate::args::{CacheDirArg, MountOptions, OnFullArg};
 use crate::daemon::MountSpec;
@@ -135,21 +135,26 @@ impl Config {
         let source = self.required(source, file.source.as_deref(), "source")?;
         let mountpoint = self.mountpoint(mountpoint)?;
         let cache_dir = self.cache_dir(flags.cache_dir.as_deref())?;
-        let on_full = flags.on_full.or(file.on_full).unwrap_or(OnFullArg::Fail);
-        let prefetch = !flags.no_prefetch && file.prefetch.unwrap_or(true);
+        if let Some(warning) = self.on_full_deprecation(flags.on_full) {
+            eprintln!("stagefs: warning: {warning}");
+        }
+        let on_full = flags.on_full.or(file.on_full).map(OnFullArg::on_full);
+        let prefetch = !flags.no_prefetch && file.prefetch.unwrap_or(defaults::PREFETCH);
         let prefetch_parallel = flags.prefetch_parallel.or(file.prefetch_parallel);
-        let source_timeout = flags.source_timeout.or(file.source_timeout).unwrap_or(30);
+        let source_timeout = flags.source_timeout.or(file.source_timeout);
         let fs = FsConfig {
-            min_stage_size: (flags.min_stage_size.or(file.min_stage_size)).unwrap_or(1 << 20),
-            passthrough: !flags.no_passthrough && file.passthrough.unwrap_or(true),
-            redirect: !flags.no_redirect && file.redirect.unwrap_or(true),
-            on_full: match on_full {
-                OnFullArg::Fail => OnFull::Fail,
-                OnFullArg::Passthrough => OnFull::ReadSource,
-            },
-            prefetch: prefetch.then(|| usize::from(prefetch_parallel.unwrap_or(1))),
-            allow_other: flags.allow_other || file.allow_other.unwrap_or(false),
-            source_timeout: Duration::from_secs(source_timeout.max(1)),
+            min_stage_size: (flags.min_stage_size.or(file.min_stage_size))
+                .unwrap_or(defaults::MIN_STAGE_SIZE),
+            passthrough: !flags.no_passthrough && file.passthrough.unwrap_or(defaults::PASSTHROUGH),
+            redirect: !flags.no_redirect && file.redirect.unwrap_or(defaults::REDIRECT),
+            on_full: on_full.unwrap_or_default(),
+            prefetch: prefetch
+                .then(|| prefetch_parallel.map_or(defaults::PREFETCH_PARALLEL, usize::from)),
+            allow_other: flags.allow_other || file.allow_other.unwrap_or(defaults::ALLOW_OTHER),
+            source_timeout: source_timeout.map_or(defaults::SOURCE_TIMEOUT, |secs| {
+                Duration::from_secs(secs.max(1))
+            }),
+            hint: Some(crate::args::flag_hint),
             ..FsConfig::default()
         };
         Ok(MountSpec {
@@ -162,9 +167,10 @@ impl Config {
             redirect_grace: flags
                 .redirect_grace
                 .or(file.redirect_grace)
-                .map_or(DEFAULT_REDIRECT_GRACE, Duration::from_secs),
+                .map_or(defaults::REDIRECT_GRACE, Duration::from_secs),
             copy: CopyOptions {
-                streams: usize::from(flags.copy_streams.or(file.copy_streams).unwrap_or(4)),
+                streams: (flags.copy_streams.or(file.copy_streams))
+                    .map_or(defaults::COPY_STREAMS, usize::from),
                 ..CopyOptions::default()
             },
             model_dirs: if flags.model_dirs.is_empty() {
@@ -173,6 +179,26 @@ impl Config {
                 flags.model_dirs.clone()
             },
         })
+    }
+
+    /// The one-line warning for the old spelling of `--on-full read-source`, from
+    /// the flag, or else from the config file when no flag overrides it.
+    fn on_full_deprecation(&self, flag: Option<OnFullArg>) -> Option<String> {
+        let new = OnFullArg::ReadSource.name();
+        match (flag, self.file.on_full) {
+            (Some(arg), _) if arg.is_deprecated() => Some(format!(
+                "--on-full {} is deprecated; use --on-full {new}",
+                arg.name()
+            )),
+            (None, Some(key)) if key.is_deprecated() => Some(format!(
+                "on_full = \"{}\" in {} is deprecated; use on_full = \"{new}\"",
+                key.name(),
+                self.path
+                    .as_ref()
+                    .map_or("the config file".into(), |p| p.display().to_string())
+            )),
+            _ => None,
+        }
     }
 
     fn required(
@@ -384,7 +410,7 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         assert!(!spec.fs.passthrough);
         assert_eq!(spec.fs.min_stage_size, 1 << 20);
         assert!(spec.fs.redirect);
-        assert_eq!(spec.redirect_grace, DEFAULT_REDIRECT_GRACE);
+        assert_eq!(spec.redirect_grace, defaults::REDIRECT_GRACE);
         let flags = MountOptions {
             no_redirect: true,
             redirect_grace: Some(5),
@@ -393,6 +419,72 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         let spec = config.mount_spec(None, None, &flags).expect("spec");
         assert!(!spec.fs.redirect);
         assert_eq!(spec.redirect_grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn unset_keys_fall_back_to_the_defaults_table() {
+        let config = Config::default();
+        let spec = config
+            .mount_spec(
+                Some(Path::new("/s")),
+                Some(Path::new("/m")),
+                &MountOptions {
+                    cache_dir: Some("/c".into()),
+                    ..MountOptions::default()
+                },
+            )
+            .expect("spec");
+        assert_eq!(spec.fs.min_stage_size, defaults::MIN_STAGE_SIZE);
+        assert_eq!(spec.fs.source_timeout, defaults::SOURCE_TIMEOUT);
+        assert_eq!(spec.fs.prefetch, Some(defaults::PREFETCH_PARALLEL));
+        assert_eq!(spec.fs.passthrough, defaults::PASSTHROUGH);
+        assert_eq!(spec.fs.redirect, defaults::REDIRECT);
+        assert_eq!(spec.fs.allow_other, defaults::ALLOW_OTHER);
+        assert_eq!(spec.fs.on_full, stagefs_fs::OnFull::Fail);
+        assert_eq!(spec.copy.streams, defaults::COPY_STREAMS);
+        assert_eq!(spec.redirect_grace, defaults::REDIRECT_GRACE);
+        assert_eq!((spec.max_size, spec.min_free), (None, None));
+        assert!(
+            spec.fs.hint.is_some(),
+            "the daemon's log names the flags to try"
+        );
+    }
+
+    #[test]
+    fn on_full_read_source_and_its_old_spelling_in_the_file() {
+        let in_file = |value: &str| Config {
+            path: Some("/etc/stagefs.toml".into()),
+            file: parse(&format!("on_full = \"{value}\"\n")).expect("valid"),
+        };
+        let spec = |config: &Config, flag| {
+            let flags = MountOptions {
+                on_full: flag,
+                cache_dir: Some("/c".into()),
+                ..MountOptions::default()
+            };
+            let spec = config.mount_spec(Some(Path::new("/s")), Some(Path::new("/m")), &flags);
+            spec.expect("spec").fs.on_full
+        };
+        let new = in_file("read-source");
+        assert_eq!(new.file.on_full, Some(OnFullArg::ReadSource));
+        assert_eq!(spec(&new, None), stagefs_fs::OnFull::ReadSource);
+        assert_eq!(new.on_full_deprecation(None), None);
+        let old = in_file("passthrough");
+        assert_eq!(spec(&old, None), stagefs_fs::OnFull::ReadSource);
+        let warning = old.on_full_deprecation(None).expect("warns");
+        assert_eq!(
+            warning,
+            "on_full = \"passthrough\" in /etc/stagefs.toml is deprecated; use on_full = \"read-source\""
+        );
+        // A flag overrides the file, and only a deprecated flag warns.
+        assert_eq!(old.on_full_deprecation(Some(OnFullArg::Fail)), None);
+        assert_eq!(spec(&old, Some(OnFullArg::Fail)), stagefs_fs::OnFull::Fail);
+        let warning = new.on_full_deprecation(Some(OnFullArg::Passthrough));
+        assert_eq!(
+            warning.as_deref(),
+            Some("--on-full passthrough is deprecated; use --on-full read-source")
+        );
+        assert!(error("on_full = \"read_source\"\n").contains("read-source"));
     }
 
     #[test]

@@ -25,10 +25,13 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         source: work.path().join("source-hub"),
         mountpoint: work.path().join("mnt"),
         cache_dir: work.path().join("cache"),
-        fs: FsConfig::default(),
+        fs: FsConfig {
+            hint: Some(crate::args::flag_hint),
+            ..FsConfig::default()
+        },
         max_size: None,
         min_free: None,
-        redirect_grace: stagefs_cache::store::DEFAULT_REDIRECT_GRACE,
+        redirect_grace: stagefs_cache::defaults::REDIRECT_GRACE,
         copy: Default::default(),
         model_dirs: Vec::new(),
     };

@@ -107,12 +107,15 @@ fn write_repo(repo_dir: &Path, files: Vec<(String, Vec<u8>, bool)>) -> anyhow::R
             (name, hash, bytes)
         })
         .collect();
-    let commit = hex(&Sha1::digest(
-        hashed
-            .iter()
-            .map(|(_, h, _)| h.as_str())
-            .collect::<String>(),
-    ));
+    let commit = format!(
+        "{:x}",
+        Sha1::digest(
+            hashed
+                .iter()
+                .map(|(_, h, _)| h.as_str())
+                .collect::<String>(),
+        )
+    );
     let snapshot = repo_dir.join("snapshots").join(&commit);
     fs::create_dir_all(&snapshot)?;
     fs::create_dir_all(repo_dir.join("refs"))?;
@@ -168,7 +171,7 @@ fn shard(layer: usize, size: u64) -> (Vec<u8>, Vec<String>) {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+    format!("{:x}", Sha256::digest(bytes))
 }
 
 /// The id git (and so the Hub) gives a non-LFS file.
@@ -176,11 +179,7 @@ fn git_blob_sha1(bytes: &[u8]) -> String {
     let mut hasher = Sha1::new();
     hasher.update(format!("blob {}\0", bytes.len()));
     hasher.update(bytes);
-    hex(&hasher.finalize())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", hasher.finalize())
 }
 
 #[cfg(test)]

@@ -19,14 +19,21 @@ mod unmount;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::FromArgMatches as _;
+use stagefs_cache::Remedy;
+use stagefs_cache::models::ModelError;
+use stagefs_cache::{StageError, StoreError};
+use stagefs_fs::FsError;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command, GenDemoArgs, MountArgs};
 use crate::config::Config;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = args::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -34,10 +41,28 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("stagefs: {e:#}");
+            eprintln!("stagefs: {}", with_hint(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error, and the flag to try when the core reports a condition a user can change.
+fn with_hint(e: &anyhow::Error) -> String {
+    match remedy_of(e) {
+        Some(remedy) => format!("{e:#}; {}", args::flag_hint(remedy)),
+        None => format!("{e:#}"),
+    }
+}
+
+fn remedy_of(e: &anyhow::Error) -> Option<Remedy> {
+    e.chain().find_map(|cause| {
+        let store = || cause.downcast_ref::<StoreError>()?.remedy();
+        let stage = || cause.downcast_ref::<StageError>()?.remedy();
+        let fs = || cause.downcast_ref::<FsError>()?.remedy();
+        let model = || cause.downcast_ref::<ModelError>()?.remedy();
+        store().or_else(stage).or_else(fs).or_else(model)
+    })
 }
 
 /// Bad arguments get one line (clap's first), not a usage screen; help and version
@@ -128,4 +153,58 @@ fn gen_demo(args: &GenDemoArgs) -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use anyhow::Context as _;
+    use stagefs_cache::Budget;
+
+    use super::*;
+
+    #[test]
+    fn the_cli_adds_the_flag_to_try_to_a_core_error() {
+        let no_room = StoreError::NoRoom {
+            path: PathBuf::from("o/m/model.safetensors"),
+            needed: 3 << 20,
+            budget: Budget {
+                max_size: Some(2 << 20),
+                min_free: None,
+            },
+            in_use: 0,
+            available: 1 << 30,
+        };
+        assert!(!no_room.to_string().contains("--"), "{no_room}");
+        let e = anyhow::Error::new(StageError::Store(no_room)).context("prefetching o/m");
+        let line = with_hint(&e);
+        assert!(
+            line.starts_with("prefetching o/m: o/m/model.safetensors: needs 3.0 MiB"),
+            "{line}"
+        );
+        assert!(
+            line.contains("cannot make room (size limit 2.0 MiB, no free-space reserve;"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(
+                "; raise --max-size, lower --min-free, free disk space, or close models in use"
+            ),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1);
+        let model = ModelError::NoRevisions {
+            id: "o/m".into(),
+            kind: "GGUF file",
+            path: "o/m.gguf".into(),
+        };
+        assert!(
+            with_hint(&anyhow::Error::new(model))
+                .ends_with("which has no revisions; drop --revision")
+        );
+        let plain: anyhow::Result<()> = Err(anyhow::anyhow!("no such thing")).context("looking");
+        let plain = plain.expect_err("an error");
+        assert_eq!(with_hint(&plain), "looking: no such thing");
+    }
 }

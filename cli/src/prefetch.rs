@@ -205,7 +205,46 @@ fn line(f: &FileProgress) -> String {
     match &f.state {
         FileState::Staged => format!("staged {} ({})", f.path.display(), format_bytes(f.total)),
         FileState::AlreadyStaged => format!("already staged {}", f.path.display()),
-        FileState::Failed { error } => format!("FAILED {}: {error}", f.path.display()),
+        FileState::Failed {
+            error,
+            remedy: None,
+        } => format!("FAILED {}: {error}", f.path.display()),
+        FileState::Failed {
+            error,
+            remedy: Some(remedy),
+        } => format!(
+            "FAILED {}: {error}; {}",
+            f.path.display(),
+            crate::args::flag_hint(*remedy)
+        ),
         FileState::Waiting | FileState::Copying => format!("pending {}", f.path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stagefs_cache::Remedy;
+
+    use super::*;
+
+    fn failed(remedy: Option<Remedy>) -> FileProgress {
+        FileProgress {
+            path: PathBuf::from("o/m/model.safetensors"),
+            total: 3 << 20,
+            copied: 0,
+            state: FileState::Failed {
+                error: "o/m/model.safetensors: needs 3.0 MiB but the cache cannot make room".into(),
+                remedy,
+            },
+        }
+    }
+
+    #[test]
+    fn a_failed_file_names_the_flag_to_try_when_there_is_one() {
+        assert_eq!(
+            line(&failed(Some(Remedy::MoreRoom))),
+            "FAILED o/m/model.safetensors: o/m/model.safetensors: needs 3.0 MiB but the cache cannot make room; raise --max-size, lower --min-free, free disk space, or close models in use"
+        );
+        assert!(line(&failed(None)).ends_with("cannot make room"));
     }
 }

@@ -6,7 +6,7 @@
 use std::io;
 
 use fuser::Errno;
-use stagefs_cache::{SourceError, StageError, StoreError};
+use stagefs_cache::{Remedy, SourceError, StageError, StoreError};
 use thiserror::Error;
 
 /// Why a filesystem request failed.
@@ -37,8 +37,8 @@ pub enum FsError {
     /// The kernel asked for a directory operation on a non-directory or vice versa.
     #[error("not a directory")]
     NotADirectory,
-    /// The source did not answer (or a copy made no progress) within --source-timeout.
-    #[error("{path}: the source did not respond within {secs} s (--source-timeout)")]
+    /// The source did not answer (or a copy made no progress) within the source timeout.
+    #[error("{path}: the source did not respond within {secs} s")]
     SourceTimeout {
         /// What was being accessed, relative to the source root.
         path: std::path::PathBuf,
@@ -58,6 +58,23 @@ impl FsError {
             FsError::ReadOnly => Errno::EROFS,
             FsError::NotADirectory => Errno::ENOTDIR,
             FsError::SourceTimeout { .. } => Errno::EIO,
+        }
+    }
+
+    /// What would avoid this error, if the user can change anything.
+    pub fn remedy(&self) -> Option<Remedy> {
+        match self {
+            FsError::Stage(e) => e.remedy(),
+            FsError::SourceTimeout { .. } => Some(Remedy::LongerSourceTimeout),
+            _ => None,
+        }
+    }
+
+    /// This error as a log line: its text, then the front end's advice, if any.
+    pub fn described(&self, hint: Option<fn(Remedy) -> &'static str>) -> String {
+        match self.remedy().zip(hint) {
+            Some((remedy, hint)) => format!("{self}; {}", hint(remedy)),
+            None => self.to_string(),
         }
     }
 
@@ -127,5 +144,27 @@ mod tests {
         }));
         assert_eq!(full.errno(), Errno::ENOSPC);
         assert_eq!(FsError::ReadOnly.errno(), Errno::EROFS);
+    }
+
+    #[test]
+    fn the_front_end_adds_its_advice_to_conditions_a_user_can_change() {
+        let timeout = FsError::SourceTimeout {
+            path: PathBuf::from("x"),
+            secs: 30,
+        };
+        assert_eq!(timeout.remedy(), Some(Remedy::LongerSourceTimeout));
+        assert_eq!(
+            timeout.described(None),
+            "x: the source did not respond within 30 s"
+        );
+        let hint: fn(Remedy) -> &'static str = |_| "try waiting longer";
+        assert_eq!(
+            timeout.described(Some(hint)),
+            "x: the source did not respond within 30 s; try waiting longer"
+        );
+        assert_eq!(
+            FsError::ReadOnly.described(Some(hint)),
+            "stagefs mounts are read-only"
+        );
     }
 }

@@ -12,7 +12,7 @@ use fuser::{
     LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
-use stagefs_cache::Stager;
+use stagefs_cache::{Remedy, Stager};
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
@@ -46,17 +46,18 @@ impl StageFs {
         R: FnOnce(Result<T, Errno>) + Send + 'static,
     {
         let answering = answer(Arc::clone(&self.policy));
+        let hint = self.policy.config().hint;
         self.runtime.spawn(async move {
-            reply(answering.await.map_err(|e| errno_logged(op, &e)));
+            reply(answering.await.map_err(|e| errno_logged(op, &e, hint)));
         });
     }
 }
 
-fn errno_logged(op: &'static str, e: &FsError) -> Errno {
+fn errno_logged(op: &'static str, e: &FsError, hint: Option<fn(Remedy) -> &'static str>) -> Errno {
     if e.is_expected() {
         debug!(op, error = %e);
     } else {
-        warn!(op, error = %e);
+        warn!(op, error = %e.described(hint));
     }
     e.errno()
 }
@@ -129,14 +130,14 @@ impl Filesystem for StageFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            reply.error(errno_logged("open", &FsError::ReadOnly));
+            reply.error(errno_logged("open", &FsError::ReadOnly, None));
             return;
         }
         let policy = Arc::clone(&self.policy);
         self.runtime.spawn(async move {
             let opened = match policy.open(ino.0).await {
                 Ok(opened) => opened,
-                Err(e) => return reply.error(errno_logged("open", &e)),
+                Err(e) => return reply.error(errno_logged("open", &e, policy.config().hint)),
             };
             let backing = backing_file(&opened)
                 .filter(|_| policy.config().passthrough)
@@ -236,7 +237,7 @@ impl Filesystem for StageFs {
     ) {
         let entries = match self.policy.listing(fh.0) {
             Ok(entries) => entries,
-            Err(e) => return reply.error(errno_logged("readdir", &e)),
+            Err(e) => return reply.error(errno_logged("readdir", &e, self.policy.config().hint)),
         };
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         for (i, entry) in entries.iter().enumerate().skip(start) {

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fuser::{Config, MountOption, SessionACL};
+use stagefs_cache::{Remedy, defaults};
 
 pub use error::FsError;
 pub use fuse::StageFs;
@@ -47,30 +48,36 @@ pub struct FsConfig {
     /// How long a source operation (or a copy that stopped making progress) may take
     /// before the request fails with EIO instead of hanging.
     pub source_timeout: Duration,
+    /// How the front end tells a user to avoid an error the mount logs (the CLI
+    /// names the flag to try); None: the core's description of the condition alone.
+    pub hint: Option<fn(Remedy) -> &'static str>,
 }
 
 /// What an open does when the cache budget cannot make room for the file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnFull {
-    /// Fail the open with ENOSPC.
+    /// Fail the open with ENOSPC (the default: a file is served from a complete local
+    /// copy or not at all, unless the user chose otherwise).
     #[default]
     Fail,
-    /// Serve the file straight from the source, with a warning.
+    /// Serve the file straight from the source (read through the daemon), with a
+    /// warning. Not to be confused with kernel passthrough of staged copies.
     ReadSource,
 }
 
 impl Default for FsConfig {
     fn default() -> Self {
         FsConfig {
-            min_stage_size: 1 << 20,
-            passthrough: true,
-            redirect: true,
+            min_stage_size: defaults::MIN_STAGE_SIZE,
+            passthrough: defaults::PASSTHROUGH,
+            redirect: defaults::REDIRECT,
             attr_ttl: Duration::from_secs(1),
             fs_name: "stagefs".into(),
-            on_full: OnFull::Fail,
-            prefetch: Some(1),
-            allow_other: false,
-            source_timeout: Duration::from_secs(30),
+            on_full: OnFull::default(),
+            prefetch: defaults::PREFETCH.then_some(defaults::PREFETCH_PARALLEL),
+            allow_other: defaults::ALLOW_OTHER,
+            source_timeout: defaults::SOURCE_TIMEOUT,
+            hint: None,
         }
     }
 }

@@ -46,7 +46,7 @@ mod linux {
         /// Asks the kernel for passthrough during `init`, if `wanted`.
         pub(crate) fn negotiate(&self, wanted: bool, config: &mut KernelConfig) {
             if !wanted {
-                info!("kernel passthrough disabled by --no-passthrough");
+                info!("kernel passthrough disabled in the mount's configuration");
                 return;
             }
             let accepted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()

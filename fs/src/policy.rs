@@ -424,7 +424,10 @@ impl Policy {
                 Err(FsError::Stage(e @ StageError::Store(StoreError::NoRoom { .. })))
                     if self.config.on_full == OnFull::ReadSource =>
                 {
-                    warn!(error = %e, "serving the file from the source (--on-full passthrough)");
+                    warn!(
+                        error = %e,
+                        "serving the file from the source, as configured for a full cache"
+                    );
                     self.open_source(&node.path).await?
                 }
                 Err(e) => return Err(e),

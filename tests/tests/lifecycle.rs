@@ -64,6 +64,28 @@ fn a_file_the_budget_cannot_hold_fails_with_enospc_or_is_read_from_the_source() 
     );
 }
 
+/// `read-source` is the name; `passthrough`, its old one, still works and warns once.
+#[test]
+fn on_full_read_source_and_its_old_spelling_both_read_a_file_that_does_not_fit() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/big", 1, "3M");
+    let shard = model.shards().remove(0);
+    let warning = "--on-full passthrough is deprecated; use --on-full read-source";
+    for (spelling, warnings) in [("read-source", 0), ("passthrough", 1)] {
+        let mount = s.mount(&["--max-size", "2M", "--on-full", spelling]);
+        assert!(
+            same_bytes(&mount.path(&shard), &s.hub.join(&shard)),
+            "{spelling}"
+        );
+        assert!(staged_files(&s.cache).is_empty(), "{spelling}");
+        let log = mount.log_text();
+        assert!(log.contains("serving the file from the source"), "{log}");
+        let warned = log.lines().filter(|l| l.contains(warning)).count();
+        assert_eq!(warned, warnings, "{spelling}: {log}");
+        mount.unmount();
+    }
+}
+
 #[test]
 fn open_files_are_never_evicted_and_the_least_recent_closed_one_goes() {
     let s = Scratch::new();

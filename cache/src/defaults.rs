@@ -1,0 +1,49 @@
+//! The defaults of every setting a user can change, in one table: the config file
+//! falls back to these, `--help` shows them, and the core's `Default` impls read them.
+
+use std::time::Duration;
+
+/// Files at least this large are staged when opened; smaller ones (configs,
+/// tokenizers) are read from the source, where a copy would cost more than it saves.
+pub const MIN_STAGE_SIZE: u64 = 1 << 20;
+
+/// How long a source operation, or a copy that stopped making progress, may take
+/// before the request fails with EIO instead of hanging on a dead share.
+pub const SOURCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a copy whose path was handed out stays in use. A process resolves a
+/// path and opens what it resolved to within one system call; the grace also covers
+/// one that resolved it in user space (`realpath`) a moment before opening it.
+pub const REDIRECT_GRACE: Duration = Duration::from_secs(30);
+
+/// Reads in flight while copying one file: four 2 MiB reads fill a 1 Gbit/s link
+/// over sshfs (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
+pub const COPY_STREAMS: usize = 4;
+
+/// Files a mount's prefetch copies at a time; one copy already keeps
+/// [`COPY_STREAMS`] reads in flight, so more mostly splits the same link.
+pub const PREFETCH_PARALLEL: usize = 1;
+
+/// Files `stagefs prefetch` copies at a time: a user waiting for a whole model
+/// gains from overlapping one file's tail with the next file's start.
+pub const PREFETCH_COMMAND_PARALLEL: u16 = 2;
+
+/// The share of the cache volume kept free when no reserve is configured, so the
+/// OS (swap, updates) never runs out because of model weights...
+pub const MIN_FREE_PERCENT: u64 = 10;
+
+/// ...but at most this much, so a large volume is not mostly held back.
+pub const MIN_FREE_CAP: u64 = 50 << 30;
+
+/// Staged files are served by kernel passthrough where the kernel allows it.
+pub const PASSTHROUGH: bool = true;
+
+/// Where passthrough is not in use, staged files are presented as links to their
+/// local copies, so the kernel reads the copies directly.
+pub const REDIRECT: bool = true;
+
+/// Opening a file stages the snapshot's other weight files in the background.
+pub const PREFETCH: bool = true;
+
+/// Only the mounting user may enter the mount.
+pub const ALLOW_OTHER: bool = false;
