@@ -592,6 +592,12 @@ impl Store {
         }
     }
 
+    /// Keeps the copy for `key` from being evicted or removed while the pin is held,
+    /// including one committed after the pin was taken.
+    pub fn pin(&self, key: &Key) -> Pin {
+        self.pin_locked(&mut lock_state(&self.state), key)
+    }
+
     fn pin_locked(&self, state: &mut State, key: &Key) -> Pin {
         *state.pins.entry(key.clone()).or_insert(0) += 1;
         Pin {
