@@ -10,10 +10,10 @@
 //! - a [`Staged`] carries an open descriptor of the verified copy, so later renames in
 //!   the store cannot change what its holder reads;
 //! - an open is answered as soon as the copy is whole and verified (size, mtime, and
-//!   sha256 for a blob), from the temp file itself; making it durable (fdatasync,
-//!   rename into place, directory sync, journal record) follows on the same worker.
-//!   Until then the copy is in no index, so nothing hands out its path (no redirect)
-//!   and a crash leaves only a temp file, which startup deletes. The flight stays
+//!   sha256 for a blob) and renamed into place; making it durable (fdatasync,
+//!   directory sync, journal record) follows on the same worker. Until then the copy
+//!   is in no index, so nothing hands out its path (no redirect), and a crash leaves a
+//!   data file the index does not name, which startup deletes. The flight stays
 //!   registered until the commit ends, so a caller arriving meanwhile shares the
 //!   served copy instead of copying again.
 
@@ -47,8 +47,7 @@ use crate::store::{Hit, Pin, Store};
 pub struct Staged {
     /// The copy, open for reading.
     pub file: Arc<File>,
-    /// Where the copy lives in the store (once committed: an open may be served the
-    /// copy a moment before it is renamed there).
+    /// Where the copy lives in the store.
     pub path: PathBuf,
     /// The current source version, which the copy's bytes are.
     pub stamp: Stamp,
@@ -381,6 +380,23 @@ impl Stager {
         }
     }
 
+    /// Waits until every copy in progress now is committed or has failed: for a clean
+    /// shutdown, since a copy served but not yet committed is lost (deleted at the
+    /// next start) if the process exits first.
+    pub async fn settle_all(&self) {
+        let flights: Vec<Flight> = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for flight in flights {
+            let _ = flight.committed.await;
+        }
+    }
+
     /// Copies in progress.
     pub fn in_flight(&self) -> Vec<InFlight> {
         let inflight = self
@@ -509,11 +525,6 @@ impl Inner {
         let (tmp, blake3) = self.copy(rel, stamp, progress, !kept).inspect_err(|e| {
             warn!(path = %rel.display(), error = %e, "staging failed");
         })?;
-        on_servable(&self.uncommitted(key, &tmp, stamp)?);
-        let verified_secs = started.elapsed().as_secs_f64();
-        tmp.as_file()
-            .sync_data()
-            .map_err(|e| StoreError::io(tmp.path(), e))?;
         let entry = Entry {
             source: rel.to_path_buf(),
             stamp,
@@ -521,7 +532,22 @@ impl Inner {
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        let hit = self.store.commit(key, tmp, entry, reservation)?;
+        let placed = self.store.place(key, tmp, &entry)?;
+        on_servable(&Staged {
+            file: Arc::new(
+                placed
+                    .file
+                    .try_clone()
+                    .map_err(|e| StoreError::io(&placed.path, e))?,
+            ),
+            path: placed.path.clone(),
+            stamp,
+            copied: true,
+            // Keeps it from eviction once committed, for as long as it is read.
+            pin: Arc::new(self.store.pin(key)),
+        });
+        let verified_secs = started.elapsed().as_secs_f64();
+        let hit = self.store.record(key, placed, entry, reservation)?;
         let secs = started.elapsed().as_secs_f64();
         info!(
             path = %rel.display(),
@@ -532,20 +558,6 @@ impl Inner {
             "staged"
         );
         Ok(staged(hit, stamp, true))
-    }
-
-    /// The whole, verified copy in `tmp`, to serve before it is committed: a read-only
-    /// descriptor of it (the commit renames it, which does not change what that reads),
-    /// pinned so that it is not evicted once committed while still being read.
-    fn uncommitted(&self, key: &Key, tmp: &NamedTempFile, stamp: Stamp) -> StageResult {
-        let file = File::open(tmp.path()).map_err(|e| StoreError::io(tmp.path(), e))?;
-        Ok(Staged {
-            file: Arc::new(file),
-            path: self.store.data_path(key),
-            stamp,
-            copied: true,
-            pin: Arc::new(self.store.pin(key)),
-        })
     }
 
     /// Stats `rel` on the source pool, so a dead source holds one of its threads
@@ -860,7 +872,11 @@ mod tests {
             copy_tree(cache.path(), image.path());
         })
         .expect("stage");
-        assert!(image.path().join("v1/tmp").read_dir().expect("ls").count() > 0);
+        // The served copy is in place, named by no index entry.
+        assert_eq!(
+            image.path().join("v1/data").read_dir().expect("ls").count(),
+            1
+        );
         let restarted = Store::open(image.path(), Budget::default()).expect("reopen");
         let key = Key::for_source_path(Path::new("w.bin"));
         assert!(restarted.entries().is_empty());
@@ -923,5 +939,21 @@ mod tests {
         assert_eq!(m.stage_copies, 1, "{m:?}");
         fx.stager.settled(rel).await.expect("settled");
         assert!(fx.stager.in_flight().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settle_all_returns_once_every_served_copy_is_committed() {
+        let fx = fixture();
+        let names = ["a.bin", "b.bin", "c.bin"];
+        for name in names {
+            fs::write(fx.src.path().join(name), vec![3u8; 3 << 20]).expect("write");
+        }
+        let opens = names.map(|name| fx.stager.stage(Path::new(name)));
+        for staged in futures::future::join_all(opens).await {
+            staged.expect("stage");
+        }
+        fx.stager.settle_all().await;
+        assert!(fx.stager.in_flight().is_empty());
+        assert_eq!(fx.stager.store().entries().len(), names.len());
     }
 }

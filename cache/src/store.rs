@@ -3,12 +3,14 @@
 //! Layout under the cache directory:
 //! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
 //! - `v1/index.jsonl`: the [`Index`] journal;
-//! - `v1/data/<key>`: complete staged copies, only ever created by rename;
+//! - `v1/data/<key>`: complete staged copies, only ever created by rename (of a
+//!   verified copy, which is synced before the index names it);
 //! - `v1/tmp/`: copies in progress, removed at startup.
 //!
 //! Invariants:
 //! - the index names a data file only once it is complete and synced: commit journals
-//!   the removal of any old entry, renames the new data into place, then journals the
+//!   the removal of any old entry, renames the new (verified) data into place, where
+//!   an open may be served it at once, syncs it and the directory, then journals the
 //!   new entry; startup drops entries whose data is missing or the wrong size and
 //!   deletes data files the index does not name;
 //! - a pinned copy (open, or being staged) is never evicted or removed;
@@ -122,6 +124,18 @@ pub struct Reservation {
     bytes: u64,
     state: Arc<Mutex<State>>,
     _pin: Pin,
+}
+
+/// A complete copy moved into place by [`Store::place`], not yet durable nor in the
+/// index.
+#[derive(Debug)]
+pub struct Placed {
+    /// Where it lives.
+    pub path: PathBuf,
+    /// It, open for reading.
+    pub file: File,
+    /// The descriptor it was written through, to sync it.
+    written: File,
 }
 
 /// A usable staged copy.
@@ -451,16 +465,29 @@ impl Store {
         NamedTempFile::new_in(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))
     }
 
-    /// Makes a fully written and synced temp file the copy for `key`. The old entry
-    /// goes (durably) before the new data is renamed into place, and the new entry
-    /// is written only once the data is synced, so a crash leaves at worst a miss.
+    /// Makes a fully written temp file the copy for `key`: [`Store::place`] then
+    /// [`Store::record`].
     pub fn commit(
         &self,
         key: &Key,
         tmp: NamedTempFile,
-        mut entry: Entry,
+        entry: Entry,
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
+        let placed = self.place(key, tmp, &entry)?;
+        self.record(key, placed, entry, reservation)
+    }
+
+    /// Moves a complete, verified temp file to where the copy for `key` lives, not
+    /// yet synced nor in the index: so nothing hands out its path or lists it, and a
+    /// crash leaves a data file the index does not name, which startup deletes. The
+    /// old entry goes (durably) first. [`Store::record`] makes it the entry.
+    pub fn place(
+        &self,
+        key: &Key,
+        tmp: NamedTempFile,
+        entry: &Entry,
+    ) -> Result<Placed, StoreError> {
         let data_path = self.data_path(key);
         // A copy followed through a redirect shows the source's mtime, as the mirror does.
         tmp.as_file()
@@ -470,12 +497,47 @@ impl Store {
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         // Out of the index first: nothing serves or evicts this key in between (one
         // copy per key is staged at a time), and the reservation pins it.
-        lock_state(&self.state).index.remove(key);
-        self.write_journal(true, true)?;
-        tmp.persist(&data_path)
+        if lock_state(&self.state).index.remove(key).is_some() {
+            self.write_journal(true, true)?;
+        }
+        let written = tmp
+            .persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
-        sync_dir(&self.layout.join("data"))?;
-        let meta = fs::metadata(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
+        let file = File::open(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
+        Ok(Placed {
+            path: data_path,
+            file,
+            written,
+        })
+    }
+
+    /// Makes a placed copy durable (its data and the rename) and then the entry for
+    /// `key`. On failure the copy is unlinked: handles to it keep reading it, and the
+    /// next open stages it again.
+    pub fn record(
+        &self,
+        key: &Key,
+        placed: Placed,
+        mut entry: Entry,
+        reservation: Reservation,
+    ) -> Result<Hit, StoreError> {
+        let Placed {
+            path,
+            file,
+            written,
+        } = placed;
+        let durable = written
+            .sync_data()
+            .map_err(|e| StoreError::io(&path, e))
+            .and_then(|()| sync_dir(&self.layout.join("data")))
+            .and_then(|()| fs::metadata(&path).map_err(|e| StoreError::io(&path, e)));
+        let meta = match durable {
+            Ok(meta) => meta,
+            Err(e) => {
+                let _ = remove_if_present(&path);
+                return Err(e);
+            }
+        };
         entry.copy = CopyId::of(&meta);
         let pin = {
             let mut state = lock_state(&self.state);
@@ -485,11 +547,10 @@ impl Store {
         self.write_journal(true, true)?;
         // The copy now counts as used space; its reservation can go.
         drop(reservation);
-        let file = File::open(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
         Ok(Hit {
             entry,
             file,
-            path: data_path,
+            path,
             pin,
         })
     }
