@@ -107,7 +107,7 @@ fn main() -> ExitCode {
             let defaults = stagefs_cache::copy::CopyOptions::default();
             let copy = stagefs_cache::copy::CopyOptions {
                 streams: streams.unwrap_or(defaults.streams),
-                chunk: chunk.map_or(defaults.chunk, |c| c as usize),
+                chunk: chunk.map(|c| c as usize),
             };
             stage::run(&source, &cache, &file, copy)
         }

@@ -59,7 +59,7 @@ pub(crate) fn run(
         "path": PathBuf::from(rel),
         "bytes": bytes,
         "streams": copy.streams,
-        "chunk": copy.chunk,
+        "chunk": copy.chunk.map_or_else(|| "by source".to_string(), |c| c.to_string()),
         "served_s": served_s,
         "committed_s": committed_s,
         "user_s": user - cpu_before.0,

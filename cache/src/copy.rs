@@ -21,17 +21,25 @@ use crate::source::ReadAt;
 pub struct CopyOptions {
     /// Reads kept in flight.
     pub streams: usize,
-    /// Bytes per read.
-    pub chunk: usize,
+    /// Bytes per read; None: by the source's kind ([`CopyOptions::for_source`]).
+    pub chunk: Option<usize>,
 }
 
+/// Chunk from a network filesystem: four 2 MiB reads in flight fill a 1 Gbit/s link
+/// over sshfs (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
+pub const NETWORK_CHUNK: usize = 2 << 20;
+
+/// Chunk from a local disk: small enough that a chunk is still in the CPU's cache
+/// when the writer and both hashers read it. From a tmpfs, 2 MiB chunks spent about
+/// twice the system time of 256 KiB ones copying into the page cache.
+pub const LOCAL_CHUNK: usize = 256 << 10;
+
 impl Default for CopyOptions {
-    /// Four 2 MiB reads in flight: enough to fill a 1 Gbit/s link over sshfs
-    /// (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
+    /// Four reads in flight, of a size chosen by the source's kind.
     fn default() -> Self {
         CopyOptions {
             streams: 4,
-            chunk: 2 << 20,
+            chunk: None,
         }
     }
 }
@@ -40,6 +48,23 @@ impl CopyOptions {
     /// Most chunks held in memory at once.
     pub fn window(&self) -> usize {
         self.streams.max(1) + 2
+    }
+
+    /// These options with the chunk size settled for a source on a local disk or not.
+    pub fn for_source(self, on_local_disk: bool) -> CopyOptions {
+        let by_kind = if on_local_disk {
+            LOCAL_CHUNK
+        } else {
+            NETWORK_CHUNK
+        };
+        CopyOptions {
+            chunk: Some(self.chunk.unwrap_or(by_kind)),
+            ..self
+        }
+    }
+
+    fn chunk_bytes(&self) -> usize {
+        self.chunk.unwrap_or(NETWORK_CHUNK).max(1)
     }
 }
 
@@ -130,7 +155,7 @@ pub fn copy_file(
     with_sha256: bool,
     mut on_bytes: impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
-    let chunk = options.chunk.max(1) as u64;
+    let chunk = options.chunk_bytes() as u64;
     let chunks = size.div_ceil(chunk);
     let next = AtomicU64::new(0);
     let (tokens_tx, tokens_rx) = sync_channel::<()>(options.window());
@@ -373,7 +398,10 @@ mod tests {
                 src.as_file(),
                 &mut out,
                 len as u64,
-                CopyOptions { streams, chunk },
+                CopyOptions {
+                    streams,
+                    chunk: Some(chunk),
+                },
                 &AtomicU64::new(0),
                 true,
                 |n| reported += n,
@@ -415,7 +443,7 @@ mod tests {
         let read = AtomicU64::new(0);
         let options = CopyOptions {
             streams: 4,
-            chunk: 1000,
+            chunk: Some(1000),
         };
         let result = copy_file(
             src.as_file(),
@@ -440,7 +468,7 @@ mod tests {
             5000,
             CopyOptions {
                 streams: 3,
-                chunk: 300,
+                chunk: Some(300),
             },
             &read,
             false,

@@ -158,6 +158,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     runtime: Handle,
     copy: CopyOptions,
+    /// `copy` with its chunk size settled by the source's kind, once known.
+    settled_copy: std::sync::OnceLock<CopyOptions>,
     inflight: Mutex<HashMap<Key, Flight>>,
     /// Copies started for opens and not finished: prefetch copies wait for zero, so
     /// the file a loader is blocked on gets the whole link.
@@ -201,6 +203,7 @@ impl Stager {
                 metrics,
                 runtime,
                 copy: options.copy,
+                settled_copy: std::sync::OnceLock::new(),
                 inflight: Mutex::new(HashMap::new()),
                 urgent_copies: Arc::default(),
             }),
@@ -573,6 +576,27 @@ impl Inner {
             .map_err(StageError::from)
     }
 
+    /// The copy options, with a chunk size fit for the source: asked of the source
+    /// once (on the source pool, so a dead source fails this like any other call),
+    /// and a network's until it answers.
+    fn copy_options(&self) -> CopyOptions {
+        if self.copy.chunk.is_some() {
+            return self.copy;
+        }
+        if let Some(settled) = self.settled_copy.get() {
+            return *settled;
+        }
+        let source = self.source.clone();
+        match self.pool.run_blocking(move || source.on_local_disk()) {
+            Ok(local) => *self.settled_copy.get_or_init(|| {
+                let settled = self.copy.for_source(local);
+                info!(local_disk = local, chunk = ?settled.chunk, "copy chunk size chosen for the source");
+                settled
+            }),
+            Err(_) => self.copy.for_source(false),
+        }
+    }
+
     /// Waits while opens wait for other copies, unless an open waits for this one.
     fn yield_to_opens(&self, progress: &Progress) {
         while self.urgent_copies.load(Ordering::Relaxed) > 0
@@ -605,7 +629,7 @@ impl Inner {
             src.as_ref(),
             &mut tmp,
             expected.size,
-            self.copy,
+            self.copy_options(),
             &progress.read,
             with_sha256,
             |n| {
@@ -786,6 +810,7 @@ mod tests {
             metrics: Arc::default(),
             runtime: rt.handle().clone(),
             copy: CopyOptions::default(),
+            settled_copy: std::sync::OnceLock::new(),
             inflight: Mutex::default(),
             urgent_copies: Arc::default(),
         }
