@@ -535,14 +535,9 @@ impl Inner {
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        let placed = self.store.place(key, tmp, &entry)?;
+        let (placed, file) = self.store.place(key, tmp, &entry)?;
         on_servable(&Staged {
-            file: Arc::new(
-                placed
-                    .file
-                    .try_clone()
-                    .map_err(|e| StoreError::io(&placed.path, e))?,
-            ),
+            file: Arc::new(file),
             path: placed.path.clone(),
             stamp,
             copied: true,

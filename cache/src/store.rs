@@ -132,10 +132,17 @@ pub struct Reservation {
 pub struct Placed {
     /// Where it lives.
     pub path: PathBuf,
-    /// It, open for reading.
-    pub file: File,
     /// The descriptor it was written through, to sync it.
     written: File,
+}
+
+impl Placed {
+    /// Unlinks a copy that cannot be made the entry (handles to it keep reading it),
+    /// and returns the error that stopped it.
+    fn discard(self, error: io::Error) -> StoreError {
+        let _ = remove_if_present(&self.path);
+        StoreError::io(&self.path, error)
+    }
 }
 
 /// A usable staged copy.
@@ -474,20 +481,21 @@ impl Store {
         entry: Entry,
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
-        let placed = self.place(key, tmp, &entry)?;
+        let (placed, _) = self.place(key, tmp, &entry)?;
         self.record(key, placed, entry, reservation)
     }
 
     /// Moves a complete, verified temp file to where the copy for `key` lives, not
     /// yet synced nor in the index: so nothing hands out its path or lists it, and a
     /// crash leaves a data file the index does not name, which startup deletes. The
-    /// old entry goes (durably) first. [`Store::record`] makes it the entry.
+    /// old entry goes (durably) first. Returns it open for reading; [`Store::record`]
+    /// makes it the entry.
     pub fn place(
         &self,
         key: &Key,
         tmp: NamedTempFile,
         entry: &Entry,
-    ) -> Result<Placed, StoreError> {
+    ) -> Result<(Placed, File), StoreError> {
         let data_path = self.data_path(key);
         // A copy followed through a redirect shows the source's mtime, as the mirror does.
         tmp.as_file()
@@ -503,12 +511,14 @@ impl Store {
         let written = tmp
             .persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
-        let file = File::open(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
-        Ok(Placed {
+        let placed = Placed {
             path: data_path,
-            file,
             written,
-        })
+        };
+        match File::open(&placed.path) {
+            Ok(file) => Ok((placed, file)),
+            Err(e) => Err(placed.discard(e)),
+        }
     }
 
     /// Makes a placed copy durable (its data and the rename) and then the entry for
@@ -521,23 +531,20 @@ impl Store {
         mut entry: Entry,
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
-        let Placed {
-            path,
-            file,
-            written,
-        } = placed;
-        let durable = written
+        let durable = placed
+            .written
             .sync_data()
-            .map_err(|e| StoreError::io(&path, e))
             .and_then(|()| sync_dir(&self.layout.join("data")))
-            .and_then(|()| fs::metadata(&path).map_err(|e| StoreError::io(&path, e)));
-        let meta = match durable {
-            Ok(meta) => meta,
-            Err(e) => {
-                let _ = remove_if_present(&path);
-                return Err(e);
-            }
+            .and_then(|()| {
+                let file = File::open(&placed.path)?;
+                let meta = file.metadata()?;
+                Ok((file, meta))
+            });
+        let (file, meta) = match durable {
+            Ok(opened) => opened,
+            Err(e) => return Err(placed.discard(e)),
         };
+        let path = placed.path;
         entry.copy = CopyId::of(&meta);
         let pin = {
             let mut state = lock_state(&self.state);
@@ -823,10 +830,8 @@ fn remove_if_present(path: &Path) -> Result<(), StoreError> {
 }
 
 // A rename is durable only once its directory is synced.
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io(dir, e))
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
