@@ -6,14 +6,24 @@
 #   sudo SIZE=2048 ROUNDS=7 bash bench/fast-source.sh
 #
 # A tmpfs stands in for the fast source; the cache is on BENCH_TMPDIR (a real disk).
-# Each round, with the page cache dropped before each measurement:
+# Each round measures, in this order and with the page cache dropped before each:
 #   - cp + sync of the file to the cache disk (the baseline);
-#   - open() through a fresh stagefs mount of an HF blob (blake3 and sha256) and of a
-#     path-keyed file (blake3 only): the open returns once the copy is whole and synced;
-#   - a cold 4-shard model load (readbench cold-open) straight from the tmpfs and
-#     through a fresh mount.
-# It prints medians and ratios against the baseline of the same run; it never passes
-# or fails on a number.
+#   - staging it with the core alone (`readbench stage`, no mount), as an HF blob
+#     (blake3 and sha256) and as a path-keyed file (blake3 only), timed until the copy
+#     is committed (synced, renamed into place, journaled): the issue's staging speed;
+#   - open() of each through a fresh mount: what a program waits for, which returns
+#     once the copy is whole and verified, before its commit;
+#   - a cold 4 x 256 MiB model load (readbench cold-open) straight from the tmpfs,
+#     then through a fresh mount without prefetch (each shard staged on its open) and
+#     with prefetch (the default: opening one shard stages the others).
+# It prints medians, ratios against the baseline of the same run, the CPU seconds
+# (user + system of the measured process; the kernel's own writeback threads are not
+# counted, for cp nor for stagefs) and the load average when each round started. It
+# never passes or fails on a number.
+#
+# Environment: SIZE (MiB, default 1200), ROUNDS (default 5), BENCH_TMPDIR (default
+# /var/tmp), STAGEFS and READBENCH (built binaries to use instead of building),
+# CARGO_TARGET_DIR. The markdown tables go to stdout, progress to stderr.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,13 +33,16 @@ BENCH_TMPDIR=${BENCH_TMPDIR:-/var/tmp}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 ((EUID == 0)) || { echo "fast-source.sh: run as root (tmpfs, drop_caches)" >&2; exit 1; }
 
-cargo build --release -q -p stagefs -p stagefs-bench --manifest-path "$ROOT/Cargo.toml"
-B=$TARGET/release/stagefs
-READBENCH=$TARGET/release/readbench
+if [[ -z ${STAGEFS:-} || -z ${READBENCH:-} ]]; then
+    cargo build --release -q -p stagefs -p stagefs-bench --manifest-path "$ROOT/Cargo.toml"
+    STAGEFS=$TARGET/release/stagefs
+    READBENCH=$TARGET/release/readbench
+fi
+B=$STAGEFS
 
 T=$(mktemp -d "$BENCH_TMPDIR/stagefs-fast.XXXXXX")
 mkdir -p "$T/src" "$T/mnt"
-mount -t tmpfs -o size=$((SIZE * 2 + 1200))M tmpfs "$T/src"
+mount -t tmpfs -o size=$((SIZE * 2 + 1400))M tmpfs "$T/src"
 cleanup() {
     fusermount3 -u "$T/mnt" 2>/dev/null || true
     umount "$T/src" 2>/dev/null || true
@@ -39,67 +52,101 @@ trap cleanup EXIT
 
 head -c "${SIZE}M" /dev/urandom >"$T/src/weights.bin"
 SHA=$(sha256sum "$T/src/weights.bin" | cut -c1-64)
+BLOB=models--bench--fast/blobs/$SHA
 mkdir -p "$T/src/models--bench--fast/blobs"
-cp "$T/src/weights.bin" "$T/src/models--bench--fast/blobs/$SHA"
+cp "$T/src/weights.bin" "$T/src/$BLOB"
 "$B" gen-demo --repo bench/model --shards 4 --shard-size 256M "$T/src" >"$T/model.json"
 SNAP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["snapshot"])' "$T/model.json")
 SHARDS=("$SNAP"/model-*.safetensors)
 
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 now() { date +%s.%N; }
-since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.3f}')" "$1" "$(now)"; }
+load1() { cut -d' ' -f1 /proc/loadavg; }
 open_time() { python3 -c "import os,sys,time;t=time.time();os.open(sys.argv[1],os.O_RDONLY);print(f'{time.time()-t:.3f}')" "$1"; }
 mount_fresh() {
     rm -rf "$T/cache"
-    "$B" mount "$T/src" "$T/mnt" --cache-dir "$T/cache" --no-prefetch --foreground \
-        --notify-ready >/dev/null 2>>"$T/log" &
+    "$B" mount "$T/src" "$T/mnt" --cache-dir "$T/cache" --min-free 1G --foreground "$@" >/dev/null 2>>"$T/log" &
     for _ in $(seq 100); do mountpoint -q "$T/mnt" && return; sleep 0.05; done
     echo "fast-source.sh: the mount did not come up" >&2
     exit 1
 }
 unmount() { "$B" unmount "$T/mnt"; sleep 0.3; }
 load_s() { "$READBENCH" cold-open "$@" | python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["total_s"])'; }
-
-declare -a CP LFS PATHKEY DIRECT MOUNTED
-for round in $(seq "$ROUNDS"); do
-    drop
-    t0=$(now)
-    cp "$T/src/weights.bin" "$T/cp.bin"
-    sync
-    CP+=("$(since "$t0")")
+# "wall cpu" of cp + sync.
+cp_sync() {
+    /usr/bin/time -f '%e %U %S' -o "$T/time" bash -c 'cp "$1" "$2" && sync' _ "$T/src/weights.bin" "$T/cp.bin"
+    awk '{ printf "%.3f %.2f\n", $1, $2 + $3 }' "$T/time"
     rm "$T/cp.bin"
+}
+# "committed_s cpu served_s" of staging $1 with the core alone.
+core_stage() {
+    rm -rf "$T/core"
+    "$READBENCH" stage "$T/src" "$T/core" "$1" |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.3f %.2f %.3f" % (d["committed_s"], d["user_s"] + d["sys_s"], d["served_s"]))'
+    rm -rf "$T/core"
+}
 
-    drop; mount_fresh
-    LFS+=("$(open_time "$T/mnt/models--bench--fast/blobs/$SHA")")
+declare -a CP CP_CPU LFS LFS_CPU PATHKEY PATH_CPU OPEN_LFS OPEN_PATH DIRECT MOUNTED PREFETCHED LOADS
+for round in $(seq "$ROUNDS"); do
+    LOADS+=("$(load1)")
     drop
-    PATHKEY+=("$(open_time "$T/mnt/weights.bin")")
+    read -r wall cpu <<<"$(cp_sync)"
+    CP+=("$wall") CP_CPU+=("$cpu")
+    drop
+    read -r wall cpu _ <<<"$(core_stage "$BLOB")"
+    LFS+=("$wall") LFS_CPU+=("$cpu")
+    drop
+    read -r wall cpu _ <<<"$(core_stage weights.bin)"
+    PATHKEY+=("$wall") PATH_CPU+=("$cpu")
+
+    drop; mount_fresh --no-prefetch
+    OPEN_LFS+=("$(open_time "$T/mnt/$BLOB")")
+    drop
+    OPEN_PATH+=("$(open_time "$T/mnt/weights.bin")")
     unmount
 
-    drop
-    DIRECT+=("$(load_s "${SHARDS[@]}")")
-    drop; mount_fresh
     mounted=()
     for s in "${SHARDS[@]}"; do mounted+=("$T/mnt/${s#"$T/src/"}"); done
+    drop
+    DIRECT+=("$(load_s "${SHARDS[@]}")")
+    drop; mount_fresh --no-prefetch
     MOUNTED+=("$(load_s "${mounted[@]}")")
     unmount
-    echo "round $round: cp+sync ${CP[-1]} s, stage blob ${LFS[-1]} s, stage path-keyed ${PATHKEY[-1]} s, load direct ${DIRECT[-1]} s, load through stagefs ${MOUNTED[-1]} s" >&2
+    drop; mount_fresh
+    PREFETCHED+=("$(load_s "${mounted[@]}")")
+    unmount
+    echo "round $round (load ${LOADS[-1]}): cp+sync ${CP[-1]} s (${CP_CPU[-1]} CPU-s)," \
+        "stage blob ${LFS[-1]} s (${LFS_CPU[-1]}), path-keyed ${PATHKEY[-1]} s (${PATH_CPU[-1]})," \
+        "open blob ${OPEN_LFS[-1]} s, open path-keyed ${OPEN_PATH[-1]} s," \
+        "load direct ${DIRECT[-1]} s, through stagefs ${MOUNTED[-1]} s, with prefetch ${PREFETCHED[-1]} s" >&2
 done
 
 median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-m_cp=$(median "${CP[@]}"); m_lfs=$(median "${LFS[@]}"); m_path=$(median "${PATHKEY[@]}")
-m_direct=$(median "${DIRECT[@]}"); m_mounted=$(median "${MOUNTED[@]}")
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$1" "$2"; }
+m_cp=$(median "${CP[@]}")
+m_lfs=$(median "${LFS[@]}")
+m_path=$(median "${PATHKEY[@]}")
+m_open_lfs=$(median "${OPEN_LFS[@]}")
+m_open_path=$(median "${OPEN_PATH[@]}")
+m_direct=$(median "${DIRECT[@]}")
+m_mounted=$(median "${MOUNTED[@]}")
+m_prefetched=$(median "${PREFETCHED[@]}")
 cat <<EOF
 
-fast source (tmpfs) -> cache on $(df --output=source "$BENCH_TMPDIR" | tail -1), ${SIZE} MiB, median of $ROUNDS rounds, $(nproc) cores
-| what | seconds | speed vs cp + sync |
-| --- | ---: | ---: |
-| cp + sync | $m_cp | 1.00 |
-| stage an HF blob (blake3 + sha256) | $m_lfs | $(ratio "$m_cp" "$m_lfs") |
-| stage a path-keyed file (blake3) | $m_path | $(ratio "$m_cp" "$m_path") |
+Fast source (tmpfs) -> cache on $(df --output=source,fstype "$BENCH_TMPDIR" | tail -1 | tr -s ' '), ${SIZE} MiB file, median of $ROUNDS rounds, $(nproc) cores.
+Command: \`SIZE=$SIZE ROUNDS=$ROUNDS bash bench/fast-source.sh\`; load average (1 min) when each round started: ${LOADS[*]}.
+
+| staging | seconds | CPU-s | speed vs cp + sync |
+| --- | ---: | ---: | ---: |
+| cp + sync (baseline) | $m_cp | $(median "${CP_CPU[@]}") | 1.00 |
+| stage an HF blob (blake3 + sha256), until committed | $m_lfs | $(median "${LFS_CPU[@]}") | $(ratio "$m_cp" "$m_lfs") |
+| stage a path-keyed file (blake3), until committed | $m_path | $(median "${PATH_CPU[@]}") | $(ratio "$m_cp" "$m_path") |
+| open() of the blob through a mount (served before the commit) | $m_open_lfs | | $(ratio "$m_cp" "$m_open_lfs") |
+| open() of the path-keyed file through a mount | $m_open_path | | $(ratio "$m_cp" "$m_open_path") |
 
 | cold 4 x 256 MiB model load | seconds | vs direct |
 | --- | ---: | ---: |
-| straight from the fast source | $m_direct | 1.00 |
-| through stagefs (staged on open) | $m_mounted | $(ratio "$m_mounted" "$m_direct") |
+| straight from the fast source (baseline) | $m_direct | 1.00 |
+| through stagefs, --no-prefetch (each shard staged on its open) | $m_mounted | $(ratio "$m_mounted" "$m_direct") |
+| through stagefs, default prefetch | $m_prefetched | $(ratio "$m_prefetched" "$m_direct") |
 EOF

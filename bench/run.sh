@@ -31,6 +31,9 @@
 #               missing, and left in place                (default stagefs-bench)
 #   BENCH_REV   what to call the stagefs revision when this tree is not a git
 #               checkout (a `git archive` export)         (default unknown)
+#   FAST_SOURCE set to 0 to skip the fast-source section (bench/fast-source.sh: a
+#               tmpfs source, cp + sync vs staging, and a cold load vs a direct one)
+#   FAST_SIZE   size in MiB of that section's file          (default 1200)
 #   CARGO_TARGET_DIR  honoured for the build and for finding the binaries
 set -euo pipefail
 
@@ -50,7 +53,10 @@ THREADS=${THREADS:-8}
 CHUNK=${CHUNK:-32M}
 BENCH_TMPDIR=${BENCH_TMPDIR:-/var/tmp}
 BENCH_USER=${BENCH_USER:-stagefs-bench}
-COMMAND="SHARD_SIZE=$SHARD_SIZE RATE=$RATE TOUCHES=$TOUCHES ROUNDS=$ROUNDS SEED=$SEED THREADS=$THREADS CHUNK=$CHUNK OUT=$OUT bash bench/run.sh"
+FAST_SOURCE=${FAST_SOURCE:-1}
+FAST_SIZE=${FAST_SIZE:-1200}
+COMMAND="SHARD_SIZE=$SHARD_SIZE RATE=$RATE TOUCHES=$TOUCHES ROUNDS=$ROUNDS SEED=$SEED THREADS=$THREADS CHUNK=$CHUNK FAST_SOURCE=$FAST_SOURCE FAST_SIZE=$FAST_SIZE OUT=$OUT bash bench/run.sh"
+FAST_REPORT=""
 NETFS="$ROOT/tests/scripts/netfs.sh"
 
 log() { printf '\n== %s\n' "$*" >&2; }
@@ -1107,6 +1113,15 @@ warnings_section() {
     printf -- '- %s\n' "${WARNINGS[@]}"
 }
 
+# A tmpfs as the source, where the copy itself is the bottleneck: the same rounds as
+# `bash bench/fast-source.sh`, with the binaries built above.
+measure_fast_source() {
+    [[ $FAST_SOURCE != 0 ]] || return 0
+    log "fast source: cp + sync vs staging, and a cold load, from a tmpfs ($FAST_SIZE MiB, $ROUNDS rounds)"
+    FAST_REPORT=$(SIZE=$FAST_SIZE ROUNDS=$ROUNDS BENCH_TMPDIR=$BENCH_TMPDIR STAGEFS=$STAGEFS \
+        READBENCH=$READBENCH bash "$ROOT/bench/fast-source.sh")
+}
+
 main() {
     check_prerequisites
     [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive number, not '$ROUNDS'"
@@ -1123,10 +1138,14 @@ main() {
     measure_stage
     measure_model_load
     measure_reads
+    measure_fast_source
     BUSY_AT_END=$(cpu_busy)
     busy_warning
     mkdir -p "$(dirname "$OUT")"
     report >"$OUT"
+    if [[ -n $FAST_REPORT ]]; then
+        printf '\n## Staging from a fast source\n%s\n' "$FAST_REPORT" >>"$OUT"
+    fi
     if [[ -n ${SUDO_USER:-} ]]; then chown "$SUDO_USER:" "$OUT" 2>/dev/null || true; fi
     echo
     cat "$OUT"

@@ -8,6 +8,8 @@
 //!   mappings and times each page fault.
 //! - `cold-open`: a plain model load. Times `open()` (through stagefs this is where
 //!   the whole file is staged) and then a sequential read, per file.
+//! - `stage`: one file staged by the core alone (no mount), timed to the moment its
+//!   copy is committed, with the CPU time it took.
 //!
 //! Each prints one JSON object on stdout. Nothing here judges the numbers; the driver
 //! (`bench/run.sh`) compares them with baselines measured in the same run.
@@ -16,6 +18,7 @@ mod cold_open;
 mod latency;
 mod mmap;
 mod pread;
+mod stage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -62,6 +65,21 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Stage FILE (relative to SOURCE) into a new store in CACHE, without a mount.
+    Stage {
+        /// Reads in flight [default: the stager's].
+        #[arg(long)]
+        streams: Option<usize>,
+        /// Bytes per read (2M, 8M) [default: the stager's].
+        #[arg(long, value_parser = chunk_size)]
+        chunk: Option<u64>,
+        /// The source root.
+        source: PathBuf,
+        /// The cache directory (new or empty).
+        cache: PathBuf,
+        /// The file to stage, relative to SOURCE.
+        file: PathBuf,
+    },
 }
 
 /// A read size: any size `stagefs` accepts, except zero, which would never finish.
@@ -86,6 +104,20 @@ fn main() -> ExitCode {
             files,
         } => mmap::run(&files, touches, seed),
         Command::ColdOpen { files } => cold_open::run(&files),
+        Command::Stage {
+            streams,
+            chunk,
+            source,
+            cache,
+            file,
+        } => {
+            let defaults = stagefs_cache::copy::CopyOptions::default();
+            let copy = stagefs_cache::copy::CopyOptions {
+                streams: streams.unwrap_or(defaults.streams),
+                chunk: chunk.map(|c| c as usize),
+            };
+            stage::run(&source, &cache, &file, copy)
+        }
     };
     match report {
         Ok(json) => {

@@ -21,16 +21,26 @@ use crate::source::ReadAt;
 pub struct CopyOptions {
     /// Reads kept in flight.
     pub streams: usize,
-    /// Bytes per read.
-    pub chunk: usize,
+    /// Bytes per read; None: by the source's kind ([`CopyOptions::for_source`]).
+    pub chunk: Option<usize>,
 }
 
+/// Chunk from a network filesystem: four 2 MiB reads in flight fill a 1 Gbit/s link
+/// over sshfs (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
+pub const NETWORK_CHUNK: usize = 2 << 20;
+
+/// Chunk from a local disk: small enough that a chunk is still in the CPU's cache
+/// when the writer and both hashers read it. From a tmpfs, 2 MiB chunks spent about
+/// twice the system time of 256 KiB ones copying into the page cache.
+pub const LOCAL_CHUNK: usize = 256 << 10;
+
 impl Default for CopyOptions {
-    /// [`crate::defaults::COPY_STREAMS`] reads of 2 MiB in flight.
+    /// [`crate::defaults::COPY_STREAMS`] reads in flight, of a size chosen by the
+    /// source's kind.
     fn default() -> Self {
         CopyOptions {
             streams: crate::defaults::COPY_STREAMS,
-            chunk: 2 << 20,
+            chunk: None,
         }
     }
 }
@@ -39,6 +49,23 @@ impl CopyOptions {
     /// Most chunks held in memory at once.
     pub fn window(&self) -> usize {
         self.streams.max(1) + 2
+    }
+
+    /// These options with the chunk size settled for a source on a local disk or not.
+    pub fn for_source(self, on_local_disk: bool) -> CopyOptions {
+        let by_kind = if on_local_disk {
+            LOCAL_CHUNK
+        } else {
+            NETWORK_CHUNK
+        };
+        CopyOptions {
+            chunk: Some(self.chunk.unwrap_or(by_kind)),
+            ..self
+        }
+    }
+
+    fn chunk_bytes(&self) -> usize {
+        self.chunk.unwrap_or(NETWORK_CHUNK).max(1)
     }
 }
 
@@ -62,7 +89,60 @@ pub struct Copied {
     pub sha256: Option<String>,
 }
 
-type Chunk = (u64, io::Result<Vec<u8>>);
+type Chunk = (u64, io::Result<Buffer>);
+
+/// Buffers of one copy, reused: a fresh 2 MiB allocation per chunk costs page faults
+/// and zeroing for every byte copied, which was a tenth of a fast copy's CPU time.
+#[derive(Debug, Default)]
+struct BufferPool {
+    free: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    /// A buffer of exactly `len` bytes, of any content, back in the pool once dropped.
+    fn take(self: &Arc<Self>, len: usize) -> Buffer {
+        let reused = self
+            .free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        let mut bytes = reused.unwrap_or_default();
+        // Only a buffer that grows is written to; a reused one keeps its old bytes,
+        // every one of which the read overwrites.
+        bytes.resize(len, 0);
+        Buffer {
+            bytes,
+            pool: Arc::clone(self),
+        }
+    }
+}
+
+/// One chunk's bytes, shared by the writer and the hashers, returned to its pool
+/// when the last of them is done with it.
+#[derive(Debug)]
+struct Buffer {
+    bytes: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.bytes);
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(bytes);
+    }
+}
 
 /// Copies the first `size` bytes of `src` into `dst` in order, calling `on_bytes`
 /// with each written amount. `bytes_read` counts bytes as they arrive, in any order
@@ -76,7 +156,7 @@ pub fn copy_file(
     with_sha256: bool,
     mut on_bytes: impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
-    let chunk = options.chunk.max(1) as u64;
+    let chunk = options.chunk_bytes() as u64;
     let chunks = size.div_ceil(chunk);
     let next = AtomicU64::new(0);
     let (tokens_tx, tokens_rx) = sync_channel::<()>(options.window());
@@ -85,6 +165,7 @@ pub fn copy_file(
     }
     let tokens_rx = std::sync::Mutex::new(tokens_rx);
     let (chunks_tx, chunks_rx) = sync_channel::<Chunk>(options.window());
+    let buffers = Arc::new(BufferPool::default());
     std::thread::scope(|scope| {
         for _ in 0..options.streams.max(1) {
             let chunks_tx = chunks_tx.clone();
@@ -96,6 +177,7 @@ pub fn copy_file(
                 chunks,
                 next,
                 bytes_read,
+                buffers: Arc::clone(&buffers),
             };
             scope.spawn(move || reader.run(tokens_rx, chunks_tx));
         }
@@ -115,6 +197,7 @@ struct Reader<'a> {
     chunks: u64,
     next: &'a AtomicU64,
     bytes_read: &'a AtomicU64,
+    buffers: Arc<BufferPool>,
 }
 
 /// Largest single read: progress is visible at least this often.
@@ -136,16 +219,19 @@ impl Reader<'_> {
             }
             let offset = index * self.chunk;
             let len = self.chunk.min(self.size - offset) as usize;
-            if out.send((index, self.read_at_most(offset, len))).is_err() {
+            if out.send((index, self.read_chunk(offset, len))).is_err() {
                 return;
             }
         }
     }
 
-    fn read_at_most(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        read_at_most(self.src, offset, len, |n| {
+    fn read_chunk(&self, offset: u64, len: usize) -> io::Result<Buffer> {
+        let mut buf = self.buffers.take(len);
+        let filled = read_into(self.src, offset, &mut buf.bytes, |n| {
             self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-        })
+        })?;
+        buf.bytes.truncate(filled);
+        Ok(buf)
     }
 }
 
@@ -155,12 +241,25 @@ pub fn read_at_most(
     file: &(impl ReadAt + ?Sized),
     offset: u64,
     len: usize,
-    mut on_read: impl FnMut(usize),
+    on_read: impl FnMut(usize),
 ) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; len];
+    let filled = read_into(file, offset, &mut buf, on_read)?;
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+/// Fills `buf` from `file` at `offset`, short only at end of file, in reads of at
+/// most 1 MiB, calling `on_read` after each. Returns the bytes read.
+fn read_into(
+    file: &(impl ReadAt + ?Sized),
+    offset: u64,
+    buf: &mut [u8],
+    mut on_read: impl FnMut(usize),
+) -> io::Result<usize> {
     let mut filled = 0;
-    while filled < len {
-        let end = len.min(filled + PIECE);
+    while filled < buf.len() {
+        let end = buf.len().min(filled + PIECE);
         match file.read_at(&mut buf[filled..end], offset + filled as u64) {
             Ok(0) => break,
             Ok(n) => {
@@ -171,8 +270,7 @@ pub fn read_at_most(
             Err(e) => return Err(e),
         }
     }
-    buf.truncate(filled);
-    Ok(buf)
+    Ok(filled)
 }
 
 /// Writes chunks in order as they arrive. The two hashes run on threads of their own,
@@ -190,7 +288,7 @@ fn write_in_order(
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
     std::thread::scope(|scope| {
-        let (blake3_tx, blake3_rx) = sync_channel::<Arc<Vec<u8>>>(HASH_QUEUE);
+        let (blake3_tx, blake3_rx) = sync_channel::<Arc<Buffer>>(HASH_QUEUE);
         let blake3 = scope.spawn(move || {
             let mut hasher = blake3::Hasher::new();
             for buf in blake3_rx {
@@ -199,7 +297,7 @@ fn write_in_order(
             hasher.finalize().to_hex().to_string()
         });
         let sha256 = sha256.map(|mut hasher| {
-            let (tx, rx) = sync_channel::<Arc<Vec<u8>>>(HASH_QUEUE);
+            let (tx, rx) = sync_channel::<Arc<Buffer>>(HASH_QUEUE);
             let done = scope.spawn(move || {
                 for buf in rx {
                     hasher.update(&buf[..]);
@@ -208,7 +306,7 @@ fn write_in_order(
             });
             (tx, done)
         });
-        let hashers: Vec<&SyncSender<Arc<Vec<u8>>>> = std::iter::once(&blake3_tx)
+        let hashers: Vec<&SyncSender<Arc<Buffer>>> = std::iter::once(&blake3_tx)
             .chain(sha256.as_ref().map(|(tx, _)| tx))
             .collect();
         let written = write_chunks(dst, chunks, incoming, &tokens, &hashers, on_bytes);
@@ -241,10 +339,10 @@ fn write_chunks(
     chunks: u64,
     incoming: Receiver<Chunk>,
     tokens: &SyncSender<()>,
-    hashers: &[&SyncSender<Arc<Vec<u8>>>],
+    hashers: &[&SyncSender<Arc<Buffer>>],
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<u64, CopyError> {
-    let mut pending: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut pending: BTreeMap<u64, Buffer> = BTreeMap::new();
     let mut written = 0u64;
     let mut bytes = 0u64;
     while written < chunks {
@@ -301,7 +399,10 @@ mod tests {
                 src.as_file(),
                 &mut out,
                 len as u64,
-                CopyOptions { streams, chunk },
+                CopyOptions {
+                    streams,
+                    chunk: Some(chunk),
+                },
                 &AtomicU64::new(0),
                 true,
                 |n| reported += n,
@@ -340,7 +441,7 @@ mod tests {
         let read = AtomicU64::new(0);
         let options = CopyOptions {
             streams: 4,
-            chunk: 1000,
+            chunk: Some(1000),
         };
         let result = copy_file(
             src.as_file(),
@@ -365,7 +466,7 @@ mod tests {
             5000,
             CopyOptions {
                 streams: 3,
-                chunk: 300,
+                chunk: Some(300),
             },
             &read,
             false,

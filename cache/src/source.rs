@@ -217,6 +217,11 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// for this (nothing else it answers from its own caches), so it doubles as the
     /// probe of whether the server is there.
     fn statfs(&self) -> io::Result<libc::statvfs>;
+    /// Whether the source is on a local disk (or in memory), where copies are bound
+    /// by the CPU rather than by round trips. Asks the filesystem; may block.
+    fn on_local_disk(&self) -> bool {
+        false
+    }
 }
 
 /// A directory on a mounted filesystem: a NAS share, a USB disk, a local folder.
@@ -276,6 +281,10 @@ impl Source for LocalDir {
 
     fn statfs(&self) -> io::Result<libc::statvfs> {
         crate::sys::statvfs(&self.root)
+    }
+
+    fn on_local_disk(&self) -> bool {
+        crate::sys::on_local_disk(&self.root).unwrap_or(false)
     }
 }
 
@@ -358,6 +367,11 @@ impl SourceTree {
             .map_err(|e| SourceError::io(rel, e))?;
         String::from_utf8(bytes)
             .map_err(|e| SourceError::io(rel, io::Error::new(io::ErrorKind::InvalidData, e)))
+    }
+
+    /// Whether the source is on a local disk; see [`Source::on_local_disk`].
+    pub fn on_local_disk(&self) -> bool {
+        self.backend.on_local_disk()
     }
 
     /// The source filesystem's space; also the probe of whether it answers.

@@ -8,7 +8,14 @@
 //! - a copy is committed only if the source kept the same size and mtime from before
 //!   the first byte to after the last one, and exactly that many bytes were read;
 //! - a [`Staged`] carries an open descriptor of the verified copy, so later renames in
-//!   the store cannot change what its holder reads.
+//!   the store cannot change what its holder reads;
+//! - an open is answered as soon as the copy is whole and verified (size, mtime, and
+//!   sha256 for a blob) and renamed into place; making it durable (fdatasync,
+//!   directory sync, journal record) follows on the same worker. Until then the copy
+//!   is in no index, so nothing hands out its path (no redirect), and a crash leaves a
+//!   data file the index does not name, which startup deletes. The flight stays
+//!   registered until the commit ends, so a caller arriving meanwhile shares the
+//!   served copy instead of copying again.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -100,12 +107,17 @@ enum Purpose {
     Keep,
 }
 
+type SharedResult = Shared<BoxFuture<'static, StageResult>>;
+
 #[derive(Debug, Clone)]
 struct Flight {
     path: PathBuf,
     purpose: Purpose,
     progress: Arc<Progress>,
-    result: Shared<BoxFuture<'static, StageResult>>,
+    /// The copy, whole and verified, maybe not yet durable: what an open serves.
+    servable: SharedResult,
+    /// The copy, committed to the store.
+    committed: SharedResult,
 }
 
 /// Stages source files into a store, one copy per file at a time.
@@ -146,6 +158,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     runtime: Handle,
     copy: CopyOptions,
+    /// `copy` with its chunk size settled by the source's kind, once known.
+    settled_copy: std::sync::OnceLock<CopyOptions>,
     inflight: Mutex<HashMap<Key, Flight>>,
     /// Copies started for opens and not finished: prefetch copies wait for zero, so
     /// the file a loader is blocked on gets the whole link.
@@ -189,6 +203,7 @@ impl Stager {
                 metrics,
                 runtime,
                 copy: options.copy,
+                settled_copy: std::sync::OnceLock::new(),
                 inflight: Mutex::new(HashMap::new()),
                 urgent_copies: Arc::default(),
             }),
@@ -221,28 +236,58 @@ impl Stager {
         let flight = self.flight_for(rel, Purpose::Open);
         // Someone is waiting for this one: a prefetch of it stops yielding to opens.
         flight.progress.urgent.store(true, Ordering::Relaxed);
-        let result = flight.result.await;
+        if let Some(Ok(copy)) = flight.servable.peek() {
+            return self.reuse_uncommitted(rel, copy.clone(), flight).await;
+        }
+        let result = flight.servable.await;
         match result {
             // A prefetch may not evict; an open may, so it tries again on its own.
             Err(StageError::Store(StoreError::NoRoom { .. }))
                 if flight.purpose != Purpose::Open =>
             {
-                self.flight_for(rel, Purpose::Open).result.await
+                self.flight_for(rel, Purpose::Open).servable.await
             }
             other => other,
         }
     }
 
+    /// Serves `copy`, whole and verified but still being committed when this caller
+    /// came, if the source still has that version, as a lookup of a committed copy
+    /// would; otherwise copies the file anew once that commit is over.
+    async fn reuse_uncommitted(&self, rel: &Path, copy: Staged, flight: Flight) -> StageResult {
+        let (source, path) = (self.inner.source.clone(), rel.to_path_buf());
+        let now = self
+            .inner
+            .pool
+            .run(move || source.stat(&path))
+            .await
+            .map_err(|why| SourceError::Unanswered {
+                path: rel.to_path_buf(),
+                why,
+            })??;
+        if now.is_file() && Stamp::of(&now) == copy.stamp {
+            Metrics::bump(&self.inner.metrics.stage_hits);
+            return Ok(Staged {
+                copied: false,
+                ..copy
+            });
+        }
+        // The commit ends the flight; the next one stats the source afresh.
+        let _ = flight.committed.await;
+        Box::pin(self.stage(rel)).await
+    }
+
     /// Stages `rel` ahead of use: like [`Stager::stage`], but never evicts anything.
+    /// It returns once the copy is committed.
     pub async fn prefetch(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel, Purpose::Prefetch).result.await
+        self.flight_for(rel, Purpose::Prefetch).committed.await
     }
 
     /// Keeps a copy of small file `rel`, to serve while the source does not respond:
     /// like [`Stager::prefetch`], but counted apart (`kept_copies`), since the file
     /// itself is still read from the source.
     pub async fn keep(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel, Purpose::Keep).result.await
+        self.flight_for(rel, Purpose::Keep).committed.await
     }
 
     /// A complete copy of version `version` of `rel`, which the caller looked up a
@@ -250,13 +295,37 @@ impl Stager {
     /// served without asking the source anything; any other file is staged as its
     /// current version (the caller checks that it is still `version`).
     pub async fn stage_version(&self, rel: &Path, version: Stamp) -> StageResult {
-        if Key::for_source_path(rel).content_sha256().is_some()
-            && let Some(staged) = self.stored_off_thread(rel, version).await
-        {
-            Metrics::bump(&self.inner.metrics.stage_hits);
-            return Ok(staged);
+        let key = Key::for_source_path(rel);
+        if key.content_sha256().is_some() {
+            let stored = match self.servable_in_flight(&key, rel, version) {
+                Some(copy) => Some(copy),
+                None => self.stored_off_thread(rel, version).await,
+            };
+            if let Some(staged) = stored {
+                Metrics::bump(&self.inner.metrics.stage_hits);
+                return Ok(staged);
+            }
         }
         self.stage(rel).await
+    }
+
+    /// The whole, verified copy of `rel` at `version` that a copy in progress has
+    /// made and is committing, if there is one.
+    fn servable_in_flight(&self, key: &Key, rel: &Path, version: Stamp) -> Option<Staged> {
+        let flight = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()?;
+        match flight.servable.peek() {
+            Some(Ok(copy)) if copy.stamp == version && flight.path == rel => Some(Staged {
+                copied: false,
+                ..copy.clone()
+            }),
+            _ => None,
+        }
     }
 
     /// [`Stager::stored`], run where it may block (it may re-hash the copy).
@@ -294,6 +363,40 @@ impl Stager {
             store.resolve_redirect(&key, accept)
         } else {
             store.redirectable(&key, accept)
+        }
+    }
+
+    /// Waits until no copy of `rel` is in progress: the one under way, if any, is
+    /// committed or has failed (its error is returned).
+    pub async fn settled(&self, rel: &Path) -> Result<(), StageError> {
+        let key = Key::for_source_path(rel);
+        let flight = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .cloned();
+        match flight {
+            Some(flight) => flight.committed.await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until every copy in progress now is committed or has failed: for a clean
+    /// shutdown, since a copy served but not yet committed is lost (deleted at the
+    /// next start) if the process exits first.
+    pub async fn settle_all(&self) {
+        let flights: Vec<Flight> = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for flight in flights {
+            let _ = flight.committed.await;
         }
     }
 
@@ -338,44 +441,63 @@ impl Stager {
         // Counted from now, so a prefetch starting a moment later already yields.
         let urgent =
             (purpose == Purpose::Open).then(|| UrgentGuard::new(&self.inner.urgent_copies));
-        let task = self.inner.runtime.spawn_blocking(move || {
-            let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose);
-            drop(urgent);
+        let (servable_tx, servable_rx) = tokio::sync::oneshot::channel::<StageResult>();
+        let (committed_tx, committed_rx) = tokio::sync::oneshot::channel::<StageResult>();
+        self.inner.runtime.spawn_blocking(move || {
+            let mut servable_tx = Some(servable_tx);
+            let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose, |copy| {
+                // The open no longer waits for this copy; prefetches may go on.
+                drop(urgent);
+                if let Some(tx) = servable_tx.take() {
+                    let _ = tx.send(Ok(copy.clone()));
+                }
+            });
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner
                 .inflight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&key);
-            result
+            if let Some(tx) = servable_tx {
+                let _ = tx.send(result.clone());
+            } else if let Err(e) = &result {
+                warn!(path = %worker_rel.display(), error = %e, "a copy already served could not be committed; it will be staged again");
+            }
+            let _ = committed_tx.send(result);
         });
-        let path = rel.clone();
-        let result = async move {
-            task.await.unwrap_or_else(|e| {
-                Err(StageError::Worker {
-                    path: rel,
-                    reason: e.to_string(),
+        let settled = |rx: tokio::sync::oneshot::Receiver<StageResult>| {
+            let rel = rel.clone();
+            async move {
+                rx.await.unwrap_or_else(|e| {
+                    Err(StageError::Worker {
+                        path: rel,
+                        reason: e.to_string(),
+                    })
                 })
-            })
-        }
-        .boxed()
-        .shared();
+            }
+            .boxed()
+            .shared()
+        };
         Flight {
-            path,
+            path: rel.clone(),
             purpose,
             progress,
-            result,
+            servable: settled(servable_rx),
+            committed: settled(committed_rx),
         }
     }
 }
 
 impl Inner {
+    /// Stages `rel` (or finds it stored), calling `on_servable` with the copy once it
+    /// is whole and verified, before it is committed; returns the committed copy.
     fn stage_now(
         &self,
         rel: &Path,
         key: &Key,
         progress: &Progress,
         purpose: Purpose,
+        on_servable: impl FnOnce(&Staged),
     ) -> StageResult {
         let meta = self.stat_source(rel)?;
         if !meta.is_file() {
@@ -413,12 +535,23 @@ impl Inner {
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        let hit = self.store.commit(key, tmp, entry, reservation)?;
+        let (placed, file) = self.store.place(key, tmp, &entry)?;
+        on_servable(&Staged {
+            file: Arc::new(file),
+            path: placed.path.clone(),
+            stamp,
+            copied: true,
+            // Keeps it from eviction once committed, for as long as it is read.
+            pin: Arc::new(self.store.pin(key)),
+        });
+        let verified_secs = started.elapsed().as_secs_f64();
+        let hit = self.store.record(key, placed, entry, reservation)?;
         let secs = started.elapsed().as_secs_f64();
         info!(
             path = %rel.display(),
             bytes = stamp.size,
             secs,
+            verified_secs,
             mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),
             "staged"
         );
@@ -438,6 +571,27 @@ impl Inner {
             .map_err(StageError::from)
     }
 
+    /// The copy options, with a chunk size fit for the source: asked of the source
+    /// once (on the source pool, so a dead source fails this like any other call),
+    /// and a network's until it answers.
+    fn copy_options(&self) -> CopyOptions {
+        if self.copy.chunk.is_some() {
+            return self.copy;
+        }
+        if let Some(settled) = self.settled_copy.get() {
+            return *settled;
+        }
+        let source = self.source.clone();
+        match self.pool.run_blocking(move || source.on_local_disk()) {
+            Ok(local) => *self.settled_copy.get_or_init(|| {
+                let settled = self.copy.for_source(local);
+                info!(local_disk = local, chunk = ?settled.chunk, "copy chunk size chosen for the source");
+                settled
+            }),
+            Err(_) => self.copy.for_source(false),
+        }
+    }
+
     /// Waits while opens wait for other copies, unless an open waits for this one.
     fn yield_to_opens(&self, progress: &Progress) {
         while self.urgent_copies.load(Ordering::Relaxed) > 0
@@ -447,8 +601,8 @@ impl Inner {
         }
     }
 
-    /// Copies `rel` into a synced temp file, hashing as it goes, and checks that the
-    /// source did not change underneath.
+    /// Copies `rel` into a temp file (not yet synced), hashing as it goes, and checks
+    /// that the source did not change underneath.
     fn copy(
         &self,
         rel: &Path,
@@ -470,7 +624,7 @@ impl Inner {
             src.as_ref(),
             &mut tmp,
             expected.size,
-            self.copy,
+            self.copy_options(),
             &progress.read,
             with_sha256,
             |n| {
@@ -499,9 +653,6 @@ impl Inner {
                 path: rel.to_path_buf(),
             });
         }
-        tmp.as_file()
-            .sync_all()
-            .map_err(|e| StoreError::io(&tmp_path, e))?;
         Ok((tmp, outcome.blake3))
     }
 
@@ -646,22 +797,28 @@ mod tests {
         assert!(fx.stager.store().entries().is_empty());
     }
 
+    fn inner_for(source: SourceTree, cache: &Path, rt: &tokio::runtime::Runtime) -> Inner {
+        Inner {
+            source,
+            pool: SourcePool::new(1, std::time::Duration::from_secs(10)),
+            store: Store::open(cache, Budget::default()).expect("store"),
+            metrics: Arc::default(),
+            runtime: rt.handle().clone(),
+            copy: CopyOptions::default(),
+            settled_copy: std::sync::OnceLock::new(),
+            inflight: Mutex::default(),
+            urgent_copies: Arc::default(),
+        }
+    }
+
     #[test]
     fn change_during_copy_is_detected() {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         let src = tempfile::tempdir().expect("tempdir");
         let cache = tempfile::tempdir().expect("tempdir");
         fs::write(src.path().join("f"), b"0123456789").expect("write");
-        let inner = Inner {
-            source: SourceTree::new(src.path()).expect("source"),
-            pool: SourcePool::new(1, std::time::Duration::from_secs(10)),
-            store: Store::open(cache.path(), Budget::default()).expect("store"),
-            metrics: Arc::default(),
-            runtime: rt.handle().clone(),
-            copy: CopyOptions::default(),
-            inflight: Mutex::default(),
-            urgent_copies: Arc::default(),
-        };
+        let source = SourceTree::new(src.path()).expect("source");
+        let inner = inner_for(source, cache.path(), &rt);
         let stale = Stamp {
             size: 10,
             mtime_ns: 1,
@@ -676,5 +833,147 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    fn stage_now(inner: &Inner, rel: &str, on_servable: impl FnOnce(&Staged)) -> StageResult {
+        let rel = Path::new(rel);
+        let key = Key::for_source_path(rel);
+        inner.stage_now(rel, &key, &Progress::default(), Purpose::Open, on_servable)
+    }
+
+    #[test]
+    fn an_open_is_served_the_whole_verified_copy_before_it_is_committed() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let data: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
+        fs::write(src.path().join("w.bin"), &data).expect("write");
+        let source = SourceTree::new(src.path()).expect("source");
+        let stamp = Stamp::of(&source.stat(Path::new("w.bin")).expect("stat"));
+        let inner = inner_for(source, cache.path(), &rt);
+        let key = Key::for_source_path(Path::new("w.bin"));
+        let mut served = None;
+        let committed = stage_now(&inner, "w.bin", |copy| {
+            // Not committed yet: in no index, so no link to it can be handed out.
+            assert!(!inner.store.contains(&key));
+            assert_eq!(inner.store.redirectable(&key, |_| true), None);
+            served = Some(copy.clone());
+        })
+        .expect("stage");
+        let served = served.expect("the copy was servable before the commit");
+        assert!(served.copied);
+        assert_eq!(served.stamp, stamp);
+        assert_eq!(contents(&served), data, "the served copy is whole");
+        // The commit renamed the served file into place: the descriptor still reads it.
+        assert!(inner.store.contains(&key));
+        assert_eq!(served.path, committed.path);
+        assert_eq!(
+            inner.store.redirectable(&key, |_| true),
+            Some(committed.path.clone())
+        );
+        assert_eq!(contents(&served), data);
+        assert_eq!(fs::read(&committed.path).expect("copy"), data);
+    }
+
+    #[test]
+    fn a_crash_before_the_commit_leaves_nothing_a_restart_would_serve() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let image = tempfile::tempdir().expect("tempdir");
+        fs::write(src.path().join("w.bin"), vec![9u8; 3 << 20]).expect("write");
+        let inner = inner_for(
+            SourceTree::new(src.path()).expect("source"),
+            cache.path(),
+            &rt,
+        );
+        stage_now(&inner, "w.bin", |_| {
+            // The cache directory as a crash at the moment the open was served leaves it.
+            copy_tree(cache.path(), image.path());
+        })
+        .expect("stage");
+        // The served copy is in place, named by no index entry.
+        assert_eq!(
+            image.path().join("v1/data").read_dir().expect("ls").count(),
+            1
+        );
+        let restarted = Store::open(image.path(), Budget::default()).expect("reopen");
+        let key = Key::for_source_path(Path::new("w.bin"));
+        assert!(restarted.entries().is_empty());
+        assert!(restarted.lookup(&key, |_| true).is_none());
+        assert_eq!(restarted.redirectable(&key, |_| true), None);
+        assert_eq!(
+            image.path().join("v1/tmp").read_dir().expect("ls").count(),
+            0
+        );
+        assert_eq!(
+            image.path().join("v1/data").read_dir().expect("ls").count(),
+            0
+        );
+    }
+
+    fn copy_tree(from: &Path, to: &Path) {
+        for entry in fs::read_dir(from).expect("ls") {
+            let entry = entry.expect("entry");
+            let target = to.join(entry.file_name());
+            if entry.file_type().expect("type").is_dir() {
+                fs::create_dir_all(&target).expect("mkdir");
+                copy_tree(&entry.path(), &target);
+            } else if entry.file_name() != "lock" {
+                fs::copy(entry.path(), &target).expect("copy");
+            }
+        }
+    }
+
+    #[test]
+    fn a_source_change_during_the_copy_is_refused_before_anything_is_served() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        fs::write(src.path().join("w.bin"), vec![1u8; 4 << 20]).expect("write");
+        let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
+        faulty.rewrite_after("w.bin", 1 << 20, vec![2u8; 5 << 20]);
+        let inner = inner_for(SourceTree::from_backend(faulty), cache.path(), &rt);
+        let result = stage_now(&inner, "w.bin", |_| panic!("a changed copy was served"));
+        assert!(
+            matches!(result, Err(StageError::SourceChanged { .. })),
+            "{result:?}"
+        );
+        assert!(inner.store.entries().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn opens_share_one_copy_and_a_prefetch_right_after_neither_copies_again_nor_returns_before_the_commit()
+     {
+        let fx = fixture();
+        let data = vec![5u8; 6 << 20];
+        fs::write(fx.src.path().join("w.bin"), &data).expect("write");
+        let rel = Path::new("w.bin");
+        let (first, second) = tokio::join!(fx.stager.stage(rel), fx.stager.stage(rel));
+        assert_eq!(contents(&first.expect("stage")), data);
+        assert_eq!(contents(&second.expect("stage")), data);
+        // A prefetch returns only once the copy is in the store.
+        fx.stager.prefetch(rel).await.expect("prefetch");
+        assert!(fx.stager.store().contains(&Key::for_source_path(rel)));
+        let m = fx.stager.metrics().snapshot();
+        assert_eq!(m.stage_copies, 1, "{m:?}");
+        fx.stager.settled(rel).await.expect("settled");
+        assert!(fx.stager.in_flight().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settle_all_returns_once_every_served_copy_is_committed() {
+        let fx = fixture();
+        let names = ["a.bin", "b.bin", "c.bin"];
+        for name in names {
+            fs::write(fx.src.path().join(name), vec![3u8; 3 << 20]).expect("write");
+        }
+        let opens = names.map(|name| fx.stager.stage(Path::new(name)));
+        for staged in futures::future::join_all(opens).await {
+            staged.expect("stage");
+        }
+        fx.stager.settle_all().await;
+        assert!(fx.stager.in_flight().is_empty());
+        assert_eq!(fx.stager.store().entries().len(), names.len());
     }
 }

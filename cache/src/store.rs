@@ -3,12 +3,14 @@
 //! Layout under the cache directory:
 //! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
 //! - `v1/index.jsonl`: the [`Index`] journal;
-//! - `v1/data/<key>`: complete staged copies, only ever created by rename;
+//! - `v1/data/<key>`: complete staged copies, only ever created by rename (of a
+//!   verified copy, which is synced before the index names it);
 //! - `v1/tmp/`: copies in progress, removed at startup.
 //!
 //! Invariants:
 //! - the index names a data file only once it is complete and synced: commit journals
-//!   the removal of any old entry, renames the new data into place, then journals the
+//!   the removal of any old entry, renames the new (verified) data into place, where
+//!   an open may be served it at once, syncs it and the directory, then journals the
 //!   new entry; startup drops entries whose data is missing or the wrong size and
 //!   deletes data files the index does not name;
 //! - a pinned copy (open, or being staged) is never evicted or removed;
@@ -121,6 +123,25 @@ pub struct Reservation {
     bytes: u64,
     state: Arc<Mutex<State>>,
     _pin: Pin,
+}
+
+/// A complete copy moved into place by [`Store::place`], not yet durable nor in the
+/// index.
+#[derive(Debug)]
+pub struct Placed {
+    /// Where it lives.
+    pub path: PathBuf,
+    /// The descriptor it was written through, to sync it.
+    written: File,
+}
+
+impl Placed {
+    /// Unlinks a copy that cannot be made the entry (handles to it keep reading it),
+    /// and returns the error that stopped it.
+    fn discard(self, error: io::Error) -> StoreError {
+        let _ = remove_if_present(&self.path);
+        StoreError::io(&self.path, error)
+    }
 }
 
 /// A usable staged copy.
@@ -450,16 +471,30 @@ impl Store {
         NamedTempFile::new_in(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))
     }
 
-    /// Makes a fully written and synced temp file the copy for `key`. The old entry
-    /// goes (durably) before the new data is renamed into place, and the new entry
-    /// is written only once the data is synced, so a crash leaves at worst a miss.
+    /// Makes a fully written temp file the copy for `key`: [`Store::place`] then
+    /// [`Store::record`].
     pub fn commit(
         &self,
         key: &Key,
         tmp: NamedTempFile,
-        mut entry: Entry,
+        entry: Entry,
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
+        let (placed, _) = self.place(key, tmp, &entry)?;
+        self.record(key, placed, entry, reservation)
+    }
+
+    /// Moves a complete, verified temp file to where the copy for `key` lives, not
+    /// yet synced nor in the index: so nothing hands out its path or lists it, and a
+    /// crash leaves a data file the index does not name, which startup deletes. The
+    /// old entry goes (durably) first. Returns it open for reading; [`Store::record`]
+    /// makes it the entry.
+    pub fn place(
+        &self,
+        key: &Key,
+        tmp: NamedTempFile,
+        entry: &Entry,
+    ) -> Result<(Placed, File), StoreError> {
         let data_path = self.data_path(key);
         // A copy followed through a redirect shows the source's mtime, as the mirror does.
         tmp.as_file()
@@ -469,12 +504,46 @@ impl Store {
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         // Out of the index first: nothing serves or evicts this key in between (one
         // copy per key is staged at a time), and the reservation pins it.
-        lock_state(&self.state).index.remove(key);
-        self.write_journal(true, true)?;
-        tmp.persist(&data_path)
+        if lock_state(&self.state).index.remove(key).is_some() {
+            self.write_journal(true, true)?;
+        }
+        let written = tmp
+            .persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
-        sync_dir(&self.layout.join("data"))?;
-        let meta = fs::metadata(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
+        let placed = Placed {
+            path: data_path,
+            written,
+        };
+        match File::open(&placed.path) {
+            Ok(file) => Ok((placed, file)),
+            Err(e) => Err(placed.discard(e)),
+        }
+    }
+
+    /// Makes a placed copy durable (its data and the rename) and then the entry for
+    /// `key`. On failure the copy is unlinked: handles to it keep reading it, and the
+    /// next open stages it again.
+    pub fn record(
+        &self,
+        key: &Key,
+        placed: Placed,
+        mut entry: Entry,
+        reservation: Reservation,
+    ) -> Result<Hit, StoreError> {
+        let durable = placed
+            .written
+            .sync_data()
+            .and_then(|()| sync_dir(&self.layout.join("data")))
+            .and_then(|()| {
+                let file = File::open(&placed.path)?;
+                let meta = file.metadata()?;
+                Ok((file, meta))
+            });
+        let (file, meta) = match durable {
+            Ok(opened) => opened,
+            Err(e) => return Err(placed.discard(e)),
+        };
+        let path = placed.path;
         entry.copy = CopyId::of(&meta);
         let pin = {
             let mut state = lock_state(&self.state);
@@ -484,11 +553,10 @@ impl Store {
         self.write_journal(true, true)?;
         // The copy now counts as used space; its reservation can go.
         drop(reservation);
-        let file = File::open(&data_path).map_err(|e| StoreError::io(&data_path, e))?;
         Ok(Hit {
             entry,
             file,
-            path: data_path,
+            path,
             pin,
         })
     }
@@ -589,6 +657,12 @@ impl Store {
             }
             lock_state(&self.state).unlinking -= victim.bytes;
         }
+    }
+
+    /// Keeps the copy for `key` from being evicted or removed while the pin is held,
+    /// including one committed after the pin was taken.
+    pub fn pin(&self, key: &Key) -> Pin {
+        self.pin_locked(&mut lock_state(&self.state), key)
     }
 
     fn pin_locked(&self, state: &mut State, key: &Key) -> Pin {
@@ -755,10 +829,8 @@ fn remove_if_present(path: &Path) -> Result<(), StoreError> {
 }
 
 // A rename is durable only once its directory is synced.
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io(dir, e))
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

@@ -771,14 +771,24 @@ mod tests {
             self.policy.open(attr.ino.0).await
         }
 
-        /// Opens `rel` and reads it whole through a handle.
+        /// Opens `rel` and reads it whole through a handle, then waits for a copy the
+        /// open made to be committed (an open is served before that).
         async fn read_all(&self, rel: impl AsRef<Path>) -> Result<Vec<u8>, FsError> {
-            let opened = self.open(rel).await?;
+            let opened = self.open(rel.as_ref()).await?;
             let size = opened.stamp.size;
             let fh = self.policy.register(opened, None);
             let data = self.policy.read(fh, 0, size as u32).await;
             self.policy.release(fh);
+            self.committed(rel).await;
             data
+        }
+
+        /// Waits until no copy of `rel` is being staged or committed.
+        async fn committed(&self, rel: impl AsRef<Path>) {
+            let settled = self.policy.stager.settled(rel.as_ref());
+            let _ = tokio::time::timeout(PROMPTLY, settled)
+                .await
+                .expect("the copy settles promptly");
         }
 
         fn source_bytes(&self, rel: impl AsRef<Path>) -> Vec<u8> {
@@ -844,11 +854,13 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_large_file_is_whole_in_the_cache_when_its_open_returns() {
+    async fn a_large_file_is_served_from_its_whole_copy_which_is_then_committed() {
         let f = fixture(|c, _, _| c.prefetch = None);
         let opened = f.open("weights.bin").await.expect("open");
         assert!(matches!(opened.reader, Reader::Copy(_)));
         assert!(opened.pin.is_some());
+        // Served whole and verified; committed to the store right after.
+        f.committed("weights.bin").await;
         assert!(f.stored("weights.bin"));
         drop(opened);
         assert_eq!(
@@ -1017,6 +1029,7 @@ mod tests {
         let fh = f
             .policy
             .register(f.open("weights.bin").await.expect("open"), None);
+        f.committed("weights.bin").await;
         assert!(f.policy.stager.store().remove(&key).is_err(), "in use");
         f.policy.release(fh);
         wait_until("the release", || {
