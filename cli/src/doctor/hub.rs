@@ -215,7 +215,7 @@ pub(crate) fn mount_check(mountpoint: &Path, cache_dir: &Path) -> (Check, MountS
     let socket = control::socket_path(cache_dir);
     let answer = bounded(SOCKET_TIMEOUT, {
         let cache_dir = cache_dir.to_path_buf();
-        move || crate::daemon::live_mount(&cache_dir)
+        move || stagefs_mount::live_mount(&cache_dir)
     });
     let check = match answer {
         Ok(Ok(Some((source, serving)))) => serving_check(&mut state, &serving, source, cache_dir),
