@@ -9,6 +9,7 @@
 //! Dependencies flow one way: `stagefs-cache` <- `stagefs-fs` <- this crate <- `stagefs`.
 
 pub mod bounded;
+pub mod cache_dir;
 mod checks;
 mod control;
 mod error;
@@ -17,6 +18,7 @@ mod running;
 mod spec;
 pub mod unmount;
 
+pub use cache_dir::CacheDirError;
 pub use checks::Checked;
 pub use error::MountError;
 pub use live::live_mount;
