@@ -7,7 +7,9 @@
 //! become its command. So each question forks: the child asks and writes the answer
 //! to a pipe; a late child is killed (it dies once the kernel lets go of it) and
 //! abandoned. The child runs only the question and exits; it never returns into the
-//! caller's code.
+//! caller's code. It keeps none of the caller's descriptors: a stuck child must not
+//! hold a pipe the caller's own caller reads to its end (`stagefs mount`'s stderr),
+//! a lock or another mount's `/dev/fuse` open.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -145,6 +147,11 @@ fn decode(answer: &[u8]) -> io::Result<&[u8]> {
 /// `deadline`.
 fn in_child(deadline: Duration, work: impl FnOnce() -> Vec<u8>) -> Result<Vec<u8>, Unanswered> {
     let (read, write) = pipe().map_err(|e| Unanswered::Broken(format!("no pipe: {e}")))?;
+    let null = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| Unanswered::Broken(format!("no /dev/null: {e}")))?;
     // SAFETY: fork has no preconditions. The child only runs `work`, writes to the
     // pipe and `_exit`s, never returning into code that expects the parent's threads.
     match unsafe { libc::fork() } {
@@ -152,7 +159,11 @@ fn in_child(deadline: Duration, work: impl FnOnce() -> Vec<u8>) -> Result<Vec<u8
             "no child process: {}",
             io::Error::last_os_error()
         ))),
-        0 => answer_and_exit(read, write, work),
+        0 => {
+            drop(read);
+            keep_only(&write, &null);
+            answer_and_exit(write, work)
+        }
         pid => {
             drop(write);
             let answer = read_answer(&read, deadline);
@@ -162,8 +173,48 @@ fn in_child(deadline: Duration, work: impl FnOnce() -> Vec<u8>) -> Result<Vec<u8
     }
 }
 
-fn answer_and_exit(read: OwnedFd, write: OwnedFd, work: impl FnOnce() -> Vec<u8>) -> ! {
-    drop(read);
+/// In the child: points stdin, stdout and stderr at `null` and closes every other
+/// descriptor but `write`.
+fn keep_only(write: &OwnedFd, null: &File) {
+    let keep = write.as_raw_fd();
+    for std_fd in 0..3 {
+        // SAFETY: both descriptors are open; dup2 replaces the standard one.
+        unsafe { libc::dup2(null.as_raw_fd(), std_fd) };
+    }
+    let max = match keep.checked_add(1) {
+        Some(above) => close_from(above),
+        None => keep,
+    };
+    for fd in (3..keep).chain(keep + 1..max) {
+        // SAFETY: closing a descriptor this process may or may not have open.
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// Closes every descriptor from `first` up where the system can do it at once,
+/// returning where a loop must stop (`first` then, the descriptor limit otherwise).
+fn close_from(first: i32) -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: close_range only closes descriptors; the bounds are valid.
+        let closed = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                first.unsigned_abs(),
+                libc::c_uint::MAX,
+                0 as libc::c_uint,
+            )
+        };
+        if closed == 0 {
+            return first;
+        }
+    }
+    // SAFETY: sysconf has no preconditions.
+    let limit = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) };
+    i32::try_from(limit.clamp(0, 65_536)).unwrap_or(65_536)
+}
+
+fn answer_and_exit(write: OwnedFd, work: impl FnOnce() -> Vec<u8>) -> ! {
     let code = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
         Ok(bytes) => {
             let length = u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes();
@@ -294,6 +345,22 @@ mod tests {
             Unanswered::Late(Duration::from_secs(2)).to_string(),
             "did not answer within 2s"
         );
+    }
+
+    #[test]
+    fn the_child_holds_none_of_the_callers_descriptors() -> io::Result<()> {
+        // A child stuck in the kernel cannot be killed: whatever it holds stays open.
+        let (read, write) = pipe()?;
+        let (read_fd, write_fd) = (read.as_raw_fd(), write.as_raw_fd());
+        let open_in_child = in_child(DEADLINE, move || {
+            [read_fd, write_fd]
+                .iter()
+                // SAFETY: F_GETFD only asks whether the descriptor is open.
+                .map(|fd| u8::from(unsafe { libc::fcntl(*fd, libc::F_GETFD) } != -1))
+                .collect()
+        });
+        assert_eq!(open_in_child, Ok(vec![0, 0]));
+        Ok(())
     }
 
     #[test]
