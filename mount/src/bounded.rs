@@ -193,22 +193,27 @@ fn keep_only(write: &OwnedFd, null: &File) {
 
 /// Closes every descriptor from `first` up where the system can do it at once,
 /// returning where a loop must stop (`first` then, the descriptor limit otherwise).
+#[cfg(target_os = "linux")]
 fn close_from(first: i32) -> i32 {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: close_range only closes descriptors; the bounds are valid.
-        let closed = unsafe {
-            libc::syscall(
-                libc::SYS_close_range,
-                first.unsigned_abs(),
-                libc::c_uint::MAX,
-                0 as libc::c_uint,
-            )
-        };
-        if closed == 0 {
-            return first;
-        }
-    }
+    // SAFETY: close_range only closes descriptors; the bounds are valid.
+    let closed = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first.unsigned_abs(),
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        )
+    };
+    if closed == 0 { first } else { open_max() }
+}
+
+/// Elsewhere a loop closes them, up to the descriptor limit.
+#[cfg(not(target_os = "linux"))]
+fn close_from(_first: i32) -> i32 {
+    open_max()
+}
+
+fn open_max() -> i32 {
     // SAFETY: sysconf has no preconditions.
     let limit = unsafe { libc::sysconf(libc::_SC_OPEN_MAX) };
     i32::try_from(limit.clamp(0, 65_536)).unwrap_or(65_536)
