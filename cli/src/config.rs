@@ -12,9 +12,9 @@ use serde::de::{self, Deserializer, Visitor};
 use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::defaults;
 use stagefs_fs::FsConfig;
+use stagefs_mount::MountSpec;
 
 use crate::args::{CacheDirArg, MountOptions, OnFullArg};
-use crate::daemon::MountSpec;
 use crate::units::{parse_duration, parse_size, parse_source_dir};
 
 /// The keys a config file may hold; each is optional.

@@ -6,10 +6,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use stagefs_fs::FsConfig;
+use stagefs_mount::{MountSpec, Running};
 
 use crate::args::DemoArgs;
-use crate::daemon::{MountSpec, Running};
+use crate::daemon::explain;
 use crate::hfgen::{self, DemoModel};
 use crate::units::format_bytes;
 
@@ -21,20 +21,12 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         .prefix("stagefs-demo-")
         .tempdir()
         .context("creating a temporary directory")?;
-    let spec = MountSpec {
-        source: work.path().join("source-hub"),
-        mountpoint: work.path().join("mnt"),
-        cache_dir: work.path().join("cache"),
-        fs: FsConfig {
-            hint: Some(crate::args::flag_hint),
-            ..FsConfig::default()
-        },
-        max_size: None,
-        min_free: None,
-        redirect_grace: stagefs_cache::defaults::REDIRECT_GRACE,
-        copy: Default::default(),
-        model_dirs: Vec::new(),
-    };
+    let mut spec = MountSpec::new(
+        work.path().join("source-hub"),
+        work.path().join("mnt"),
+        work.path().join("cache"),
+    );
+    spec.fs.hint = Some(crate::args::flag_hint);
     fs::create_dir_all(&spec.mountpoint)?;
     println!(
         "generating {REPO}: {} shards of {} in {}",
@@ -43,7 +35,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         spec.source.display()
     );
     let model = hfgen::generate(&spec.source, REPO, args.shards, args.shard_size)?;
-    let running = Running::start(&spec)?;
+    let running = Running::start(&spec).map_err(explain)?;
     println!(
         "mounted at {} (cache {})",
         spec.mountpoint.display(),
@@ -51,7 +43,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     );
     let loaded = load_through_mount(&spec, &model);
     let metrics = running.metrics();
-    running.stop()?;
+    running.stop().map_err(explain)?;
     let elapsed = loaded?;
     println!(
         "staged {} files ({}) in {:.2}s; {} small files read from the source; every byte matched the source",

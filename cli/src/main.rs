@@ -3,7 +3,6 @@
 
 mod args;
 mod config;
-mod control_server;
 mod daemon;
 mod demo;
 mod doctor;
@@ -14,7 +13,6 @@ mod prefetch;
 mod run;
 mod service;
 mod units;
-mod unmount;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -86,7 +84,9 @@ fn usage_error(e: clap::Error) -> ExitCode {
 /// The daemon logs what it stages; interactive commands only warnings. `RUST_LOG` overrides.
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
-        Command::Mount(_) => "warn,fuser=error,stagefs=info,stagefs_cache=info,stagefs_fs=info",
+        Command::Mount(_) => {
+            "warn,fuser=error,stagefs=info,stagefs_cache=info,stagefs_fs=info,stagefs_mount=info"
+        }
         _ => "warn,fuser=error",
     }
 }
@@ -107,7 +107,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mount(args) => mount(args, &config()?),
         Command::Unmount(args) => {
             let mountpoint = config()?.mountpoint(args.mountpoint.as_deref())?;
-            unmount::unmount(&mountpoint, args.lazy)
+            daemon::unmount(&mountpoint, args.lazy)
         }
         Command::Run(args) => return run::run(args, &config()?),
         Command::Doctor(args) => return doctor::run(args, &config()?),

@@ -3,16 +3,14 @@
 //! while a mount owns it).
 
 use std::fmt::Write as _;
-use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
-use stagefs_cache::admin::{
-    EvictReport, EvictSelector, Live, ModelStatus, StatusReport, VerifyReport,
-};
-use stagefs_cache::control::{self, MountRecord, Request, Response};
-use stagefs_cache::models::{self, ModelKind, ModelSource};
-use stagefs_cache::{SourceHealth, SourceTree, Store, StoreError};
+use stagefs_cache::SourceHealth;
+use stagefs_cache::admin::{EvictReport, EvictSelector, ModelStatus, StatusReport, VerifyReport};
+use stagefs_cache::control::{Request, Response};
+use stagefs_cache::models::{self, ModelKind};
+use stagefs_mount::cache_dir::{self, CacheDirError};
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
 use crate::config::Config;
@@ -76,59 +74,15 @@ pub(crate) fn verify(args: &VerifyArgs, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends `request` to the mount using `dir`, or serves it from `dir` directly.
 fn ask(dir: &Path, request: Request) -> anyhow::Result<Response> {
-    match control::query(&control::socket_path(dir), &request) {
-        Ok(Response::Error { message }) => Err(anyhow!(message)),
-        Ok(response) => Ok(response),
-        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
-            answer_locally(dir, request)
-        }
-        Err(e) => Err(anyhow!(e).context("talking to the running mount")),
-    }
-}
-
-fn answer_locally(dir: &Path, request: Request) -> anyhow::Result<Response> {
-    let (store, record) = open_locally(dir)?;
-    let model_dirs = record
-        .as_ref()
-        .map(|r| r.model_dirs.clone())
-        .unwrap_or_default();
-    let tree = record.and_then(|r| SourceTree::new(r.source).ok());
-    let source = tree.as_ref().map(|tree| ModelSource {
-        tree,
-        model_dirs: &model_dirs,
-    });
-    match control::answer(request, &store, source, Live::default()) {
-        Response::Error { message } => Err(anyhow!(message)),
-        response => Ok(response),
-    }
-}
-
-/// Opens the cache directory itself (no mount may be running), with what its last
-/// mount recorded.
-pub(crate) fn open_locally(dir: &Path) -> anyhow::Result<(Store, Option<MountRecord>)> {
-    if !dir.join(stagefs_cache::store::LAYOUT_DIR).is_dir() {
-        bail!(
-            "{} is not a stagefs cache directory (pass --cache-dir)",
-            dir.display()
-        );
-    }
-    let record = MountRecord::read(dir);
-    let budget = record.as_ref().map(|r| r.budget).unwrap_or_default();
-    let store = Store::open(dir, budget).map_err(|e| match e {
-        StoreError::Locked { pid, .. } => anyhow!(
-            "the cache {} is locked by another stagefs process{} whose control socket does not answer; if no mount is running, that process is stuck: stop it and retry",
-            dir.display(),
-            pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
-        ),
-        other => anyhow!(other),
-    })?;
-    Ok((store, record))
+    cache_dir::ask(dir, request).map_err(|e| match e {
+        CacheDirError::NotACache(_) => anyhow!("{e} (pass --cache-dir)"),
+        e => anyhow!(e),
+    })
 }
 
 fn unexpected(response: Response) -> anyhow::Error {
-    anyhow!("unexpected answer from the mount: {response:?}")
+    CacheDirError::unexpected(&response).into()
 }
 
 /// A model id, or a path inside the mount or the source turned into a source path.
@@ -145,7 +99,7 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
     let target = args.target.as_deref().context("name what to evict")?;
     if names_a_path(target) {
         return Ok(EvictSelector::Path {
-            path: source_relative(Path::new(target), dir)?,
+            path: cache_dir::source_relative(Path::new(target), dir)?,
         });
     }
     if models::is_model_id(target) {
@@ -161,33 +115,6 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
 /// following it would count as a use of that copy.
 pub(crate) fn names_a_path(text: &str) -> bool {
     std::fs::symlink_metadata(text).is_ok()
-}
-
-/// `path`, inside the mount or the source, relative to the source root.
-pub(crate) fn source_relative(path: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
-    // Only the directories are resolved, not the final name: in a mount without
-    // kernel passthrough a staged file is a link to its copy in the cache, and
-    // following it would leave the mount (and count as a use of the copy). The
-    // mount resolves a snapshot link to its blob itself, from the source.
-    let absolute = std::path::absolute(path)?;
-    let resolving = || format!("resolving {}", path.display());
-    let real = match (absolute.parent(), absolute.file_name()) {
-        (Some(parent), Some(name)) => parent.canonicalize().with_context(resolving)?.join(name),
-        _ => absolute.canonicalize().with_context(resolving)?,
-    };
-    let record = MountRecord::read(dir).context("this cache has never been mounted")?;
-    for root in [&record.mountpoint, &record.source] {
-        let root = root.canonicalize().unwrap_or_else(|_| root.clone());
-        if let Ok(rel) = real.strip_prefix(&root) {
-            return Ok(rel.to_path_buf());
-        }
-    }
-    bail!(
-        "{} is neither inside the mount {} nor the source {}",
-        path.display(),
-        record.mountpoint.display(),
-        record.source.display()
-    )
 }
 
 fn render_status(r: &StatusReport) -> String {

@@ -3,21 +3,17 @@
 //! lines otherwise.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, IsTerminal};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use stagefs_cache::control::{self, Request, Response};
-use stagefs_cache::models::ModelSource;
-use stagefs_cache::prefetch::{self, FileProgress, FileState, Job, Target};
-use stagefs_cache::{SourceTree, Stager};
+use stagefs_cache::prefetch::{FileProgress, FileState, Target};
+use stagefs_mount::cache_dir::{self, CacheDirError};
 
 use crate::args::PrefetchArgs;
 use crate::config::Config;
-use crate::manage::{names_a_path, open_locally, source_relative};
+use crate::manage::names_a_path;
 use crate::units::format_bytes;
 
 /// Runs the command; fails if any file could not be staged.
@@ -46,23 +42,19 @@ pub(crate) fn stage(
         .map(|t| target(t, revision, dir))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut view = View::new(std::io::stderr().is_terminal());
-    let request = Request::Prefetch {
-        targets: targets.clone(),
-    };
-    let files = match control::stream(&control::socket_path(dir), &request) {
-        Ok(answers) => follow(answers, &mut view)?,
-        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
-            prefetch_locally(dir, &targets, parallel, &mut view)?
-        }
-        Err(e) => return Err(anyhow!(e).context("talking to the running mount")),
-    };
+    let files = cache_dir::prefetch(dir, targets, parallel, |files| view.update(files)).map_err(
+        |e| match e {
+            CacheDirError::NotACache(_) => anyhow!("{e} (pass --cache-dir)"),
+            e => anyhow!(e),
+        },
+    )?;
     view.finish(&files)
 }
 
 fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Target> {
     if names_a_path(text) {
         return Ok(Target::Path {
-            path: source_relative(Path::new(text), dir)?,
+            path: cache_dir::source_relative(Path::new(text), dir)?,
         });
     }
     if stagefs_cache::models::is_model_id(text) {
@@ -72,47 +64,6 @@ fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Targ
         });
     }
     bail!("{text}: neither an existing path nor a model id like org/name or a path in the source")
-}
-
-fn follow(
-    answers: impl Iterator<Item = std::io::Result<Response>>,
-    view: &mut View,
-) -> anyhow::Result<Vec<FileProgress>> {
-    for answer in answers {
-        match answer.context("reading from the running mount")? {
-            Response::Progress { files } => view.update(&files),
-            Response::Prefetched { files } => return Ok(files),
-            Response::Error { message } => bail!(message),
-            other => bail!("unexpected answer from the mount: {other:?}"),
-        }
-    }
-    bail!("the mount closed the connection before the prefetch finished")
-}
-
-fn prefetch_locally(
-    dir: &Path,
-    targets: &[Target],
-    parallel: usize,
-    view: &mut View,
-) -> anyhow::Result<Vec<FileProgress>> {
-    let (store, record) = open_locally(dir)?;
-    let record = record.context("this cache has never been mounted, so its source is unknown")?;
-    let source = SourceTree::new(&record.source)
-        .with_context(|| format!("the source {} is not reachable", record.source.display()))?;
-    let models = ModelSource {
-        tree: &source,
-        model_dirs: &record.model_dirs,
-    };
-    let files = prefetch::resolve(models, targets, record.min_stage_size)?;
-    let runtime = tokio::runtime::Runtime::new()?;
-    let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
-    let job = Job::new(stager, files);
-    let running = runtime.spawn(Arc::clone(&job).run(parallel, true));
-    while !running.is_finished() {
-        view.update(&job.progress());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Ok(job.progress())
 }
 
 /// Progress as bars (terminal) or one line per finished file.

@@ -15,14 +15,18 @@ use stagefs_cache::models::Shape;
 
 use crate::args::RunArgs;
 use crate::config::Config;
-use crate::daemon::{self, MountSpec};
-use crate::doctor::same_place;
+use crate::daemon;
+use stagefs_mount::bounded::{same_place, shape};
+use stagefs_mount::{MountSpec, live_mount};
 
 /// Files staged at a time for `--model`.
 const STAGE_PARALLEL: usize = 2;
 /// How long finding out the source's shape may take; past it, the mount is taken for
 /// a hub cache.
 const SHAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long resolving a mount point or source may take; past it, the path is compared
+/// as written.
+const PATH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The variable that relaxes the macOS Metal command-buffer watchdog for one process.
 pub(crate) const RELAX_WATCHDOG_VAR: &str = "AGX_RELAX_CDM_CTXSTORE_TIMEOUT";
@@ -43,7 +47,7 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
     }
     // The source, not the mount: through the mount, staged files may be links.
     let timeout = spec.fs.source_timeout.min(SHAPE_TIMEOUT);
-    let shape = crate::doctor::shape_of(&spec.source, timeout).unwrap_or(Shape::Unknown);
+    let shape = shape(&spec.source, timeout).unwrap_or(Shape::Unknown);
     let env = environment(shape, &spec.mountpoint, args.relax_gpu_watchdog);
     announce(&env, shape, &spec.mountpoint, args.relax_gpu_watchdog);
     let (program, rest) = args.command.split_first().context("no COMMAND given")?;
@@ -71,7 +75,7 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
         return asked;
     };
     let cache_dir = config.cache_dir(args.options.cache_dir.as_deref())?;
-    match daemon::live_mount(&cache_dir)? {
+    match live_mount(&cache_dir)? {
         Some((source, mountpoint)) => config.mount_spec(
             Some(args.source.as_deref().unwrap_or(&source)),
             Some(args.mountpoint.as_deref().unwrap_or(&mountpoint)),
@@ -84,9 +88,10 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
 /// Leaves a matching mount alone, starts one if none runs, and refuses when the
 /// cache directory already serves a different mount.
 fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
-    match daemon::live_mount(&spec.cache_dir)? {
+    let same = |a: &Path, b: &Path| same_place(a, b, PATH_TIMEOUT);
+    match live_mount(&spec.cache_dir)? {
         Some((source, mountpoint))
-            if same_place(&mountpoint, &spec.mountpoint) && same_place(&source, &spec.source) =>
+            if same(&mountpoint, &spec.mountpoint) && same(&source, &spec.source) =>
         {
             Ok(())
         }

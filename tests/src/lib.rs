@@ -1,6 +1,8 @@
 //! Harness for the integration tests: generates HuggingFace caches, runs real
-//! `stagefs mount` processes (unmounted when dropped), talks to their control socket,
-//! and brings up a bandwidth-capped sshfs source in a private network namespace.
+//! `stagefs mount` processes (unmounted when dropped) or mounts in the test process
+//! through the `stagefs_mount` library ([`LibMount`], for tests that need a mount but
+//! not the binary), talks to their control socket, and brings up a bandwidth-capped
+//! sshfs source in a private network namespace.
 //!
 //! The tests need the `stagefs` binary built first (`cargo build -p stagefs`), root
 //! (for FUSE and network namespaces), and for the Python client tests a venv at
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use stagefs_cache::MetricsSnapshot;
 use stagefs_cache::control::{self, Request, Response};
+use stagefs_mount::{MountError, MountSpec, Running};
 use tempfile::TempDir;
 
 /// Root of the workspace.
@@ -440,6 +443,21 @@ impl Scratch {
             None => Mount::start(&self.hub, &self.mnt, &self.cache, extra),
         }
     }
+
+    /// A mount of `hub` at `mnt` with the cache in `cache`, every other setting at the
+    /// library's defaults (those of `stagefs mount` without flags).
+    pub fn spec(&self) -> MountSpec {
+        MountSpec::new(&self.hub, &self.mnt, &self.cache)
+    }
+
+    /// Mounts `hub` at `mnt` in this process through the library, with `adjust`
+    /// applied to [`Scratch::spec`] (e.g. `|s| s.fs.prefetch = None` for
+    /// `--no-prefetch`).
+    pub fn mount_in_process(&self, adjust: impl FnOnce(&mut MountSpec)) -> LibMount {
+        let mut spec = self.spec();
+        adjust(&mut spec);
+        LibMount::start(&spec)
+    }
 }
 
 impl Default for Scratch {
@@ -603,19 +621,7 @@ impl Mount {
     /// mount; a failed program fails the test with its output and the daemon's log.
     #[track_caller]
     pub fn client_report(&self, out: &Output) -> Value {
-        assert!(
-            out.status.success(),
-            "client failed:\n{}\n{}\ndaemon log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.log_text()
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "the client printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
+        client_report(out, &format!("daemon log:\n{}", self.log_text()))
     }
 
     /// Path of `rel` inside the mount.
@@ -690,6 +696,99 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// A mount served by this test process through [`stagefs_mount::Running`], stopped
+/// when dropped. The FUSE session serves on threads of its own, so the test may read
+/// through it directly; Python clients run as child processes. There is no daemon
+/// log, process id or command line: tests of those use [`Mount`].
+pub struct LibMount {
+    running: Option<Running>,
+    /// The mount point.
+    pub mnt: PathBuf,
+    /// The cache directory.
+    pub cache: PathBuf,
+}
+
+impl LibMount {
+    /// Starts the mount; a mount that does not come up fails the test with the
+    /// library's error and its causes.
+    #[track_caller]
+    pub fn start(spec: &MountSpec) -> LibMount {
+        LibMount::try_start(spec).unwrap_or_else(|e| panic!("mount did not come up: {}", chain(&e)))
+    }
+
+    /// Starts the mount, or says why it could not.
+    pub fn try_start(spec: &MountSpec) -> Result<LibMount, MountError> {
+        Ok(LibMount {
+            running: Some(Running::start(spec)?),
+            mnt: spec.mountpoint.clone(),
+            cache: spec.cache_dir.clone(),
+        })
+    }
+
+    /// The mount's counters, straight from the library.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.running.as_ref().expect("running").metrics()
+    }
+
+    /// Path of `rel` inside the mount.
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// The one JSON line a client program (a tests/py script) printed about this
+    /// mount; a failed program fails the test with its output.
+    #[track_caller]
+    pub fn client_report(&self, out: &Output) -> Value {
+        client_report(out, "")
+    }
+
+    /// Stops the mount (unmount, wait for the request loop) and returns how that went.
+    pub fn stop(mut self) -> Result<(), MountError> {
+        self.running.take().map_or(Ok(()), Running::stop)
+    }
+}
+
+impl Drop for LibMount {
+    fn drop(&mut self) {
+        if let Some(running) = self.running.take() {
+            let _ = running.stop();
+        }
+        if is_mounted(&self.mnt) {
+            // A reader still inside kept it mounted: never leave a mount behind a test.
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+    }
+}
+
+/// An error with its causes, as the CLI prints it.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(e) = cause {
+        out += &format!(": {e}");
+        cause = e.source();
+    }
+    out
+}
+
+/// The one JSON line a client program printed; `context` (a daemon's log) is shown
+/// if it failed.
+#[track_caller]
+fn client_report(out: &Output, context: &str) -> Value {
+    assert!(
+        out.status.success(),
+        "client failed:\n{}\n{}\n{context}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the client printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// Whether `path` is a mount point in this process's mount table.

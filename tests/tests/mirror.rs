@@ -68,7 +68,7 @@ fn every_file_dir_and_link_matches_the_source() {
         .expect("chmod");
     std::os::unix::fs::symlink("../version.txt", s.hub.join("nested/link")).expect("symlink");
     std::os::unix::fs::symlink("does-not-exist", s.hub.join("nested/dangling")).expect("symlink");
-    let mount = s.mount(&[]);
+    let mount = s.mount_in_process(|_| {});
     assert_same_tree(&s.hub, &mount.mnt, Path::new(""));
     // The three 2 MiB shards were staged; the small files were not.
     let metrics = mount.metrics();
@@ -79,7 +79,7 @@ fn every_file_dir_and_link_matches_the_source() {
 fn writes_are_refused_with_erofs() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/ro", 1, "2M");
-    let mount = s.mount(&[]);
+    let mount = s.mount_in_process(|_| {});
     let config = mount.path(model.snapshot_rel.join("config.json"));
     let erofs = |e: std::io::Error| e.raw_os_error() == Some(libc::EROFS);
     assert!(

@@ -1,5 +1,6 @@
 //! Opening a large file stages it completely before the open returns, once, and
-//! the staged copy is what every read and mmap page then sees.
+//! the staged copy is what every read and mmap page then sees. Most mounts here are
+//! served by the test process through the library; one needs the daemon's log.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -7,6 +8,7 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
+use stagefs_mount::MountSpec;
 use stagefs_tests::{Scratch, generate, staged_files, wait_for};
 
 fn read_all(file: &mut File) -> Vec<u8> {
@@ -18,12 +20,14 @@ fn read_all(file: &mut File) -> Vec<u8> {
 
 /// After an open, the copy is complete in the cache, and reads through that handle keep
 /// returning the staged bytes even when the source is overwritten in place.
-fn open_handle_reads_only_the_staged_copy(extra: &[&str]) -> stagefs_cache::MetricsSnapshot {
+fn open_handle_reads_only_the_staged_copy(
+    adjust: impl FnOnce(&mut MountSpec),
+) -> stagefs_cache::MetricsSnapshot {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/staged", 1, "6M");
     let shard = model.shards().remove(0);
     let original = fs::read(s.hub.join(&shard)).expect("source");
-    let mount = s.mount(extra);
+    let mount = s.mount_in_process(adjust);
 
     let mut handle = File::open(mount.path(&shard)).expect("open through mount");
     let staged = staged_files(&s.cache);
@@ -53,7 +57,7 @@ fn open_handle_reads_only_the_staged_copy(extra: &[&str]) -> stagefs_cache::Metr
 
 #[test]
 fn passthrough_handle_never_touches_the_source_after_open() {
-    let m = open_handle_reads_only_the_staged_copy(&[]);
+    let m = open_handle_reads_only_the_staged_copy(|_| {});
     assert_eq!(m.passthrough_opens, 1, "{m:?}");
     assert_eq!(
         m.daemon_reads, 0,
@@ -63,7 +67,11 @@ fn passthrough_handle_never_touches_the_source_after_open() {
 
 #[test]
 fn daemon_read_path_never_touches_the_source_after_open() {
-    let m = open_handle_reads_only_the_staged_copy(&["--no-passthrough", "--no-redirect"]);
+    // --no-passthrough --no-redirect
+    let m = open_handle_reads_only_the_staged_copy(|spec| {
+        spec.fs.passthrough = false;
+        spec.fs.redirect = false;
+    });
     assert_eq!(m.passthrough_opens, 0, "{m:?}");
     assert_eq!(m.daemon_opens, 1, "{m:?}");
     assert!(m.daemon_reads > 0, "{m:?}");
@@ -83,7 +91,7 @@ fn eight_processes_opening_one_cold_file_cause_one_copy() {
         .and_then(|n| n.to_str())
         .expect("blob name")
         .to_string();
-    let mount = s.mount(&[]);
+    let mount = s.mount_in_process(|_| {});
     // Start all eight before waiting on any.
     let children: Vec<_> = (0..8)
         .map(|_| {
@@ -116,7 +124,7 @@ fn a_changed_source_file_is_staged_again_and_new_bytes_served() {
     fs::create_dir_all(s.hub.join("exports")).expect("mkdir");
     let original: Vec<u8> = (0..3u32 << 20).map(|i| (i % 249) as u8).collect();
     fs::write(s.hub.join(&rel), &original).expect("write");
-    let mount = s.mount(&[]);
+    let mount = s.mount_in_process(|_| {});
     assert!(fs::read(mount.path(&rel)).expect("first read") == original);
 
     // Same size, new bytes, new mtime: only the mtime tells the versions apart.
@@ -158,14 +166,15 @@ fn a_remount_reuses_staged_copies_after_a_stat() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/again", 2, "2M");
     let shards = model.shards();
-    let first = s.mount(&["--no-prefetch"]);
+    // --no-prefetch
+    let first = s.mount_in_process(|spec| spec.fs.prefetch = None);
     for shard in &shards {
         fs::read(first.path(shard)).expect("read");
     }
     assert_eq!(first.metrics().stage_copies, 2);
-    first.unmount();
+    first.stop().expect("stopping the first mount");
 
-    let second = s.mount(&["--no-prefetch"]);
+    let second = s.mount_in_process(|spec| spec.fs.prefetch = None);
     for shard in &shards {
         assert!(
             fs::read(second.path(shard)).expect("read")
@@ -184,7 +193,8 @@ fn a_remount_reuses_staged_copies_after_a_stat() {
 fn small_files_are_read_from_the_source_and_a_copy_is_kept_in_the_background() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/small", 1, "2M");
-    let mount = s.mount(&["--no-prefetch"]);
+    // --no-prefetch
+    let mount = s.mount_in_process(|spec| spec.fs.prefetch = None);
     let config = model.snapshot_rel.join("config.json");
     let expected = fs::read(s.hub.join(&config)).expect("src");
     assert!(fs::read(mount.path(&config)).expect("read") == expected);

@@ -5,7 +5,6 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::time::Duration;
 
 use serde::Serialize;
 use stagefs_cache::control;
@@ -14,10 +13,8 @@ use stagefs_cache::models::Shape;
 use super::fskind::FsKind;
 use super::mounts;
 use super::report::Check;
-use super::worker::{self, Gathered, Line, Task, reply};
+use super::worker::{Gathered, Line, reply};
 
-/// How long resolving two paths for [`same_place`] may take.
-const PATH_TIMEOUT: Duration = Duration::from_secs(5);
 const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 
 /// The hub cache huggingface_hub will use; `from` is the setting that chose it
@@ -205,25 +202,10 @@ fn judge(
     }
 }
 
-/// Whether two paths name the same directory, resolving them in a worker, so a dead
-/// mount among them cannot hang the caller.
-pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
-    let tasks = || {
-        vec![
-            Task::Resolve(a.to_path_buf()),
-            Task::Resolve(b.to_path_buf()),
-        ]
-    };
-    a == b || {
-        let gathered = worker::gather(tasks(), PATH_TIMEOUT);
-        gathered.resolved(a) == gathered.resolved(b)
-    }
-}
-
 /// The worker's side of the `mount` check, once the cache directory answered: what
 /// its daemon serves, or what the mount point is when none answers.
 pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Sender<Line>) {
-    let live = crate::daemon::live_mount(cache_dir).map_err(|e| format!("{e:#}"));
+    let live = stagefs_mount::live_mount(cache_dir).map_err(|e| e.to_string());
     reply(tx, Line::Daemon(live.clone()));
     match live {
         Ok(Some((_, serving))) => {
@@ -317,18 +299,10 @@ mod tests {
     }
 
     #[test]
-    fn same_place_resolves_links() -> std::io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        std::os::unix::fs::symlink(dir.path(), dir.path().join("link"))?;
-        assert!(same_place(&dir.path().join("link"), dir.path()));
-        assert!(!same_place(&dir.path().join("nope"), dir.path()));
-        Ok(())
-    }
-
-    #[test]
     fn the_mount_check_reads_the_daemons_answer() {
         let check = |lines| {
-            let gathered = Gathered::new(lines, Unanswered::Late(Duration::from_secs(15)));
+            let gathered =
+                Gathered::new(lines, Unanswered::Late(std::time::Duration::from_secs(15)));
             mount_check(&gathered, Path::new("/m"), Path::new("/c"))
         };
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];

@@ -25,13 +25,13 @@ mod watchdog;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::anyhow;
 use serde::Serialize;
 use stagefs_cache::models::Shape;
 
-pub(crate) use hub::same_place;
+#[allow(unused_imports)]
+// unused since stagefs-mount compares paths; goes with the doctor rewrite
 pub(crate) use shape::{shape_of, usage as shape_usage};
 
 use crate::args::DoctorArgs;
@@ -175,18 +175,6 @@ fn environment_target(
                 shape.filter(|_| configured),
             )
         }
-    }
-}
-
-/// Fails when `path` does not answer a `stat` within `timeout` (resolving its name
-/// alone can be answered from the kernel's caches). It is asked of a worker process,
-/// so a dead share cannot hang the caller (`stagefs mount` checks its source this
-/// way); whether the path exists is left to the caller.
-pub(crate) fn responds(path: &Path, timeout: Duration) -> Result<(), String> {
-    let gathered = worker::gather(vec![Task::Locate(path.to_path_buf())], timeout);
-    match got!(gathered, Located) {
-        Some(_) => Ok(()),
-        None => Err(gathered.missing.to_string()),
     }
 }
 

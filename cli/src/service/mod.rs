@@ -141,7 +141,7 @@ fn status(config: &Config) -> anyhow::Result<()> {
         println!("service: not installed (`stagefs service install` adds it)");
     }
     let cache_dir = config.cache_dir(None)?;
-    match crate::daemon::live_mount(&cache_dir)? {
+    match stagefs_mount::live_mount(&cache_dir)? {
         Some((source, mountpoint)) => println!(
             "mount:   {} is up, serving {}",
             mountpoint.display(),

@@ -1,23 +1,41 @@
 //! Unmounting, which differs per platform.
 
-use std::path::Path;
+use std::io;
+use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+/// Why an unmount failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnmountError {
+    /// A process has files open or its working directory in the mount.
+    #[error("{} is busy: a process has files open or its working directory there", .0.display())]
+    Busy(PathBuf),
+    /// Nothing is mounted there.
+    #[error("{} is not a mount point", .0.display())]
+    NotMounted(PathBuf),
+    /// The path does not exist.
+    #[error("{} does not exist", .0.display())]
+    Missing(PathBuf),
+    /// Anything else the system said.
+    #[error("unmounting {} failed: {error}", path.display())]
+    Failed {
+        /// The mount point.
+        path: PathBuf,
+        /// What the system said.
+        error: io::Error,
+    },
+}
 
 /// Unmounts `mountpoint`; `lazy` detaches it even while files are open.
-pub(crate) fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    match platform::unmount(mountpoint, lazy) {
-        Ok(()) => Ok(()),
-        Err(e) => match e.raw_os_error() {
-            Some(libc::EBUSY) => bail!(
-                "{} is busy: a process has files open or its working directory there; close them or use --lazy",
-                mountpoint.display()
-            ),
-            Some(libc::EINVAL) => bail!("{} is not a mount point", mountpoint.display()),
-            Some(libc::ENOENT) => bail!("{} does not exist", mountpoint.display()),
-            _ => bail!("unmounting {} failed: {e}", mountpoint.display()),
-        },
-    }
+pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<(), UnmountError> {
+    platform::unmount(mountpoint, lazy).map_err(|e| {
+        let path = mountpoint.to_path_buf();
+        match e.raw_os_error() {
+            Some(libc::EBUSY) => UnmountError::Busy(path),
+            Some(libc::EINVAL) => UnmountError::NotMounted(path),
+            Some(libc::ENOENT) => UnmountError::Missing(path),
+            _ => UnmountError::Failed { path, error: e },
+        }
+    })
 }
 
 #[cfg(target_os = "linux")]

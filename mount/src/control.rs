@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use stagefs_cache::Stager;
 use stagefs_cache::admin::Live;
 use stagefs_cache::control::{self, Request, Response};
@@ -18,7 +17,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::debug;
 
-use crate::daemon::MountSpec;
+use crate::{MountError, MountSpec};
 
 /// A bound control socket, not yet serving.
 pub(crate) struct ControlServer {
@@ -36,11 +35,12 @@ pub(crate) async fn bind(
     path: &Path,
     spec: &MountSpec,
     stager: Stager,
-) -> anyhow::Result<ControlServer> {
+) -> Result<ControlServer, MountError> {
     let _ = fs::remove_file(path);
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("creating control socket {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    let doing = || format!("creating control socket {}", path.display());
+    let listener = UnixListener::bind(path).map_err(|e| MountError::io(doing(), e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .map_err(|e| MountError::io(doing(), e))?;
     Ok(ControlServer {
         listener,
         stager,

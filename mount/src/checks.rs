@@ -1,0 +1,177 @@
+//! What is checked before anything is created or mounted, and the stale mount a
+//! crashed daemon leaves behind.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tracing::warn;
+
+use crate::bounded::{self, Kind};
+use crate::{MountError, MountSpec, unmount};
+
+/// What checking a mount did besides looking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[must_use]
+pub struct Checked {
+    /// The mount point was a dead mount (its daemon crashed) and was unmounted.
+    pub cleared_stale_mount: bool,
+}
+
+impl MountSpec {
+    /// Refuses a mount that cannot work, before anything is created or mounted: the
+    /// source must answer a `stat` within `fs.source_timeout` (asked by a child
+    /// process, so a dead share cannot hang the caller) and be a directory; the mount
+    /// point an empty directory that is not a mount already; the cache directory
+    /// outside both; the size limit no smaller than the smallest staged file. A mount
+    /// point left dead by a crashed daemon is unmounted first.
+    pub fn check(&self) -> Result<Checked, MountError> {
+        let source = answering_dir(&self.source, self.fs.source_timeout)?;
+        let checked = Checked {
+            cleared_stale_mount: recover_stale_mount(&self.mountpoint)?,
+        };
+        let mountpoint = existing_dir(&self.mountpoint, "mount point")?;
+        if is_mount_point(&mountpoint).map_err(inaccessible("mount point", &mountpoint))? {
+            return Err(MountError::AlreadyMounted {
+                mountpoint: self.mountpoint.clone(),
+            });
+        }
+        let mut entries =
+            fs::read_dir(&mountpoint).map_err(inaccessible("mount point", &mountpoint))?;
+        if entries.next().is_some() {
+            return Err(MountError::NotEmpty {
+                mountpoint: self.mountpoint.clone(),
+            });
+        }
+        let cache = canonical_prefix(&self.cache_dir)?;
+        if cache.starts_with(&source) || cache.starts_with(&mountpoint) {
+            return Err(MountError::CacheInside {
+                cache_dir: self.cache_dir.clone(),
+            });
+        }
+        if let Some(max_size) = self.max_size
+            && max_size < self.fs.min_stage_size
+        {
+            return Err(MountError::LimitBelowStageSize {
+                max_size,
+                min_stage_size: self.fs.min_stage_size,
+            });
+        }
+        Ok(checked)
+    }
+
+    /// Creates the cache directory (private to its owner) if missing and makes sure
+    /// it can be written.
+    pub fn create_cache_dir(&self) -> Result<(), MountError> {
+        let dir = &self.cache_dir;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| MountError::CacheUncreatable {
+                path: dir.clone(),
+                source,
+            })?;
+        tempfile::tempfile_in(dir)
+            .map(drop)
+            .map_err(|source| MountError::CacheUnwritable {
+                path: dir.clone(),
+                source,
+            })
+    }
+}
+
+fn inaccessible(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MountError {
+    let path = path.to_path_buf();
+    move |source| MountError::Inaccessible { what, path, source }
+}
+
+/// The source, resolved, once it has answered within `timeout`.
+fn answering_dir(source: &Path, timeout: Duration) -> Result<PathBuf, MountError> {
+    let unanswered = |why| MountError::SourceUnanswered {
+        path: source.to_path_buf(),
+        why,
+    };
+    match bounded::stat(source, timeout).map_err(unanswered)? {
+        Ok(Kind::Directory) => {}
+        Ok(Kind::Other) => {
+            return Err(MountError::NotADirectory {
+                what: "source",
+                path: source.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(dir_error(e, "source", source)),
+    }
+    bounded::canonicalize(source, timeout)
+        .map_err(unanswered)?
+        .map_err(|e| dir_error(e, "source", source))
+}
+
+fn existing_dir(path: &Path, what: &'static str) -> Result<PathBuf, MountError> {
+    let real = fs::canonicalize(path).map_err(|e| dir_error(e, what, path))?;
+    if !real.is_dir() {
+        return Err(MountError::NotADirectory {
+            what,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(real)
+}
+
+fn dir_error(e: io::Error, what: &'static str, path: &Path) -> MountError {
+    let path = path.to_path_buf();
+    match e.kind() {
+        io::ErrorKind::NotFound => MountError::Missing { what, path },
+        _ => MountError::Inaccessible {
+            what,
+            path,
+            source: e,
+        },
+    }
+}
+
+/// A FUSE mount whose daemon died answers ENOTCONN; clear it so the new mount can
+/// take its place (what a user would otherwise have to do by hand). True if cleared.
+fn recover_stale_mount(mountpoint: &Path) -> Result<bool, MountError> {
+    match fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            unmount(mountpoint, true).map_err(|source| MountError::StaleMount {
+                mountpoint: mountpoint.to_path_buf(),
+                source,
+            })?;
+            warn!(mountpoint = %mountpoint.display(), "cleared a stale mount left by a crashed daemon");
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Whether `dir` is the root of a mounted filesystem (its device differs from its
+/// parent's, or it is `/`).
+fn is_mount_point(dir: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(parent) = dir.parent() else {
+        return Ok(true);
+    };
+    Ok(fs::metadata(dir)?.dev() != fs::metadata(parent)?.dev())
+}
+
+/// `path` with its longest existing prefix canonicalized, so a cache directory can
+/// be checked before anything is created.
+fn canonical_prefix(path: &Path) -> Result<PathBuf, MountError> {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+            break;
+        };
+        rest.push(name);
+        existing = parent;
+    }
+    let mut out = fs::canonicalize(existing)
+        .map_err(|e| MountError::io(format!("resolving {}", existing.display()), e))?;
+    out.extend(rest.iter().rev());
+    Ok(out)
+}

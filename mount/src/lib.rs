@@ -1,0 +1,42 @@
+//! The life of one stagefs mount, as a library: check that a mount can work, recover a
+//! mount point left stale by a crashed daemon, open the cache, start the control
+//! socket, mount FUSE, serve, and stop. The `stagefs` binary is one user of it; tests
+//! and other programs start a mount in-process with [`Running::start`]:
+//!
+//! ```no_run
+//! use stagefs_mount::{MountSpec, Running};
+//!
+//! let spec = MountSpec::new("/mnt/nas/hub", "/tmp/hub-mirror", "/var/tmp/stagefs-cache");
+//! let running = Running::start(&spec)?; // mounted and serving on threads of its own
+//! let config = std::fs::read("/tmp/hub-mirror/models--org--name/refs/main")?;
+//! running.stop()?; // unmounted; the mount point is a plain directory again
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Around it: [`live_mount`] asks a cache directory's control socket which mount it
+//! serves; [`cache_dir`] sends a request to that mount, or works on the directory
+//! itself when none runs; [`bounded`] asks questions about paths that may lie on a
+//! dead share in a child process under a deadline; [`unmount()`] unmounts.
+//!
+//! Errors are typed ([`MountError`], [`CacheDirError`], [`UnmountError`]) and
+//! describe the condition; a caller with flags to offer (the CLI) adds what to try.
+//!
+//! Dependencies flow one way: `stagefs-cache` <- `stagefs-fs` <- this crate <- `stagefs`.
+
+pub mod bounded;
+pub mod cache_dir;
+mod checks;
+mod control;
+mod error;
+mod live;
+mod running;
+mod spec;
+pub mod unmount;
+
+pub use cache_dir::CacheDirError;
+pub use checks::Checked;
+pub use error::MountError;
+pub use live::live_mount;
+pub use running::Running;
+pub use spec::MountSpec;
+pub use unmount::{UnmountError, unmount};
