@@ -80,6 +80,10 @@ pub enum Request {
     Prefetch {
         /// What to stage.
         targets: Vec<Target>,
+        /// Only say what would be staged and what already is, answered by one
+        /// [`Response::Planned`].
+        #[serde(default)]
+        dry_run: bool,
     },
     /// Re-hash copies.
     Verify {
@@ -129,6 +133,16 @@ pub enum Response {
     Prefetched {
         /// Every file and how it ended.
         files: Vec<FileProgress>,
+    },
+    /// Answer to a dry-run [`Request::Prefetch`]: each file `Waiting` (it would be
+    /// copied) or `AlreadyStaged`.
+    Planned {
+        /// The files.
+        files: Vec<FileProgress>,
+        /// What limits the answer (the source did not answer, so only staged copies
+        /// are listed).
+        #[serde(default)]
+        note: Option<String>,
     },
     /// The request could not be served.
     Error {

@@ -289,6 +289,9 @@ pub(crate) struct PrefetchArgs {
     /// Files copied at a time.
     #[arg(long, default_value_t = defaults::PREFETCH_COMMAND_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) parallel: u16,
+    /// Only list what would be copied and what is staged already; copy nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
 #[derive(Debug, Args)]

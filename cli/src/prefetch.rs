@@ -19,6 +19,9 @@ use crate::units::format_bytes;
 /// Runs the command; fails if any file could not be staged.
 pub(crate) fn run(args: &PrefetchArgs, config: &Config) -> anyhow::Result<()> {
     let dir = config.cache_dir_for(&args.cache)?;
+    if args.dry_run {
+        return dry_run(&dir, &args.targets, args.revision.as_deref());
+    }
     let summary = stage(
         &dir,
         &args.targets,
@@ -27,6 +30,47 @@ pub(crate) fn run(args: &PrefetchArgs, config: &Config) -> anyhow::Result<()> {
     )?;
     println!("{summary}");
     Ok(())
+}
+
+/// Lists what staging `targets` would copy and what is staged already.
+fn dry_run(dir: &Path, targets: &[String], revision: Option<&str>) -> anyhow::Result<()> {
+    let targets = targets
+        .iter()
+        .map(|t| target(t, revision, dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (files, note) = cache_dir::plan(dir, targets).map_err(with_hint)?;
+    if let Some(note) = note {
+        eprintln!("note: {note}");
+    }
+    for f in &files {
+        match f.state {
+            FileState::AlreadyStaged => println!("already staged {}", f.path.display()),
+            _ => println!(
+                "would stage {} ({})",
+                f.path.display(),
+                format_bytes(f.total)
+            ),
+        }
+    }
+    let (staged, to_copy): (Vec<_>, Vec<_>) = files
+        .iter()
+        .partition(|f| f.state == FileState::AlreadyStaged);
+    let bytes = |files: &[&FileProgress]| format_bytes(files.iter().map(|f| f.total).sum());
+    println!(
+        "dry run: {} to stage ({}), {} already staged ({}); nothing was copied",
+        to_copy.len(),
+        bytes(&to_copy),
+        staged.len(),
+        bytes(&staged)
+    );
+    Ok(())
+}
+
+fn with_hint(e: CacheDirError) -> anyhow::Error {
+    match e {
+        CacheDirError::NotACache(_) => anyhow!("{e} (pass --cache-dir)"),
+        e => anyhow!(e),
+    }
 }
 
 /// Stages `targets` (model ids or paths) into the cache at `dir`, through its mount
@@ -42,12 +86,8 @@ pub(crate) fn stage(
         .map(|t| target(t, revision, dir))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut view = View::new(std::io::stderr().is_terminal());
-    let files = cache_dir::prefetch(dir, targets, parallel, |files| view.update(files)).map_err(
-        |e| match e {
-            CacheDirError::NotACache(_) => anyhow!("{e} (pass --cache-dir)"),
-            e => anyhow!(e),
-        },
-    )?;
+    let files = cache_dir::prefetch(dir, targets, parallel, |files| view.update(files))
+        .map_err(with_hint)?;
     view.finish(&files)
 }
 

@@ -12,6 +12,7 @@ use stagefs_cache::control::{self, MountRecord, Request, Response};
 use stagefs_cache::models::ModelSource;
 use stagefs_cache::prefetch::{self, FileProgress, Job, Target};
 use stagefs_cache::{SourceError, SourceTree, Stager, Store, StoreError};
+use tokio::runtime::Runtime;
 
 /// Why a request on a cache directory got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +149,7 @@ pub fn prefetch(
 ) -> Result<Vec<FileProgress>, CacheDirError> {
     let request = Request::Prefetch {
         targets: targets.clone(),
+        dry_run: false,
     };
     let socket = control::socket_path(dir);
     let answers = match control::stream(&socket, &request) {
@@ -168,30 +170,50 @@ pub fn prefetch(
     ))
 }
 
+/// What a prefetch of `targets` would copy and what is staged already, copying
+/// nothing: asked of the mount if one runs, else of the directory and its source.
+/// The note says what limited the answer (the mount's source not answering).
+pub fn plan(
+    dir: &Path,
+    targets: Vec<Target>,
+) -> Result<(Vec<FileProgress>, Option<String>), CacheDirError> {
+    let request = Request::Prefetch {
+        targets: targets.clone(),
+        dry_run: true,
+    };
+    match control::query(&control::socket_path(dir), &request) {
+        Ok(Response::Planned { files, note }) => Ok((files, note)),
+        Ok(Response::Error { message }) => Err(CacheDirError::Refused(message)),
+        Ok(other) => Err(CacheDirError::unexpected(&other)),
+        Err(e) if no_mount(&e) => plan_locally(dir, &targets).map(|files| (files, None)),
+        Err(e) => Err(CacheDirError::Socket(e)),
+    }
+}
+
+fn plan_locally(dir: &Path, targets: &[Target]) -> Result<Vec<FileProgress>, CacheDirError> {
+    let (stager, record, _runtime) = local_stager(dir)?;
+    let models = ModelSource {
+        tree: stager.source(),
+        model_dirs: &record.model_dirs,
+    };
+    let files = prefetch::resolve(models, targets, record.min_stage_size)
+        .map_err(CacheDirError::Resolve)?;
+    Ok(prefetch::plan(&stager, &files))
+}
+
 fn prefetch_locally(
     dir: &Path,
     targets: &[Target],
     parallel: usize,
     mut progress: impl FnMut(&[FileProgress]),
 ) -> Result<Vec<FileProgress>, CacheDirError> {
-    let (store, record) = open_locally(dir)?;
-    let record = record.ok_or(CacheDirError::NeverMounted)?;
-    let source =
-        SourceTree::new(&record.source).map_err(|source| CacheDirError::SourceUnreachable {
-            path: record.source.clone(),
-            source,
-        })?;
+    let (stager, record, runtime) = local_stager(dir)?;
     let models = ModelSource {
-        tree: &source,
+        tree: stager.source(),
         model_dirs: &record.model_dirs,
     };
     let files = prefetch::resolve(models, targets, record.min_stage_size)
         .map_err(CacheDirError::Resolve)?;
-    let runtime = tokio::runtime::Runtime::new().map_err(|source| CacheDirError::Io {
-        doing: "starting the copy runtime".into(),
-        source,
-    })?;
-    let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
     let job = Job::new(stager, files);
     let running = runtime.spawn(Arc::clone(&job).run(parallel, true));
     while !running.is_finished() {
@@ -199,6 +221,24 @@ fn prefetch_locally(
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(job.progress())
+}
+
+/// A stager over the cache at `dir` (no mount running) and the source its last mount
+/// recorded, with the runtime its copies run on.
+fn local_stager(dir: &Path) -> Result<(Stager, MountRecord, Runtime), CacheDirError> {
+    let (store, record) = open_locally(dir)?;
+    let record = record.ok_or(CacheDirError::NeverMounted)?;
+    let source =
+        SourceTree::new(&record.source).map_err(|source| CacheDirError::SourceUnreachable {
+            path: record.source.clone(),
+            source,
+        })?;
+    let runtime = Runtime::new().map_err(|source| CacheDirError::Io {
+        doing: "starting the copy runtime".into(),
+        source,
+    })?;
+    let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
+    Ok((stager, record, runtime))
 }
 
 /// `path`, inside the mount or the source of the cache at `dir`, relative to the

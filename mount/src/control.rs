@@ -71,7 +71,14 @@ impl ControlServer {
         let mut lines = BufReader::new(read).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             let sent = match serde_json::from_str::<Request>(&line) {
-                Ok(Request::Prefetch { targets }) => self.prefetch(targets, &mut write).await,
+                Ok(Request::Prefetch {
+                    targets,
+                    dry_run: false,
+                }) => self.prefetch(targets, &mut write).await,
+                Ok(Request::Prefetch {
+                    targets,
+                    dry_run: true,
+                }) => send(&mut write, &self.plan(targets).await).await,
                 Ok(request) => send(&mut write, &self.handle(request).await).await,
                 Err(e) => {
                     let message = format!("bad request: {e}");
@@ -133,6 +140,40 @@ impl ControlServer {
             },
         )
         .await
+    }
+
+    /// A dry run: what a prefetch would copy, asking the source while it answers, and
+    /// listing the copies already staged from the cache alone once it looks stuck
+    /// (at once while it is suspect), as status does.
+    async fn plan(&self, targets: Vec<Target>) -> Response {
+        if !self.source_suspect() {
+            let (stager, dirs, min_size) = (self.stager.clone(), self.dirs(), self.min_stage_size);
+            let asked = targets.clone();
+            let planned = self.stager.source_pool().run(move || {
+                let source = ModelSource {
+                    tree: stager.source(),
+                    model_dirs: &dirs,
+                };
+                prefetch::resolve(source, &asked, min_size)
+                    .map(|files| prefetch::plan(&stager, &files))
+            });
+            tokio::select! {
+                answered = planned => match answered {
+                    Ok(Ok(files)) => return Response::Planned { files, note: None },
+                    Ok(Err(e)) => return Response::Error { message: e.to_string() },
+                    Err(_) => {}
+                },
+                () = self.stager.source_pool().until_suspect() => {}
+            }
+        }
+        let note = format!(
+            "the source {} is not answering: only copies already staged are listed",
+            self.stager.source().root().display()
+        );
+        Response::Planned {
+            files: prefetch::staged_copies(self.stager.store(), &targets, self.min_stage_size),
+            note: Some(note),
+        }
     }
 
     /// Answers every request but prefetch. Only status and evict consult the

@@ -447,7 +447,9 @@ impl Scratch {
     /// A mount of `hub` at `mnt` with the cache in `cache`, every other setting at the
     /// library's defaults (those of `stagefs mount` without flags).
     pub fn spec(&self) -> MountSpec {
-        MountSpec::new(&self.hub, &self.mnt, &self.cache)
+        let mut spec = MountSpec::new(&self.hub, &self.mnt, &self.cache);
+        spec.min_free = Some(TEST_RESERVE);
+        spec
     }
 
     /// Mounts `hub` at `mnt` in this process through the library, with `adjust`
@@ -480,6 +482,19 @@ pub struct Mount {
 }
 
 static LOG_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// The free space test mounts keep on the cache volume. The default, a share of the
+/// volume (10% of a 252 GB disk is 25 GB), would make every test that stages depend on
+/// how full the machine's shared disk happens to be; the tests' caches hold megabytes.
+pub const TEST_RESERVE: u64 = 64 << 20;
+
+/// `--min-free` [`TEST_RESERVE`], unless the test sets its own.
+fn test_reserve(extra: &[&str]) -> Vec<String> {
+    match extra.contains(&"--min-free") {
+        true => Vec::new(),
+        false => vec!["--min-free".into(), TEST_RESERVE.to_string()],
+    }
+}
 
 impl Mount {
     /// Starts the daemon and waits until the mount is live.
@@ -556,6 +571,7 @@ impl Mount {
             .arg("--cache-dir")
             .arg(cache)
             .args(["--foreground", "--notify-ready"])
+            .args(test_reserve(extra))
             .args(extra)
             .env("RUST_LOG", "info,fuser=error")
             .stdin(Stdio::null())

@@ -507,18 +507,48 @@ fn a_staged_model_is_served_while_others_hammer_a_dead_source_and_the_source_com
             assert!(right, "a staged file re-read while the source is away");
         }
     }
-    let cache = s.cache.clone();
-    let started = std::time::Instant::now();
-    let (ok, status, err) = within(Duration::from_secs(60), move || {
-        run_stagefs(&[&"status", &"--cache-dir", &cache])
-    });
-    let status_took = started.elapsed();
-    assert!(ok, "{err}");
+    // The commands on staged data answer from the cache alone.
+    let ask = |args: &[&str]| {
+        let asked = args.join(" ");
+        let mut args: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+        args.extend(["--cache-dir".into(), s.cache.clone().into_os_string()]);
+        let started = std::time::Instant::now();
+        let (ok, out, err) = within(Duration::from_secs(60), move || {
+            let args: Vec<&dyn AsRef<std::ffi::OsStr>> = args
+                .iter()
+                .map(|a| a as &dyn AsRef<std::ffi::OsStr>)
+                .collect();
+            run_stagefs(&args)
+        });
+        assert!(ok, "{asked}: {err}");
+        (out, err, started.elapsed())
+    };
+    let (status, _, status_took) = ask(&["status"]);
     assert!(status.contains("not answering"), "{status}");
+    let (planned, note, plan_took) = ask(&["prefetch", "--dry-run", "acme/reread"]);
+    assert!(note.contains("not answering"), "{note}");
+    // The two 4 MiB shards; small files' copies are not what a prefetch stages.
+    assert!(
+        planned.contains("0 to stage (0 B), 2 already staged (8.0 MiB)"),
+        "{planned}"
+    );
+    let (evictable, _, evict_took) = ask(&["evict", "--dry-run", "acme/reread"]);
+    assert!(evictable.contains("would evict"), "{evictable}");
+    // Exit status 0: every copy of the model matches its hash.
+    let (_, _, verify_took) = ask(&["verify", "acme/reread"]);
     stop.store(true, Ordering::Relaxed);
 
     remote.restore();
     let back = std::time::Instant::now();
+    // How long the network client itself takes to answer again (TCP's retransmission
+    // backoff grows with the length of the cut), to tell its share from the mount's.
+    let direct = remote.mnt.join(&never.shards()[1]);
+    let client_back = std::thread::spawn(move || {
+        while fs::read(&direct).is_err() {
+            sleep(Duration::from_millis(50));
+        }
+        back.elapsed()
+    });
     let fresh = never.shards()[0].clone();
     let (fresh_path, fresh_bytes) = (
         mount.path(&fresh),
@@ -529,16 +559,24 @@ fn a_staged_model_is_served_while_others_hammer_a_dead_source_and_the_source_com
         || fs::read(&fresh_path).is_ok_and(|b| b == fresh_bytes),
     );
     let recovered_after = back.elapsed();
+    let client_recovered_after =
+        within(Duration::from_secs(120), move || client_back.join()).expect("direct read");
     for h in hammering {
         within(Duration::from_secs(60), move || h.join()).expect("hammering thread");
     }
     println!(
         "outage: slowest re-read of a staged file {:.3} s; status {:.3} s; \
-         {} never-staged opens refused with EIO; a never-staged file read right {:.1} s after the link returned",
+         prefetch --dry-run {:.3} s; evict --dry-run {:.3} s; verify {:.3} s; \
+         {} never-staged opens refused with EIO; a never-staged file read right {:.1} s after the link returned \
+         (sshfs itself answered a direct read after {:.1} s)",
         slowest_reread.as_secs_f64(),
         status_took.as_secs_f64(),
+        plan_took.as_secs_f64(),
+        evict_took.as_secs_f64(),
+        verify_took.as_secs_f64(),
         refused.load(Ordering::Relaxed),
-        recovered_after.as_secs_f64()
+        recovered_after.as_secs_f64(),
+        client_recovered_after.as_secs_f64()
     );
     assert_eq!(served_wrong.load(Ordering::Relaxed), 0);
     assert!(refused.load(Ordering::Relaxed) > 0);

@@ -177,6 +177,66 @@ fn prefetch_command_through_the_mount_and_without_one() {
 }
 
 #[test]
+fn prefetch_dry_run_lists_what_would_be_copied_and_copies_nothing() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/plan", 3, "2M");
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let dry_run = |target: &dyn AsRef<std::ffi::OsStr>| {
+        let (ok, out, err) =
+            run_stagefs(&[&"prefetch", target, &"--dry-run", &"--cache-dir", cache]);
+        assert!(ok, "{out}{err}");
+        out
+    };
+    {
+        let mount = s.mount(&["--no-prefetch"]);
+        let out = dry_run(&"acme/plan");
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("would stage "))
+                .count(),
+            3,
+            "{out}"
+        );
+        assert!(
+            out.contains("dry run: 3 to stage (6.0 MiB), 0 already staged"),
+            "{out}"
+        );
+        assert!(
+            staged_files(&s.cache).is_empty(),
+            "a dry run copied something"
+        );
+        assert_eq!(mount.metrics().stage_copies, 0);
+        let first = model.shards().remove(0);
+        fs::read(mount.path(&first)).expect("stage one shard");
+        let name = first.file_name().expect("shard name").to_string_lossy();
+        let blob = model.blob_of(&s.hub, &name);
+        wait_for("the copy committed", || {
+            dry_run(&"acme/plan").contains("1 already staged")
+        });
+        let out = dry_run(&"acme/plan");
+        assert!(
+            out.contains(&format!("already staged {}", blob.display())),
+            "{out}"
+        );
+        assert!(
+            out.contains("dry run: 2 to stage (4.0 MiB), 1 already staged (2.0 MiB)"),
+            "{out}"
+        );
+    }
+    // Without a mount, the cache directory and its recorded source answer the same.
+    let out = dry_run(&s.hub.join(&model.snapshot_rel));
+    assert!(
+        out.contains("dry run: 2 to stage (4.0 MiB), 1 already staged (2.0 MiB)"),
+        "{out}"
+    );
+    assert_eq!(
+        staged_files(&s.cache).len(),
+        1,
+        "a dry run copied something"
+    );
+}
+
+#[test]
 fn staging_a_file_much_larger_than_any_buffer_keeps_memory_bounded() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/huge", 1, "512M");
