@@ -142,11 +142,10 @@ impl Running {
         // them to be deleted at the next start. A copy still crossing a slow link is
         // not waited for: the bound keeps a stop prompt.
         let settled = self.stager.settle_all();
-        if self
+        let waited = self
             .runtime
-            .block_on(tokio::time::timeout(SETTLE_WAIT, settled))
-            .is_err()
-        {
+            .block_on(async { tokio::time::timeout(SETTLE_WAIT, settled).await });
+        if waited.is_err() {
             warn!("copies still in progress are dropped; they start over next time");
         }
         info!(metrics = ?self.metrics(), "stopped");
