@@ -535,17 +535,16 @@ impl Inner {
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        let (placed, file) = self.store.place(key, tmp, &entry)?;
-        on_servable(&Staged {
-            file: Arc::new(file),
-            path: placed.path.clone(),
-            stamp,
-            copied: true,
-            // Keeps it from eviction once committed, for as long as it is read.
-            pin: Arc::new(self.store.pin(key)),
-        });
+        // The open is answered once the copy is committed, not as soon as it is whole
+        // and verified: serving it before the commit saved 20-30 ms per 256 MiB shard
+        // here (writeback runs during the copy, so the final sync is short), while a
+        // copy already read but not yet in the index made status lag behind reads and
+        // could not be evicted to make room for the next open.
+        let (placed, _) = self.store.place(key, tmp, &entry)?;
         let verified_secs = started.elapsed().as_secs_f64();
         let hit = self.store.record(key, placed, entry, reservation)?;
+        let result = staged(hit, stamp, true);
+        on_servable(&result);
         let secs = started.elapsed().as_secs_f64();
         info!(
             path = %rel.display(),
@@ -555,7 +554,7 @@ impl Inner {
             mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),
             "staged"
         );
-        Ok(staged(hit, stamp, true))
+        Ok(result)
     }
 
     /// Stats `rel` on the source pool, so a dead source holds one of its threads
@@ -842,7 +841,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_is_served_the_whole_verified_copy_before_it_is_committed() {
+    fn an_open_is_served_the_whole_verified_copy_once_it_is_committed() {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         let src = tempfile::tempdir().expect("tempdir");
         let cache = tempfile::tempdir().expect("tempdir");
@@ -854,58 +853,57 @@ mod tests {
         let key = Key::for_source_path(Path::new("w.bin"));
         let mut served = None;
         let committed = stage_now(&inner, "w.bin", |copy| {
-            // Not committed yet: in no index, so no link to it can be handed out.
-            assert!(!inner.store.contains(&key));
-            assert_eq!(inner.store.redirectable(&key, |_| true), None);
+            // Already in the index: status lists it and eviction can see it.
+            assert!(inner.store.contains(&key));
+            assert_eq!(
+                inner.store.redirectable(&key, |_| true),
+                Some(copy.path.clone())
+            );
             served = Some(copy.clone());
         })
         .expect("stage");
-        let served = served.expect("the copy was servable before the commit");
+        let served = served.expect("the open was served");
         assert!(served.copied);
         assert_eq!(served.stamp, stamp);
-        assert_eq!(contents(&served), data, "the served copy is whole");
-        // The commit renamed the served file into place: the descriptor still reads it.
-        assert!(inner.store.contains(&key));
         assert_eq!(served.path, committed.path);
-        assert_eq!(
-            inner.store.redirectable(&key, |_| true),
-            Some(committed.path.clone())
-        );
-        assert_eq!(contents(&served), data);
+        assert_eq!(contents(&served), data, "the served copy is whole");
         assert_eq!(fs::read(&committed.path).expect("copy"), data);
     }
 
     #[test]
-    fn a_crash_before_the_commit_leaves_nothing_a_restart_would_serve() {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let src = tempfile::tempdir().expect("tempdir");
+    fn a_crash_during_the_commit_leaves_nothing_a_restart_would_serve() {
         let cache = tempfile::tempdir().expect("tempdir");
         let image = tempfile::tempdir().expect("tempdir");
-        fs::write(src.path().join("w.bin"), vec![9u8; 3 << 20]).expect("write");
-        let inner = inner_for(
-            SourceTree::new(src.path()).expect("source"),
-            cache.path(),
-            &rt,
-        );
-        stage_now(&inner, "w.bin", |_| {
-            // The cache directory as a crash at the moment the open was served leaves it.
-            copy_tree(cache.path(), image.path());
-        })
-        .expect("stage");
-        // The served copy is in place, named by no index entry.
+        let store = Store::open(cache.path(), Budget::default()).expect("store");
+        let key = Key::for_source_path(Path::new("w.bin"));
+        let reservation = store
+            .reserve(&key, 3 << 20, Path::new("w.bin"), true)
+            .expect("room");
+        let mut tmp = store.create_temp().expect("temp");
+        std::io::Write::write_all(&mut tmp, &[9u8; 3 << 20]).expect("write");
+        let entry = crate::index::Entry {
+            source: PathBuf::from("w.bin"),
+            stamp: Stamp {
+                size: 3 << 20,
+                mtime_ns: 1,
+            },
+            blake3: blake3::hash(&[9u8; 3 << 20]).to_hex().to_string(),
+            last_use: 0,
+            copy: crate::index::CopyId::default(),
+        };
+        let (placed, _) = store.place(&key, tmp, &entry).expect("place");
+        // The cache directory as a crash between the rename and the journal leaves it.
+        copy_tree(cache.path(), image.path());
+        drop((placed, reservation));
+        // The copy is in place, named by no index entry.
         assert_eq!(
             image.path().join("v1/data").read_dir().expect("ls").count(),
             1
         );
         let restarted = Store::open(image.path(), Budget::default()).expect("reopen");
-        let key = Key::for_source_path(Path::new("w.bin"));
         assert!(restarted.entries().is_empty());
         assert!(restarted.lookup(&key, |_| true).is_none());
         assert_eq!(restarted.redirectable(&key, |_| true), None);
-        assert_eq!(
-            image.path().join("v1/tmp").read_dir().expect("ls").count(),
-            0
-        );
         assert_eq!(
             image.path().join("v1/data").read_dir().expect("ls").count(),
             0

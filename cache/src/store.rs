@@ -528,7 +528,7 @@ impl Store {
         key: &Key,
         placed: Placed,
         mut entry: Entry,
-        reservation: Reservation,
+        mut reservation: Reservation,
     ) -> Result<Hit, StoreError> {
         let durable = placed
             .written
@@ -548,10 +548,13 @@ impl Store {
         let pin = {
             let mut state = lock_state(&self.state);
             state.index.put(key.clone(), entry.clone());
+            // The copy now counts as used space, so its reservation goes in the same
+            // step: counted twice, even for the journal's sync, it would refuse
+            // (ENOSPC) another open's copy that fits.
+            state.reserved -= std::mem::take(&mut reservation.bytes);
             self.pin_locked(&mut state, key)
         };
         self.write_journal(true, true)?;
-        // The copy now counts as used space; its reservation can go.
         drop(reservation);
         Ok(Hit {
             entry,
