@@ -9,7 +9,7 @@ use std::io::ErrorKind;
 
 use serde::Deserialize;
 
-use super::report::Check;
+use super::Check;
 
 const NAME: &str = "fuse";
 /// Passthrough (reads of staged files served by the kernel) needs 6.9.
@@ -170,7 +170,7 @@ fn judge_macos(MacFuse(version, macos): &MacFuse) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::report::Verdict;
+    use crate::doctor::Verdict;
 
     #[test]
     fn linux_verdicts() {

@@ -1,20 +1,19 @@
-//! The environment checks: whether programs will read through the mount (their
-//! HuggingFace hub cache is where the source's shape puts it in the mount), and
-//! whether the configured mount is up.
+//! How programs will find the models: the source's shape (an HF_HOME, a hub cache,
+//! plain model folders) and what it holds, whether their HuggingFace hub cache is
+//! where that shape puts it in the mount, and whether the configured mount is up.
+//! `mount` and `run` use the same words.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::Sender;
 use std::time::Duration;
 
 use serde::Serialize;
 use stagefs_cache::control;
-use stagefs_cache::models::Shape;
+use stagefs_cache::fskind::{FsKind, filesystem_of};
+use stagefs_cache::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 
-use super::fskind::FsKind;
-use super::mounts;
-use super::report::Check;
-use super::worker::{self, Gathered, Line, Task, reply};
+use super::Check;
+use super::worker::{self, Gathered, Line, Task, Tx};
 
 /// How long resolving two paths for [`same_place`] may take.
 const PATH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,26 +42,99 @@ pub(crate) struct MountState {
     pub(crate) source: Option<PathBuf>,
 }
 
+/// The `shape` check for the directory at `path`. With `advise_mounting`, the
+/// directory is not mounted yet, so the advice says how to use it once it is.
+pub(crate) fn shape_check(path: &Path, survey: &Survey, advise_mounting: bool) -> Check {
+    let shown = path.display();
+    let stopped = match survey.catalog.complete {
+        true => "",
+        false => "; the search stopped early, the source is large",
+    };
+    if survey.shape == Shape::Unknown {
+        return Check::note("shape", format!(
+            "{shown}: no model found (no models--org--name, no folder of weight files with a config.json or index, no .gguf file within {SEARCH_DEPTH} levels{stopped})"
+        ))
+        .advise("models deeper down need `model_dirs` in the config file (or --model-dir); check the path");
+    }
+    let (what, holding) = (survey.shape.describe(), contents(&survey.catalog));
+    let check = Check::ok(
+        "shape",
+        format!("{shown}: {what} holding {holding}{stopped}"),
+    );
+    match advise_mounting {
+        true => check.advise(format!(
+            "once mounted (`stagefs mount {shown} MOUNTPOINT`): {}",
+            usage(survey.shape, Path::new("MOUNTPOINT"))
+        )),
+        false => check,
+    }
+}
+
+/// `2 HF repositories, 1 plain model folder`.
+fn contents(catalog: &Catalog) -> String {
+    let kinds = [ModelKind::HfRepo, ModelKind::Folder, ModelKind::File];
+    let parts: Vec<String> = kinds
+        .into_iter()
+        .map(|kind| match (kind, catalog.count(kind)) {
+            (_, 0) => String::new(),
+            (ModelKind::HfRepo, 1) => "1 HF repository".to_string(),
+            (ModelKind::HfRepo, n) => format!("{n} HF repositories"),
+            (kind, 1) => format!("1 {}", kind.describe()),
+            (kind, n) => format!("{n} {}s", kind.describe()),
+        })
+        .filter(|part| !part.is_empty())
+        .collect();
+    match parts.is_empty() {
+        true => "no model yet".to_string(),
+        false => parts.join(", "),
+    }
+}
+
+/// How programs find the models of a mount at `mountpoint` of a source of `shape`:
+/// `export HF_HOME=/m`, or loading by path.
+pub(crate) fn usage(shape: Shape, mountpoint: &Path) -> String {
+    match (shape, shape.export(mountpoint)) {
+        (_, Some((var, value))) => format!("export {var}={}", value.display()),
+        (Shape::ModelFolders, None) => format!(
+            "load models by path under {} (plain folders need no HF variable)",
+            mountpoint.display()
+        ),
+        (_, None) => {
+            "no model recognised in the source yet (`stagefs doctor SOURCE` says what it holds)"
+                .to_string()
+        }
+    }
+}
+
+/// The shape of the source at `path`, asked of a worker so that a dead share cannot
+/// hang the caller; None if it did not answer within `timeout`.
+pub(crate) fn shape_of(path: &Path, timeout: Duration) -> Option<Shape> {
+    let gathered = worker::gather(vec![Task::Shape(path.to_path_buf())], timeout);
+    got!(gathered, Shape)?.clone().ok()
+}
+
 /// The hub cache as huggingface_hub resolves it: `HF_HUB_CACHE`, the legacy
 /// `HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`, then
-/// `~/.cache/huggingface/hub`.
+/// `~/.cache/huggingface/hub` (named `default`).
 fn effective_hub_cache(var: impl Fn(&str) -> Option<OsString>) -> Option<(PathBuf, &'static str)> {
     let places = [
-        ("HF_HUB_CACHE", None),
-        ("HUGGINGFACE_HUB_CACHE", None),
-        ("HF_HOME", Some("hub")),
-        ("XDG_CACHE_HOME", Some("huggingface/hub")),
-        ("HOME", Some(".cache/huggingface/hub")),
+        ("HF_HUB_CACHE", "HF_HUB_CACHE", ""),
+        ("HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", ""),
+        ("HF_HOME", "HF_HOME", "hub"),
+        ("XDG_CACHE_HOME", "XDG_CACHE_HOME", "huggingface/hub"),
+        ("HOME", "default", ".cache/huggingface/hub"),
     ];
-    let found = places
-        .into_iter()
-        .find_map(|(name, rest)| Some((set(&var, name)?, name, rest)));
-    let (path, name, rest) = found?;
-    let from = if name == "HOME" { "default" } else { name };
-    Some((
-        rest.map_or_else(|| path.clone(), |rest| path.join(rest)),
-        from,
-    ))
+    places.into_iter().find_map(|(name, from, rest)| {
+        let path = set(&var, name)?;
+        Some((
+            if rest.is_empty() {
+                path
+            } else {
+                path.join(rest)
+            },
+            from,
+        ))
+    })
 }
 
 /// Variable `name` if it is set and not empty, with `~` expanded to `HOME` as
@@ -86,7 +158,7 @@ pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> Vec<PathBuf> {
     let hub_cache = effective_hub_cache(env).map(|(path, _)| path);
     let in_mount = mountpoint
         .into_iter()
-        .flat_map(|m| [m.to_path_buf(), m.join("hub")]);
+        .flat_map(|m| [m.into(), m.join("hub")]);
     hub_cache
         .into_iter()
         .chain(set(&env, "HF_HOME"))
@@ -108,16 +180,16 @@ pub(crate) fn hub_cache_check(
     };
     let origin = match from {
         "default" => "the default".to_string(),
-        "XDG_CACHE_HOME" => "from XDG_CACHE_HOME".to_string(),
         name => format!("from {name}"),
     };
-    let shown = format!("{} ({origin})", path.display());
-    let resolved = gathered.resolved(&path);
-    let mount = mountpoint.map(Path::to_path_buf);
+    let (shown, resolved) = (
+        format!("{} ({origin})", path.display()),
+        gathered.resolved(&path),
+    );
     let mut hub = HubCache {
         path,
         from,
-        mountpoint: mount,
+        mountpoint: mountpoint.map(Into::into),
         shape,
         points_at_mount: None,
     };
@@ -126,47 +198,37 @@ pub(crate) fn hub_cache_check(
             .advise("`stagefs run --source SRC --mountpoint DIR -- COMMAND` mounts and sets the HF variables for that one command; set `source` and `mountpoint` in the config file to drop the flags");
         return (check, Some(hub));
     };
-    let mount = gathered.resolved(mountpoint);
-    // With no model recognised, the source may yet become either kind of HF cache.
-    let check = match shape.filter(|s| *s != Shape::Unknown) {
-        Some(Shape::ModelFolders) => Check::note(
-            "hub-cache",
-            format!(
-                "the source holds plain model folders, loaded by path under {}; the hub cache ({shown}) does not matter to them",
-                mountpoint.display()
-            ),
-        ),
+    let (mount, shown_mount) = (gathered.resolved(mountpoint), mountpoint.display());
+    // With no model recognised, the source may yet become either kind of HF cache,
+    // and either place in the mount will do.
+    let shape = shape.filter(|s| *s != Shape::Unknown);
+    hub.points_at_mount = match shape {
+        Some(Shape::ModelFolders) => None,
         Some(shape) => {
             let expected = shape.hub_cache(mountpoint).unwrap_or_default();
-            let points = resolved == gathered.resolved(&expected);
-            hub.points_at_mount = Some(points);
-            judge(
-                shape,
-                points,
-                &shown,
-                mountpoint,
-                from,
-                set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount),
-            )
+            Some(resolved == gathered.resolved(&expected))
         }
-        None => {
-            // The source's shape is not known: either place in the mount will do.
-            let points = resolved == mount || resolved == mount.join("hub");
-            hub.points_at_mount = Some(points);
-            match points {
-                true => Check::ok("hub-cache", format!("the hub cache is the mount: {shown}")),
-                false => Check::warn(
-                    "hub-cache",
-                    format!(
-                        "the hub cache is {shown}, not the mount {}",
-                        mountpoint.display()
-                    ),
-                )
-                .advise(format!(
-                    "export HF_HUB_CACHE={} (its hub/ if the source is a whole HF_HOME), or {RUN}",
-                    mountpoint.display()
-                )),
-            }
+        None => Some(resolved == mount || resolved == mount.join("hub")),
+    };
+    let home_elsewhere = set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount);
+    let check = match (shape, hub.points_at_mount) {
+        (Some(Shape::ModelFolders), _) | (_, None) => Check::note(
+            "hub-cache",
+            format!(
+                "the source holds plain model folders, loaded by path under {shown_mount}; the hub cache ({shown}) does not matter to them"
+            ),
+        ),
+        (None, Some(true)) => {
+            Check::ok("hub-cache", format!("the hub cache is the mount: {shown}"))
+        }
+        (None, Some(false)) => {
+            let summary = format!("the hub cache is {shown}, not the mount {shown_mount}");
+            Check::warn("hub-cache", summary).advise(format!(
+                "export HF_HUB_CACHE={shown_mount} (its hub/ if the source is a whole HF_HOME), or {RUN}"
+            ))
+        }
+        (Some(shape), Some(points)) => {
+            judge(shape, points, &shown, mountpoint, from, home_elsewhere)
         }
     };
     (check, Some(hub))
@@ -182,9 +244,9 @@ fn judge(
     from: &str,
     home_elsewhere: bool,
 ) -> Check {
-    let export = super::shape::usage(shape, mountpoint);
+    let (export, is_home) = (usage(shape, mountpoint), shape == Shape::HfHome);
     if !points {
-        let unset = match shape == Shape::HfHome && from.ends_with("HUB_CACHE") {
+        let unset = match is_home && from.ends_with("HUB_CACHE") {
             true => format!(" and unset {from}, which wins over HF_HOME"),
             false => String::new(),
         };
@@ -197,7 +259,7 @@ fn judge(
         "hub-cache",
         format!("the hub cache is the mount's: {shown}"),
     );
-    match shape == Shape::HfHome && home_elsewhere {
+    match is_home && home_elsewhere {
         true => check.advise(format!(
             "{export} as well, so the token and xet/ in the mount are used"
         )),
@@ -208,36 +270,24 @@ fn judge(
 /// Whether two paths name the same directory, resolving them in a worker, so a dead
 /// mount among them cannot hang the caller.
 pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
-    let tasks = || {
-        vec![
-            Task::Resolve(a.to_path_buf()),
-            Task::Resolve(b.to_path_buf()),
-        ]
-    };
+    let tasks = [a, b].map(|path| Task::Resolve(path.to_path_buf()));
     a == b || {
-        let gathered = worker::gather(tasks(), PATH_TIMEOUT);
+        let gathered = worker::gather(tasks.into(), PATH_TIMEOUT);
         gathered.resolved(a) == gathered.resolved(b)
     }
 }
 
 /// The worker's side of the `mount` check, once the cache directory answered: what
 /// its daemon serves, or what the mount point is when none answers.
-pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Sender<Line>) {
+pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     let live = crate::daemon::live_mount(cache_dir).map_err(|e| format!("{e:#}"));
-    reply(tx, Line::Daemon(live.clone()));
-    match live {
-        Ok(Some((_, serving))) => {
-            if let Ok(resolved) = std::fs::canonicalize(&serving) {
-                reply(tx, Line::Resolved(serving, resolved));
-            }
-        }
-        Ok(None) => {
-            if let Ok(fs) = mounts::filesystem_of(mountpoint) {
-                reply(tx, Line::MountFs(fs));
-            }
-        }
-        Err(_) => {}
-    }
+    let _ = tx.send(Line::Daemon(live.clone()));
+    let _ = match live {
+        Ok(Some((_, serving))) => std::fs::canonicalize(&serving)
+            .map(|resolved| tx.send(Line::Resolved(serving, resolved))),
+        Ok(None) => filesystem_of(mountpoint).map(|fs| tx.send(Line::MountFs(fs))),
+        Err(_) => Ok(Ok(())),
+    };
 }
 
 /// The `mount` check: does a daemon serve the configured mount point from this cache
@@ -259,16 +309,14 @@ pub(crate) fn mount_check(
                 || gathered.resolved(serving) == gathered.resolved(mountpoint);
             let (cache, mirrored, serving) =
                 (cache_dir.display(), source.display(), serving.display());
-            if !same {
+            if same {
+                (state.up, state.source) = (true, Some(source.clone()));
+                Check::ok("mount", format!("{shown} is mounted, mirroring {mirrored}"))
+            } else {
                 let summary = format!("{cache} serves another mount: {mirrored} at {serving}");
-                let check = Check::warn("mount", summary);
-                return (
-                    check.advise("unmount it, or give this mount its own --cache-dir"),
-                    state,
-                );
+                Check::warn("mount", summary)
+                    .advise("unmount it, or give this mount its own --cache-dir")
             }
-            (state.up, state.source) = (true, Some(source.clone()));
-            Check::ok("mount", format!("{shown} is mounted, mirroring {mirrored}"))
         }
         Some(Ok(None)) => {
             let mounted = got!(gathered, MountFs)
@@ -292,8 +340,10 @@ pub(crate) fn mount_check(
 mod tests {
     use std::collections::HashMap;
 
+    use stagefs_cache::models::ModelRef;
+
     use super::*;
-    use crate::doctor::worker::Unanswered;
+    use crate::doctor::Verdict;
 
     #[test]
     fn hub_cache_precedence() {
@@ -317,20 +367,8 @@ mod tests {
     }
 
     #[test]
-    fn same_place_resolves_links() -> std::io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        std::os::unix::fs::symlink(dir.path(), dir.path().join("link"))?;
-        assert!(same_place(&dir.path().join("link"), dir.path()));
-        assert!(!same_place(&dir.path().join("nope"), dir.path()));
-        Ok(())
-    }
-
-    #[test]
     fn the_mount_check_reads_the_daemons_answer() {
-        let check = |lines| {
-            let gathered = Gathered::new(lines, Unanswered::Late(Duration::from_secs(15)));
-            mount_check(&gathered, Path::new("/m"), Path::new("/c"))
-        };
+        let check = |lines| mount_check(&Gathered::late(lines), Path::new("/m"), Path::new("/c"));
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];
         let (up, state) = check(served("/m"));
         assert_eq!(
@@ -345,5 +383,52 @@ mod tests {
             check(vec![Line::Daemon(Ok(None))]).0.summary,
             "/m is not mounted"
         );
+    }
+
+    #[test]
+    fn each_shape_is_named_with_what_it_holds_and_how_to_use_it() {
+        let check = |shape, kinds: &[ModelKind], advise| {
+            let models = kinds.iter().enumerate().map(|(i, kind)| {
+                let (id, path) = (format!("m{i}"), format!("m{i}").into());
+                ModelRef {
+                    id,
+                    kind: *kind,
+                    path,
+                }
+            });
+            let catalog = Catalog {
+                models: models.collect(),
+                complete: true,
+            };
+            shape_check(Path::new("/nas/hf"), &Survey { shape, catalog }, advise)
+        };
+        let home = check(Shape::HfHome, &[ModelKind::HfRepo, ModelKind::HfRepo], true);
+        assert_eq!(
+            home.summary,
+            "/nas/hf: an HF_HOME holding 2 HF repositories"
+        );
+        let advice = "once mounted (`stagefs mount /nas/hf MOUNTPOINT`): export HF_HOME=MOUNTPOINT";
+        assert_eq!(home.advice.as_deref(), Some(advice));
+        assert!(
+            check(Shape::HubCache, &[ModelKind::HfRepo], false)
+                .advice
+                .is_none()
+        );
+        assert_eq!(
+            usage(Shape::HubCache, Path::new("/m")),
+            "export HF_HUB_CACHE=/m"
+        );
+        let folders = check(
+            Shape::ModelFolders,
+            &[ModelKind::Folder, ModelKind::File],
+            false,
+        );
+        let expected = "/nas/hf: plain model folders holding 1 plain model folder, 1 GGUF file";
+        assert_eq!(folders.summary, expected);
+        let by_path = usage(Shape::ModelFolders, Path::new("/m"));
+        assert!(by_path.starts_with("load models by path under /m"));
+        let nothing = check(Shape::Unknown, &[], true);
+        assert_eq!(nothing.verdict, Verdict::Note);
+        assert!(nothing.advice.unwrap_or_default().contains("model_dirs"));
     }
 }

@@ -1,9 +1,13 @@
-//! Finding the model to judge and the file to measure, with stagefs-cache's view of
-//! models (HF repositories, plain model folders, GGUF files). Everything here reads
-//! the source: only the worker runs it.
+//! What the worker reads from the source: the model to judge (with stagefs-cache's
+//! view of models: HF repositories, plain model folders, GGUF files), the file to
+//! measure, and a short measurement of how it reads. Everything here may hang on a
+//! dead source: only the worker runs it.
 
-use std::fs;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use stagefs_cache::SourceTree;
@@ -168,64 +172,96 @@ fn scan(dir: &Path, depth: usize, budget: &mut usize, best: &mut Option<(PathBuf
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Small reads for the latency figure.
+const LATENCY_READS: u64 = 5;
+const SMALL_READ: u64 = 4 << 10;
+/// The sequential read stops after this many bytes or this long, whichever is first.
+const THROUGHPUT_BYTES: u64 = 64 << 20;
+const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
 
-    #[test]
-    fn a_path_names_the_model_it_is_in() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let repo = dir.path().join("hub/models--org--m");
-        fs::create_dir_all(repo.join("snapshots/abc"))?;
-        fs::create_dir_all(repo.join("blobs"))?;
-        fs::write(repo.join("blobs/w"), [0u8; 10])?;
-        std::os::unix::fs::symlink(
-            "../../blobs/w",
-            repo.join("snapshots/abc/model.safetensors"),
-        )?;
-        let folder = dir.path().join("models/org/m");
-        fs::create_dir_all(folder.join("original"))?;
-        fs::write(folder.join("config.json"), "{}")?;
-        fs::write(folder.join("model.safetensors"), [0u8; 30])?;
-        fs::write(folder.join("original/params.json"), "{}")?;
-        fs::write(dir.path().join("models/solo.gguf"), [0u8; 5])?;
-        let named = |path: PathBuf| -> anyhow::Result<_> {
-            Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes, m.snapshot)))
-        };
-        let in_repo = |snapshot| Some(("org/m".to_string(), ModelKind::HfRepo, 10, snapshot));
-        let abc = Some(repo.join("snapshots/abc"));
-        assert_eq!(
-            named(repo.join("snapshots/abc/model.safetensors"))?,
-            in_repo(abc.clone())
-        );
-        assert_eq!(named(repo.clone())?, in_repo(abc));
-        let in_folder = Some(("m".to_string(), ModelKind::Folder, 34, None));
-        for inside in ["", "config.json", "original/params.json"] {
-            assert_eq!(named(folder.join(inside))?, in_folder, "{inside}");
-        }
-        let solo = Some(("solo.gguf".to_string(), ModelKind::File, 5, None));
-        assert_eq!(named(dir.path().join("models/solo.gguf"))?, solo);
-        assert_eq!(named(dir.path().join("models"))?, None);
-        assert_eq!(find(dir.path(), "org/m", &[])?.map(|m| m.path), Some(repo));
-        let by_path = find(dir.path(), "models/org/m", &[])?.map(|m| m.kind);
-        assert_eq!(by_path, Some(ModelKind::Folder));
-        assert_eq!(find(dir.path(), "org/absent", &[])?, None);
-        Ok(())
+/// What was measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Probe {
+    pub(crate) file: PathBuf,
+    pub(crate) file_size: u64,
+    /// Median time of one small read at a spread-out offset.
+    pub(crate) latency_ms: f64,
+    pub(crate) throughput_bytes_per_sec: f64,
+    pub(crate) bytes_read: u64,
+    pub(crate) seconds: f64,
+}
+
+/// Measures `file`.
+pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
+    let mut file = File::open(path)?;
+    let file_size = file.metadata()?.len();
+    if file_size == 0 {
+        return Err(io::Error::other("the file is empty"));
     }
+    forget_cached(&file, Access::Random);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut times = Vec::new();
+    for i in 0..LATENCY_READS {
+        // Page-aligned offsets at the middle of each fifth of the file.
+        let offset = (file_size * (2 * i + 1) / (2 * LATENCY_READS)) & !(SMALL_READ - 1);
+        let start = Instant::now();
+        file.read_at(&mut buf[..SMALL_READ as usize], offset)?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    forget_cached(&file, Access::Sequential);
+    let (mut bytes_read, start) = (0u64, Instant::now());
+    while bytes_read < THROUGHPUT_BYTES && start.elapsed() < THROUGHPUT_TIME {
+        match file.read(&mut buf)? {
+            0 => break,
+            n => bytes_read += n as u64,
+        }
+    }
+    // A tiny local file can read in less than a clock tick; never divide by zero.
+    let seconds = start.elapsed().as_secs_f64().max(1e-6);
+    let latency_ms = times[times.len() / 2].as_secs_f64() * 1000.0;
+    let throughput_bytes_per_sec = bytes_read as f64 / seconds;
+    let file = path.to_path_buf();
+    Ok(Probe {
+        file,
+        file_size,
+        latency_ms,
+        throughput_bytes_per_sec,
+        bytes_read,
+        seconds,
+    })
+}
 
-    #[test]
-    fn finds_the_largest_blob() -> std::io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let blobs = dir.path().join("models--o--m/blobs");
-        fs::create_dir_all(&blobs)?;
-        fs::write(blobs.join("small"), [0u8; 10])?;
-        fs::write(blobs.join("big"), [0u8; 100])?;
-        fs::write(dir.path().join("outside"), [0u8; 1000])?;
-        assert_eq!(largest_file(dir.path()), Some(blobs.join("big")));
-        let plain = tempfile::tempdir()?;
-        fs::create_dir_all(plain.path().join("a/b"))?;
-        fs::write(plain.path().join("a/b/f"), [0u8; 5])?;
-        assert_eq!(largest_file(plain.path()), Some(plain.path().join("a/b/f")));
-        Ok(())
+/// How the file is about to be read.
+#[derive(Clone, Copy)]
+enum Access {
+    Random,
+    Sequential,
+}
+
+/// Drops the file's cached pages (clean ones; a just-written file may stay cached)
+/// and says how it will be read, so small reads do not trigger readahead.
+#[cfg(target_os = "linux")]
+fn forget_cached(file: &File, access: Access) {
+    use std::os::fd::AsRawFd;
+    let pattern = match access {
+        Access::Random => libc::POSIX_FADV_RANDOM,
+        Access::Sequential => libc::POSIX_FADV_SEQUENTIAL,
+    };
+    // SAFETY: the descriptor is open for the life of `file`; fadvise only gives hints.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, pattern);
+    }
+}
+
+/// macOS has no per-file cache drop; F_NOCACHE makes this descriptor's reads bypass
+/// the cache instead.
+#[cfg(target_os = "macos")]
+fn forget_cached(file: &File, _access: Access) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the life of `file`; F_NOCACHE takes an int.
+    unsafe {
+        libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1);
     }
 }
