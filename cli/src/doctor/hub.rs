@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use stagefs_cache::control;
-use stagefs_cache::fskind::{FsKind, filesystem_of};
+use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_cache::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 
 use super::Check;
@@ -156,27 +156,26 @@ fn env(name: &str) -> Option<OsString> {
 /// cache, `HF_HOME`, and the places in the mount it may be.
 pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> Vec<PathBuf> {
     let hub_cache = effective_hub_cache(env).map(|(path, _)| path);
-    let in_mount = mountpoint
-        .into_iter()
-        .flat_map(|m| [m.into(), m.join("hub")]);
-    hub_cache
-        .into_iter()
-        .chain(set(&env, "HF_HOME"))
-        .chain(in_mount)
-        .collect()
+    let in_mount = mountpoint.map(|m| [m.to_path_buf(), m.join("hub")]);
+    let paths = [hub_cache, set(&env, "HF_HOME")].into_iter().flatten();
+    paths.chain(in_mount.into_iter().flatten()).collect()
 }
 
 /// The `hub-cache` check against the mount at `mountpoint` of a source of `shape`
-/// (when known): an HF_HOME wants `HF_HOME` to be the mount, a hub cache wants
-/// `HF_HUB_CACHE` to be it, plain folders want neither.
+/// (when known): an HF_HOME wants `HF_HOME` to be the mount (and `HF_HUB_CACHE`, if
+/// set, its `hub/`), a hub cache wants `HF_HUB_CACHE` to be it, plain folders want
+/// neither.
 pub(crate) fn hub_cache_check(
     gathered: &Gathered,
     mountpoint: Option<&Path>,
     shape: Option<Shape>,
 ) -> (Check, Option<HubCache>) {
+    const NAME: &str = "hub-cache";
     let Some((path, from)) = effective_hub_cache(env) else {
-        let note = "neither HF_HUB_CACHE, HF_HOME nor HOME is set";
-        return (Check::note("hub-cache", note), None);
+        return (
+            Check::note(NAME, "neither HF_HUB_CACHE, HF_HOME nor HOME is set"),
+            None,
+        );
     };
     let origin = match from {
         "default" => "the default".to_string(),
@@ -194,11 +193,11 @@ pub(crate) fn hub_cache_check(
         points_at_mount: None,
     };
     let Some(mountpoint) = mountpoint else {
-        let check = Check::note("hub-cache", format!("no mount point configured; the hub cache is {shown}"))
+        let check = Check::note(NAME, format!("no mount point configured; the hub cache is {shown}"))
             .advise("`stagefs run --source SRC --mountpoint DIR -- COMMAND` mounts and sets the HF variables for that one command; set `source` and `mountpoint` in the config file to drop the flags");
         return (check, Some(hub));
     };
-    let (mount, shown_mount) = (gathered.resolved(mountpoint), mountpoint.display());
+    let (mount, m) = (gathered.resolved(mountpoint), mountpoint.display());
     // With no model recognised, the source may yet become either kind of HF cache,
     // and either place in the mount will do.
     let shape = shape.filter(|s| *s != Shape::Unknown);
@@ -210,61 +209,47 @@ pub(crate) fn hub_cache_check(
         }
         None => Some(resolved == mount || resolved == mount.join("hub")),
     };
+    let export = shape.map(|s| usage(s, mountpoint)).unwrap_or_default();
+    let is_home = shape == Some(Shape::HfHome);
     let home_elsewhere = set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount);
     let check = match (shape, hub.points_at_mount) {
-        (Some(Shape::ModelFolders), _) | (_, None) => Check::note(
-            "hub-cache",
+        (_, None) => Check::note(
+            NAME,
             format!(
-                "the source holds plain model folders, loaded by path under {shown_mount}; the hub cache ({shown}) does not matter to them"
+                "the source holds plain model folders, loaded by path under {m}; the hub cache ({shown}) does not matter to them"
             ),
         ),
-        (None, Some(true)) => {
-            Check::ok("hub-cache", format!("the hub cache is the mount: {shown}"))
-        }
+        (None, Some(true)) => Check::ok(NAME, format!("the hub cache is the mount: {shown}")),
         (None, Some(false)) => {
-            let summary = format!("the hub cache is {shown}, not the mount {shown_mount}");
-            Check::warn("hub-cache", summary).advise(format!(
-                "export HF_HUB_CACHE={shown_mount} (its hub/ if the source is a whole HF_HOME), or {RUN}"
-            ))
+            Check::warn(NAME, format!("the hub cache is {shown}, not the mount {m}")).advise(
+                format!(
+                    "export HF_HUB_CACHE={m} (its hub/ if the source is a whole HF_HOME), or {RUN}"
+                ),
+            )
         }
-        (Some(shape), Some(points)) => {
-            judge(shape, points, &shown, mountpoint, from, home_elsewhere)
+        (Some(shape), Some(false)) => {
+            let unset = match is_home && from.ends_with("HUB_CACHE") {
+                true => format!(" and unset {from}, which wins over HF_HOME"),
+                false => String::new(),
+            };
+            let what = shape.describe();
+            Check::warn(
+                NAME,
+                format!("the hub cache is {shown}, not the one in the mount ({m} is {what})"),
+            )
+            .advise(format!("{export}{unset}, or {RUN}"))
+        }
+        (Some(_), Some(true)) => {
+            let check = Check::ok(NAME, format!("the hub cache is the mount's: {shown}"));
+            match is_home && home_elsewhere {
+                true => check.advise(format!(
+                    "{export} as well, so the token and xet/ in the mount are used"
+                )),
+                false => check,
+            }
         }
     };
     (check, Some(hub))
-}
-
-/// Whether the environment matches a mount of an HF_HOME or a hub cache;
-/// `home_elsewhere` when `HF_HOME` is not the mount.
-fn judge(
-    shape: Shape,
-    points: bool,
-    shown: &str,
-    mountpoint: &Path,
-    from: &str,
-    home_elsewhere: bool,
-) -> Check {
-    let (export, is_home) = (usage(shape, mountpoint), shape == Shape::HfHome);
-    if !points {
-        let unset = match is_home && from.ends_with("HUB_CACHE") {
-            true => format!(" and unset {from}, which wins over HF_HOME"),
-            false => String::new(),
-        };
-        let (mount, what) = (mountpoint.display(), shape.describe());
-        let summary =
-            format!("the hub cache is {shown}, not the one in the mount ({mount} is {what})");
-        return Check::warn("hub-cache", summary).advise(format!("{export}{unset}, or {RUN}"));
-    }
-    let check = Check::ok(
-        "hub-cache",
-        format!("the hub cache is the mount's: {shown}"),
-    );
-    match is_home && home_elsewhere {
-        true => check.advise(format!(
-            "{export} as well, so the token and xet/ in the mount are used"
-        )),
-        false => check,
-    }
 }
 
 /// Whether two paths name the same directory, resolving them in a worker, so a dead
@@ -292,48 +277,39 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
 
 /// The `mount` check: does a daemon serve the configured mount point from this cache
 /// directory.
-pub(crate) fn mount_check(
-    gathered: &Gathered,
-    mountpoint: &Path,
-    cache_dir: &Path,
-) -> (Check, MountState) {
-    let mut state = MountState {
-        mountpoint: mountpoint.to_path_buf(),
-        up: false,
-        source: None,
-    };
-    let (socket, shown) = (control::socket_path(cache_dir), mountpoint.display());
+pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (Check, MountState) {
+    let (socket, shown) = (control::socket_path(cache), mount.display());
+    let same = |serving| serving == mount || gathered.resolved(serving) == gathered.resolved(mount);
+    let stagefs = |fs: &FsInfo| fs.kind == FsKind::Stagefs && fs.mount_point == mount;
+    let mut source = None;
     let check = match got!(gathered, Daemon) {
-        Some(Ok(Some((source, serving)))) => {
-            let same = serving == mountpoint
-                || gathered.resolved(serving) == gathered.resolved(mountpoint);
-            let (cache, mirrored, serving) =
-                (cache_dir.display(), source.display(), serving.display());
-            if same {
-                (state.up, state.source) = (true, Some(source.clone()));
-                Check::ok("mount", format!("{shown} is mounted, mirroring {mirrored}"))
-            } else {
-                let summary = format!("{cache} serves another mount: {mirrored} at {serving}");
-                Check::warn("mount", summary)
-                    .advise("unmount it, or give this mount its own --cache-dir")
-            }
+        Some(Ok(Some((mirrored, serving)))) if same(serving) => {
+            source = Some(mirrored.clone());
+            Check::ok("mount", format!("{shown} is mounted, mirroring {}", mirrored.display()))
         }
-        Some(Ok(None)) => {
-            let mounted = got!(gathered, MountFs)
-                .is_some_and(|fs| fs.kind == FsKind::Stagefs && fs.mount_point == mountpoint);
-            match mounted {
-                true => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
-                    .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
-                false => Check::note("mount", format!("{shown} is not mounted"))
-                    .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login"),
-            }
+        Some(Ok(Some((mirrored, serving)))) => {
+            let (cache, mirrored, serving) = (cache.display(), mirrored.display(), serving.display());
+            Check::warn("mount", format!("{cache} serves another mount: {mirrored} at {serving}"))
+                .advise("unmount it, or give this mount its own --cache-dir")
         }
+        Some(Ok(None)) if got!(gathered, MountFs).is_some_and(stagefs) => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
+            .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
+        Some(Ok(None)) => Check::note("mount", format!("{shown} is not mounted"))
+            .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login"),
         Some(Err(e)) => Check::warn("mount", format!("cannot ask {}: {e}", socket.display())),
         None => Check::warn("mount", format!("the mount's daemon {}", gathered.missing)).advise(
             format!("if {shown} hangs too, `stagefs unmount --lazy {shown}` and mount again"),
         ),
     };
-    (check, state)
+    let (mountpoint, up) = (mount.to_path_buf(), source.is_some());
+    (
+        check,
+        MountState {
+            mountpoint,
+            up,
+            source,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -371,58 +347,39 @@ mod tests {
         let check = |lines| mount_check(&Gathered::late(lines), Path::new("/m"), Path::new("/c"));
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];
         let (up, state) = check(served("/m"));
-        assert_eq!(
-            (up.summary.as_str(), state.up),
-            ("/m is mounted, mirroring /src", true)
-        );
+        assert_eq!(up.summary, "/m is mounted, mirroring /src");
+        assert!(state.up);
         let (elsewhere, _) = check(served("/other"));
         assert_eq!(elsewhere.summary, "/c serves another mount: /src at /other");
         let (late, _) = check(Vec::new());
         assert_eq!(late.summary, "the mount's daemon did not answer within 15s");
-        assert_eq!(
-            check(vec![Line::Daemon(Ok(None))]).0.summary,
-            "/m is not mounted"
-        );
+        let (absent, _) = check(vec![Line::Daemon(Ok(None))]);
+        assert_eq!(absent.summary, "/m is not mounted");
     }
 
     #[test]
     fn each_shape_is_named_with_what_it_holds_and_how_to_use_it() {
+        use ModelKind::{File, Folder, HfRepo};
         let check = |shape, kinds: &[ModelKind], advise| {
-            let models = kinds.iter().enumerate().map(|(i, kind)| {
-                let (id, path) = (format!("m{i}"), format!("m{i}").into());
-                ModelRef {
-                    id,
-                    kind: *kind,
-                    path,
-                }
-            });
-            let catalog = Catalog {
-                models: models.collect(),
-                complete: true,
+            let model = |&kind| {
+                let (id, path) = (String::new(), PathBuf::new());
+                ModelRef { id, kind, path }
             };
+            let (models, complete) = (kinds.iter().map(model).collect(), true);
+            let catalog = Catalog { models, complete };
             shape_check(Path::new("/nas/hf"), &Survey { shape, catalog }, advise)
         };
-        let home = check(Shape::HfHome, &[ModelKind::HfRepo, ModelKind::HfRepo], true);
+        let home = check(Shape::HfHome, &[HfRepo, HfRepo], true);
         assert_eq!(
             home.summary,
             "/nas/hf: an HF_HOME holding 2 HF repositories"
         );
         let advice = "once mounted (`stagefs mount /nas/hf MOUNTPOINT`): export HF_HOME=MOUNTPOINT";
         assert_eq!(home.advice.as_deref(), Some(advice));
-        assert!(
-            check(Shape::HubCache, &[ModelKind::HfRepo], false)
-                .advice
-                .is_none()
-        );
-        assert_eq!(
-            usage(Shape::HubCache, Path::new("/m")),
-            "export HF_HUB_CACHE=/m"
-        );
-        let folders = check(
-            Shape::ModelFolders,
-            &[ModelKind::Folder, ModelKind::File],
-            false,
-        );
+        assert_eq!(check(Shape::HubCache, &[HfRepo], false).advice, None);
+        let hub = usage(Shape::HubCache, Path::new("/m"));
+        assert_eq!(hub, "export HF_HUB_CACHE=/m");
+        let folders = check(Shape::ModelFolders, &[Folder, File], false);
         let expected = "/nas/hf: plain model folders holding 1 plain model folder, 1 GGUF file";
         assert_eq!(folders.summary, expected);
         let by_path = usage(Shape::ModelFolders, Path::new("/m"));

@@ -12,13 +12,13 @@ mod model;
 mod source;
 mod space;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::anyhow;
 use serde::Serialize;
-use stagefs_cache::fskind::FsKind;
 use stagefs_cache::models::Shape;
 
 pub(crate) use hub::{same_place, shape_of, usage as shape_usage};
@@ -95,18 +95,10 @@ struct Report {
     checks: Vec<Check>,
     failed: bool,
     source: Option<source::SourceReport>,
-    model: Option<ModelReport>,
+    model: Option<model::Model>,
     cache: space::CacheReport,
     hub_cache: Option<hub::HubCache>,
     mount: Option<hub::MountState>,
-}
-
-/// The model with the time staging it would take at the measured rate.
-#[derive(Debug, Serialize)]
-struct ModelReport {
-    #[serde(flatten)]
-    model: model::Model,
-    staging_seconds: Option<f64>,
 }
 
 /// Runs the checks; exits non-zero when one fails.
@@ -120,31 +112,22 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
         true => println!("{}", serde_json::to_string_pretty(&report)?),
         false => print!("{}", render(&report.checks)),
     }
-    Ok(if report.failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(ExitCode::from(u8::from(report.failed)))
 }
 
 /// The report for a terminal: `ok    fuse         summary`, advice indented below
 /// (the columns are 6 and 13 wide).
 fn render(checks: &[Check]) -> String {
-    let mut out = String::new();
-    for Check {
-        name,
-        verdict,
-        summary,
-        advice,
-    } in checks
-    {
-        let verdict = format!("{verdict:?}").to_lowercase();
-        out.push_str(&format!("{verdict:<6}{name:<13}{summary}\n"));
-        if let Some(advice) = advice {
-            out.push_str(&format!("{:19}{advice}\n", ""));
-        }
-    }
-    out
+    let line = |check: &Check| {
+        let verdict = format!("{:?}", check.verdict).to_lowercase();
+        let advice = check.advice.as_ref().map(|a| format!("{:19}{a}\n", ""));
+        let (name, summary) = (check.name, &check.summary);
+        format!(
+            "{verdict:<6}{name:<13}{summary}\n{}",
+            advice.unwrap_or_default()
+        )
+    };
+    checks.iter().map(line).collect()
 }
 
 /// Asks one worker everything that touches a path, then judges what it answered.
@@ -169,47 +152,33 @@ fn judge(
     // Without the worker's word, whether `org/name` is a path here is not known.
     let told = got!(gathered, Target).cloned();
     let target = told.unwrap_or_else(|| Target::of(arg, config.source(), |_| false));
-    let target = target.map_err(|e| anyhow!(e))?;
-    let found = source::inspect(gathered, &target)?;
+    let found = source::inspect(gathered, &target.map_err(|e| anyhow!(e))?)?;
     let mountpoint = config.configured_mountpoint();
-    let roots: Vec<PathBuf> = found
-        .roots
-        .iter()
-        .cloned()
-        .chain(mountpoint.map(Into::into))
-        .collect();
+    let mut roots = found.roots.clone();
+    roots.extend(mountpoint.map(Into::into));
     let model = found.model.as_ref();
     let (cache_checks, cache) = space::inspect(gathered, cache_dir, config.budget(), &roots, model);
-    let (mount, shape) = environment_target(&found, &target, mountpoint);
+    let (mount, shape) = environment_target(&found, mountpoint);
     let (hub_check, hub_cache) = hub::hub_cache_check(gathered, mount.as_deref(), shape);
     // The worker asks the control socket in the cache directory only once that answered.
     let answered = mountpoint.filter(|_| cache.fs.is_some());
     let (mount_check, mount) = answered
         .map(|m| hub::mount_check(gathered, m, cache_dir))
         .unzip();
-    let watchdog = std::env::var_os(RELAX_WATCHDOG_VAR);
-    let watchdog = watchdog.map(|v| v.to_str().unwrap_or("(not UTF-8)").to_string());
-    let watchdog = cfg!(target_os = "macos").then(|| watchdog_notes(watchdog.as_deref()));
-    let Findings {
-        checks: source_checks,
-        report: source,
-        model,
-        ..
-    } = found;
-    let checks: Vec<Check> = [fuse::check()]
-        .into_iter()
-        .chain(source_checks)
-        .chain(cache_checks)
-        .chain([hub_check])
-        .chain(mount_check)
-        .chain(watchdog.into_iter().flatten())
-        .collect();
-    let probe = source.as_ref().and_then(|r| r.probe.as_ref());
-    let model = model.map(|model| ModelReport {
-        staging_seconds: probe.map(|p| source::staging_seconds(p, &model)),
-        model,
-    });
+    let mut checks = [
+        vec![fuse::check()],
+        found.checks,
+        cache_checks,
+        vec![hub_check],
+    ]
+    .concat();
+    checks.extend(mount_check);
+    if cfg!(target_os = "macos") {
+        let value = std::env::var_os(RELAX_WATCHDOG_VAR);
+        checks.extend(watchdog_notes(value.as_deref()));
+    }
     let failed = checks.iter().any(|c| c.verdict == Verdict::Fail);
+    let (source, model) = (found.report, found.model);
     Ok(Report {
         checks,
         failed,
@@ -226,32 +195,25 @@ fn judge(
 /// when the configured source was examined).
 fn environment_target(
     found: &Findings,
-    target: &Target,
     mountpoint: Option<&Path>,
 ) -> (Option<PathBuf>, Option<Shape>) {
-    let shape = found.survey.as_ref().map(|s| s.shape);
-    let examined = found
-        .report
-        .as_ref()
-        .map(|r| (&r.fs, r.canonical.as_deref()));
-    match examined {
-        Some((fs, Some(path))) if fs.kind == FsKind::Stagefs && path == fs.mount_point => {
-            (Some(fs.mount_point.clone()), shape)
-        }
+    let (shape, report) = (
+        found.survey.as_ref().map(|s| s.shape),
+        found.report.as_ref(),
+    );
+    match report {
+        Some(report) if report.is_mount() => (Some(report.fs.mount_point.clone()), shape),
         _ => {
-            let configured = target.parts().is_some_and(|(_, configured, _)| configured);
-            (
-                mountpoint.map(Path::to_path_buf),
-                shape.filter(|_| configured),
-            )
+            let configured = report.is_some_and(|r| r.configured);
+            (mountpoint.map(Into::into), shape.filter(|_| configured))
         }
     }
 }
 
 /// The macOS Metal watchdog notes, given the variable's value in doctor's own
 /// environment. Built on every platform so they are tested; shown only on macOS.
-fn watchdog_notes(value: Option<&str>) -> Vec<Check> {
-    let state = match value {
+fn watchdog_notes(value: Option<&OsStr>) -> Vec<Check> {
+    let state = match value.map(|v| v.to_str().unwrap_or("(not UTF-8)")) {
         Some(value) => format!("{RELAX_WATCHDOG_VAR}={value} is set in this environment"),
         None => format!("{RELAX_WATCHDOG_VAR} is not set in this environment"),
     };
@@ -327,7 +289,11 @@ mod tests {
             advice.contains("stagefs run --relax-gpu-watchdog"),
             "{advice}"
         );
-        assert!(watchdog_notes(Some("1"))[0].summary.contains("=1 is set"));
+        assert!(
+            watchdog_notes(Some(OsStr::new("1")))[0]
+                .summary
+                .contains("=1 is set")
+        );
         let all: String = unset.iter().map(|c| c.summary.clone()).collect();
         assert!(all.contains("300 GB") && all.contains("display"), "{all}");
     }

@@ -33,6 +33,10 @@ pub(crate) struct Model {
     pub(crate) size_bytes: u64,
     /// Its largest weight file (absolute), what a loader waits on most.
     pub(crate) largest_weight: Option<PathBuf>,
+    /// Seconds to stage it at the measured rate (one stream; a mount copies with
+    /// several, so this is an upper estimate).
+    #[serde(default)]
+    pub(crate) staging_seconds: Option<f64>,
 }
 
 /// The model `id` in the source `root`: a repository at `refs/main` or else its
@@ -58,16 +62,13 @@ pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
         let Some(id) = name.to_str().and_then(hf::id_of_repo_dir) else {
             return Ok(None);
         };
-        let rel = PathBuf::from(name);
-        let commit = path
-            .strip_prefix(repo.join("snapshots"))
-            .ok()
-            .and_then(|c| c.iter().next());
-        let snapshot = commit.map(|commit| rel.join("snapshots").join(commit));
+        let (kind, in_snapshots) = (ModelKind::HfRepo, path.strip_prefix(repo.join("snapshots")));
+        let commit = in_snapshots.ok().and_then(|c| c.iter().next());
+        let snapshot = commit.map(|commit| Path::new(name).join("snapshots").join(commit));
         let model = ModelRef {
             id,
-            kind: ModelKind::HfRepo,
-            path: rel,
+            kind,
+            path: name.into(),
         };
         return Ok(describe(&SourceTree::new(hub)?, &model, snapshot));
     }
@@ -93,15 +94,13 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
     let (snapshot, files, weights) = match model.kind {
         ModelKind::HfRepo => {
             let main = || hf::snapshot_of(tree, &model.path, "main");
-            let snapshot = snapshot
-                .or_else(main)
-                .or_else(|| hf::newest_snapshot(tree, &model.path))?;
-            let files = hf::all_files(tree, &snapshot);
-            (
-                Some(tree.root().join(&snapshot)),
-                files,
+            let newest = || hf::newest_snapshot(tree, &model.path);
+            let snapshot = snapshot.or_else(main).or_else(newest)?;
+            let (files, weights) = (
+                hf::all_files(tree, &snapshot),
                 hf::weight_files(tree, &snapshot),
-            )
+            );
+            (Some(tree.root().join(&snapshot)), files, weights)
         }
         ModelKind::Folder | ModelKind::File => {
             let files = models::files(tree, model, None).ok()?;
@@ -118,6 +117,7 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         files: files.len(),
         size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
         largest_weight: largest.map(|rel| tree.root().join(rel)),
+        staging_seconds: None,
     })
 }
 
@@ -125,19 +125,17 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
 /// `models--*/blobs/`, `hub/models--*/blobs/`), else anywhere a few levels down.
 /// Looks at no more than a bounded number of entries.
 pub(crate) fn largest_file(dir: &Path) -> Option<PathBuf> {
-    let mut budget = SCAN_LIMIT;
+    let (mut budget, mut best) = (SCAN_LIMIT, None);
+    let listed = [dir.to_path_buf(), dir.join("hub")].map(fs::read_dir);
+    let entries = listed.into_iter().flatten().flatten().flatten();
     let mut blobs = vec![dir.join("blobs")];
-    for hub in [dir.to_path_buf(), dir.join("hub")] {
-        let entries = fs::read_dir(&hub).into_iter().flatten().flatten();
-        for entry in entries.take_while(|_| spend(&mut budget)) {
-            if entry.file_name().to_string_lossy().starts_with("models--") {
-                blobs.push(entry.path().join("blobs"));
-            }
+    for entry in entries.take_while(|_| spend(&mut budget)) {
+        if entry.file_name().to_string_lossy().starts_with("models--") {
+            blobs.push(entry.path().join("blobs"));
         }
     }
-    let mut best = None;
-    for dir in blobs {
-        scan(&dir, 0, &mut budget, &mut best);
+    for blobs in &blobs {
+        scan(blobs, 0, &mut budget, &mut best);
     }
     if best.is_none() {
         scan(dir, 3, &mut budget, &mut best);

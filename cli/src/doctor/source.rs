@@ -80,6 +80,17 @@ pub(crate) struct SourceReport {
     pub(crate) stagefs_source_fs: Option<FsInfo>,
     pub(crate) probe: Option<Probe>,
     pub(crate) probe_error: Option<String>,
+    /// The path is the configured source rather than an argument.
+    #[serde(skip)]
+    pub(crate) configured: bool,
+}
+
+impl SourceReport {
+    /// Whether the path is a stagefs mount itself (not a path in one).
+    pub(crate) fn is_mount(&self) -> bool {
+        let fs = &self.fs;
+        fs.kind == FsKind::Stagefs && self.canonical.as_ref() == Some(&fs.mount_point)
+    }
 }
 
 /// Everything the source checks found: the shape of the directory examined (of a
@@ -183,19 +194,17 @@ pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Fi
         found.checks.push(Check::note("source", note));
         return Ok(found);
     };
-    let mut report = SourceReport {
-        path: path.into(),
-        ..Default::default()
-    };
-    let stopped = match found.steps(gathered, &mut report, configured, model_id) {
+    let (path, report) = (path.into(), &mut SourceReport::default());
+    (report.path, report.configured) = (path, configured);
+    let stopped = match found.steps(gathered, report, model_id) {
         Ok(()) => None,
         Err(Stop::Invalid(e)) => return Err(e),
-        Err(Stop::Unanswered(check)) => Some(unanswered(gathered, &mut report, check)),
-        Err(Stop::Unreadable(e)) => Some(unreadable(gathered, &mut report, &e, configured)),
+        Err(Stop::Unanswered(check)) => Some(unanswered(gathered, report, check)),
+        Err(Stop::Unreadable(e)) => Some(unreadable(gathered, report, &e)),
     };
     report.answered = stopped.is_none();
     found.checks.extend(stopped);
-    found.report = Some(report);
+    found.report = Some(std::mem::take(report));
     Ok(found)
 }
 
@@ -206,35 +215,29 @@ impl Findings {
         &mut self,
         gathered: &Gathered,
         report: &mut SourceReport,
-        configured: bool,
         model_id: Option<&str>,
     ) -> Result<(), Stop> {
         let located = match arrived(got!(gathered, Located), "source")? {
             Ok(located) => located,
-            Err(e) if e.not_found && !configured => {
+            Err(e) if e.not_found && !report.configured => {
                 let missing = anyhow!("{} does not exist", report.path.display());
                 return Err(Stop::Invalid(missing));
             }
             Err(e) => return Err(Stop::Unreadable(e.clone())),
         };
-        let Located {
-            canonical,
-            fs,
-            is_file,
-        } = located;
-        (report.canonical, report.fs) = (Some(canonical.clone()), fs.clone());
-        self.roots.push(canonical.clone());
-        if let Some(source) = &fs.stagefs_source {
+        (report.canonical, report.fs) = (Some(located.canonical.clone()), located.fs.clone());
+        self.roots.push(located.canonical.clone());
+        if let Some(source) = &located.fs.stagefs_source {
             self.roots.push(source.clone());
             report.stagefs_source_fs = arrived(got!(gathered, SourceFs), "source")?.clone();
         }
-        self.checks.push(fs_check(report, configured));
-        if !is_file {
+        self.checks.push(fs_check(report));
+        if !located.is_file {
             let check = match arrived(got!(gathered, Survey), "shape")? {
                 Ok(survey) => {
                     self.survey = Some(survey.clone());
-                    let is_mount = fs.kind == FsKind::Stagefs && *canonical == fs.mount_point;
-                    hub::shape_check(&report.path, survey, !configured && !is_mount)
+                    let advise_mounting = !report.configured && !report.is_mount();
+                    hub::shape_check(&report.path, survey, advise_mounting)
                 }
                 Err(e) => Check::fail("shape", format!("listing the source failed: {e}")),
             };
@@ -257,6 +260,9 @@ impl Findings {
         let check = match arrived(got!(gathered, Measured), "speed")? {
             Ok(Some(probe)) => {
                 report.probe = Some(probe.clone());
+                if let Some(model) = &mut self.model {
+                    model.staging_seconds = Some(staging_seconds(probe, model));
+                }
                 speed_check(probe, self.model.as_ref())
             }
             Ok(None) => {
@@ -290,23 +296,16 @@ fn unanswered(gathered: &Gathered, report: &mut SourceReport, check: &'static st
 
 /// The failed check for a path that exists (or is configured) but could not be
 /// resolved.
-fn unreadable(
-    gathered: &Gathered,
-    report: &mut SourceReport,
-    e: &StepError,
-    configured: bool,
-) -> Check {
+fn unreadable(gathered: &Gathered, report: &mut SourceReport, e: &StepError) -> Check {
     report.fs = got!(gathered, Lexical).cloned().unwrap_or_default();
-    let check = Check::fail(
-        "source",
-        format!("cannot read {}: {e}", report.path.display()),
-    );
+    let summary = format!("cannot read {}: {e}", report.path.display());
+    let check = Check::fail("source", summary);
     let mount = report.fs.mount_point.display();
     match report.fs.kind {
         FsKind::Stagefs => check.advise(format!(
             "if its daemon is gone: `stagefs unmount --lazy {mount}`, then mount again"
         )),
-        _ if configured && e.not_found => {
+        _ if report.configured && e.not_found => {
             check.advise("mount the share first, or fix `source` in the config file")
         }
         _ => check,
@@ -333,11 +332,11 @@ fn readable_path(located: &Located) -> PathBuf {
     }
 }
 
-fn fs_check(report: &SourceReport, configured: bool) -> Check {
+fn fs_check(report: &SourceReport) -> Check {
     let fs = &report.fs;
     let summary = format!("{}: {}", report.path.display(), fs.describe());
     let advice = match fs.kind {
-        FsKind::Stagefs => return stagefs_check(report, configured),
+        FsKind::Stagefs => return stagefs_check(report),
         FsKind::Fuse | FsKind::Unknown => {
             let unknown = format!("{summary}; whether it is remote is not known");
             return Check::note("source", unknown);
@@ -353,20 +352,17 @@ fn fs_check(report: &SourceReport, configured: bool) -> Check {
     Check::ok("source", summary).advise(advice)
 }
 
-fn stagefs_check(report: &SourceReport, configured: bool) -> Check {
+fn stagefs_check(report: &SourceReport) -> Check {
     let (fs, path) = (&report.fs, report.path.display());
     let source = fs.stagefs_source.clone().unwrap_or_else(|| "?".into());
-    let under = report.stagefs_source_fs.as_ref();
-    let under = under
-        .map(|f| format!(", {}", f.describe()))
-        .unwrap_or_default();
+    let under = report.stagefs_source_fs.as_ref().map(FsInfo::describe);
+    let under = under.map(|fs| format!(", {fs}")).unwrap_or_default();
     let (mount, source) = (fs.mount_point.display(), source.display());
     let summary =
         format!("{path} is in the stagefs mount at {mount}, which mirrors {source}{under}");
-    let verdict = if configured {
-        Verdict::Warn
-    } else {
-        Verdict::Note
+    let verdict = match report.configured {
+        true => Verdict::Warn,
+        false => Verdict::Note,
     };
     Check::new("source", verdict, summary).advise(format!(
         "the checks below read {source}; a stagefs mount is no source for another mount: use {source} itself"
@@ -387,7 +383,7 @@ fn model_check(model: &Model) -> Check {
 
 /// Seconds to stage `model` at the measured rate (one stream; a mount copies with
 /// several, so this is an upper estimate).
-pub(crate) fn staging_seconds(probe: &Probe, model: &Model) -> f64 {
+fn staging_seconds(probe: &Probe, model: &Model) -> f64 {
     model.size_bytes as f64 / probe.throughput_bytes_per_sec.max(1.0)
 }
 
@@ -469,10 +465,8 @@ mod tests {
         let expected =
             "latency 200 µs, 500 MiB/s (64.0 MiB of abc); staging o/m (1.0 GiB) takes about 2 s";
         assert_eq!(fast.summary, expected);
-        let slow = speed_check(&probe(10.0, 5.0)?, None)
-            .advice
-            .unwrap_or_default();
-        assert!(slow.contains("stagefs prefetch MODEL"), "{slow}");
+        let slow = speed_check(&probe(10.0, 5.0)?, None).advice;
+        assert!(slow.unwrap_or_default().contains("stagefs prefetch MODEL"));
         let huge = speed_check(&probe(500.0, 0.2)?, Some(&model(1 << 40)?));
         assert_eq!(huge.verdict, Verdict::Ok);
         assert!(huge.advice.unwrap_or_default().contains("prefetch o/m"));
@@ -489,61 +483,51 @@ mod tests {
     #[test]
     fn targets_are_model_ids_or_paths() {
         let (never, hub) = (|_: &Path| false, Some(Path::new("/hub")));
-        let (id, hub_dir) = ("org/name".to_string(), "/hub".into());
-        let model = Target::Model {
-            id: id.clone(),
-            hub: hub_dir,
-        };
-        assert_eq!(Target::of(Some(&id), hub, never), Ok(model));
+        let id = "org/name".to_string();
+        let model = Target::of(Some(&id), hub, never);
+        assert_eq!(
+            model,
+            Ok(Target::Model {
+                id,
+                hub: "/hub".into()
+            })
+        );
         for (arg, exists) in [("org/name", true), ("/abs/path", false), ("./org", false)] {
             let target = Target::of(Some(arg), hub, |_| exists).map(|t| t.parts().map(|p| p.1));
             assert_eq!(target, Ok(Some(false)), "{arg}");
         }
         let unconfigured = Target::of(Some("org/name"), None, never).unwrap_err();
-        assert!(
-            unconfigured.contains("no source is configured"),
-            "{unconfigured}"
-        );
+        assert!(unconfigured.contains("no source is configured"));
         assert_eq!(Target::of(None, None, never), Ok(Target::Nothing));
     }
 
     #[test]
     fn the_first_probe_that_did_not_answer_fails_its_check() -> anyhow::Result<()> {
-        let late = Gathered::late;
         let dir = tempfile::tempdir()?;
-        let target = |path: &Path, configured| Target::Path {
-            path: path.into(),
-            configured,
+        let judge = |lines: Vec<Line>, path: &Path, configured| {
+            let target = Target::Path {
+                path: path.into(),
+                configured,
+            };
+            inspect(&Gathered::late(lines), &target)
         };
         let located = |path| Line::Located(locate(path).map_err(StepError::of));
         let survey = Line::Survey(Err(StepError::of(anyhow!("denied"))));
-        let found = inspect(
-            &late(vec![located(dir.path()), survey]),
-            &target(dir.path(), false),
-        )?;
+        let found = judge(vec![located(dir.path()), survey], dir.path(), false)?;
         let checks: Vec<_> = found.checks.iter().map(|c| (c.name, c.verdict)).collect();
-        let expected = [
-            ("source", Verdict::Ok),
-            ("shape", Verdict::Fail),
-            ("model", Verdict::Fail),
-        ];
-        assert_eq!(checks, expected);
-        assert!(
-            found.checks[2]
-                .summary
-                .contains("did not answer within 15s")
-        );
-        let nothing = inspect(&late(Vec::new()), &target(dir.path(), false))?;
-        assert!(
-            nothing.checks[0]
-                .summary
-                .contains("did not answer within 15s")
-        );
+        let (ok, fail) = (Verdict::Ok, Verdict::Fail);
+        assert_eq!(checks, [("source", ok), ("shape", fail), ("model", fail)]);
+        let late = "did not answer within 15s";
+        assert!(found.checks[2].summary.contains(late));
+        let nothing = judge(Vec::new(), dir.path(), false)?;
+        assert!(nothing.checks[0].summary.contains(late));
         assert!(!nothing.report.expect("reported").answered);
         let missing = Path::new("/nonexistent/doctor/path");
-        let given = inspect(&late(vec![located(missing)]), &target(missing, false));
-        assert!(given.is_err(), "a bad argument");
-        let found = inspect(&late(vec![located(missing)]), &target(missing, true))?;
+        assert!(
+            judge(vec![located(missing)], missing, false).is_err(),
+            "a bad argument"
+        );
+        let found = judge(vec![located(missing)], missing, true)?;
         assert_eq!(found.checks[0].verdict, Verdict::Fail);
         let advice = found.checks[0].advice.clone().unwrap_or_default();
         assert!(advice.contains("fix `source`"), "{advice}");

@@ -79,19 +79,16 @@ pub(crate) fn inspect(
     (report.exists, report.fs) = (*exists, Some(fs.clone()));
     (report.total_bytes, report.available_bytes) = (Some(space.total), Some(space.available));
     (report.min_free_bytes, report.usable_bytes) = (Some(min_free), Some(usable));
-    let location = location_check(dir, resolved, *exists, fs, roots);
+    let location = location_check(dir, (resolved, *exists, fs), roots);
     let need = model.map(|m| (m.id.as_str(), m.size_bytes));
-    (
-        vec![location, space_check(*space, min_free, max_size, need)],
-        report,
-    )
+    let space = space_check(*space, min_free, max_size, need);
+    (vec![location, space], report)
 }
 
+/// The `cache` check for `dir`, found at `(resolved, exists, fs)`.
 fn location_check(
     dir: &Path,
-    resolved: &Path,
-    exists: bool,
-    fs: &FsInfo,
+    (resolved, exists, fs): (&Path, bool, &FsInfo),
     roots: &[PathBuf],
 ) -> Check {
     let (shown, created) = (dir.display(), if exists { "" } else { ", not created yet" });
@@ -160,10 +157,8 @@ mod tests {
 
     #[test]
     fn space_verdicts_keep_the_reserve() {
-        let space = VolumeSpace {
-            total: 100 * GIB,
-            available: 30 * GIB,
-        };
+        let volume = |total, available| VolumeSpace { total, available };
+        let space = volume(100 * GIB, 30 * GIB);
         let reserve = Budget::default_min_free(space);
         assert_eq!(reserve, 10 * GIB);
         let check = |space, max, size| space_check(space, reserve, max, Some(("o/m", size)));
@@ -175,21 +170,13 @@ mod tests {
         assert_eq!(check(space, None, 95 * GIB).verdict, Verdict::Fail);
         let capped = check(space, Some(GIB), 2 * GIB);
         assert!(capped.verdict == Verdict::Fail && capped.summary.contains("max_size"));
-        let full = VolumeSpace {
-            total: 100 * GIB,
-            available: 5 * GIB,
-        };
-        assert_eq!(
-            space_check(full, reserve, None, None).verdict,
-            Verdict::Warn
-        );
+        let full = space_check(volume(100 * GIB, 5 * GIB), reserve, None, None);
+        assert_eq!(full.verdict, Verdict::Warn);
         let (dir, fs) = (Path::new("/s/c"), FsInfo::default());
-        let inside = location_check(dir, dir, false, &fs, &["/s".into()]);
-        assert_eq!(
-            (inside.verdict, inside.summary.as_str()),
-            (Verdict::Fail, "/s/c is inside /s")
-        );
-        let outside = location_check(dir, dir, false, &fs, &[]).summary;
+        let inside = location_check(dir, (dir, false, &fs), &["/s".into()]);
+        assert_eq!(inside.verdict, Verdict::Fail);
+        assert_eq!(inside.summary, "/s/c is inside /s");
+        let outside = location_check(dir, (dir, false, &fs), &[]).summary;
         assert_eq!(outside, "/s/c: unknown on  (unknown kind), not created yet");
     }
 }

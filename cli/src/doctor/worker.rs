@@ -143,11 +143,9 @@ pub(crate) fn gather(tasks: Vec<Task>, deadline: Duration) -> Gathered {
     let (answers, child) = match start(tasks) {
         Ok(started) => started,
         Err(e) => {
+            let lines = Vec::new();
             let missing = Unanswered::Broken(format!("starting a worker: {e}"));
-            return Gathered {
-                lines: Vec::new(),
-                missing,
-            };
+            return Gathered { lines, missing };
         }
     };
     let gathered = collect(answers, deadline);
