@@ -13,7 +13,7 @@ use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_cache::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 
 use super::Check;
-use super::worker::{self, Gathered, Line, Task, Tx};
+use super::worker::{self, Gathered, Line, Task, Tx, reply};
 
 /// How long resolving two paths for [`same_place`] may take.
 const PATH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -266,13 +266,18 @@ pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
 /// its daemon serves, or what the mount point is when none answers.
 pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     let live = crate::daemon::live_mount(cache_dir).map_err(|e| format!("{e:#}"));
-    let _ = tx.send(Line::Daemon(live.clone()));
-    let _ = match live {
-        Ok(Some((_, serving))) => std::fs::canonicalize(&serving)
-            .map(|resolved| tx.send(Line::Resolved(serving, resolved))),
-        Ok(None) => filesystem_of(mountpoint).map(|fs| tx.send(Line::MountFs(fs))),
-        Err(_) => Ok(Ok(())),
+    reply(tx, Line::Daemon(live.clone()));
+    let line = match live {
+        Ok(Some((_, serving))) => {
+            let resolved = std::fs::canonicalize(&serving).ok();
+            resolved.map(|resolved| Line::Resolved(serving, resolved))
+        }
+        Ok(None) => filesystem_of(mountpoint).ok().map(Line::MountFs),
+        Err(_) => None,
     };
+    if let Some(line) = line {
+        reply(tx, line);
+    }
 }
 
 /// The `mount` check: does a daemon serve the configured mount point from this cache

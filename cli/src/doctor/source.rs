@@ -13,7 +13,7 @@ use stagefs_cache::models::{self, ModelKind, Survey};
 use stagefs_cache::{SourceTree, hf};
 
 use super::model::{self, Model, Probe};
-use super::worker::{Gathered, Line, StepError, Tx};
+use super::worker::{Gathered, Line, StepError, Tx, reply};
 use super::{Check, Verdict, hub};
 use crate::units::format_bytes;
 
@@ -128,7 +128,7 @@ pub(crate) fn locate(path: &Path) -> io::Result<Located> {
 /// The worker's source probes, in the order the checks need them; each prints its
 /// line, and one whose answer the next need ends them.
 pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>, tx: &Tx) {
-    let send = |line| tx.send(line).unwrap_or_default();
+    let send = |line| reply(tx, line);
     let target = Target::of(arg, source, Path::exists);
     send(Line::Target(target.clone()));
     let Some((path, configured, model_id)) = target.as_ref().ok().and_then(Target::parts) else {
@@ -138,7 +138,9 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     // table alone).
     let (lexical, guess) = (Path::new("/").join(hf::normalize(path)), tx.clone());
     std::thread::spawn(move || {
-        let _ = filesystem_of(&lexical).map(|fs| guess.send(Line::Lexical(fs)));
+        if let Ok(fs) = filesystem_of(&lexical) {
+            reply(&guess, Line::Lexical(fs));
+        }
     });
     let located = locate(path).map_err(StepError::of);
     send(Line::Located(located.clone()));
@@ -496,7 +498,7 @@ mod tests {
             let target = Target::of(Some(arg), hub, |_| exists).map(|t| t.parts().map(|p| p.1));
             assert_eq!(target, Ok(Some(false)), "{arg}");
         }
-        let unconfigured = Target::of(Some("org/name"), None, never).unwrap_err();
+        let unconfigured = Target::of(Some("org/name"), None, never).expect_err("no source");
         assert!(unconfigured.contains("no source is configured"));
         assert_eq!(Target::of(None, None, never), Ok(Target::Nothing));
     }

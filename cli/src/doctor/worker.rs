@@ -75,7 +75,8 @@ pub(crate) enum Line {
 
 /// What a probe reports when it ran but failed; `not_found` when the path did not
 /// exist (a bad argument rather than a broken source).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
 pub(crate) struct StepError {
     pub(crate) not_found: bool,
     pub(crate) message: String,
@@ -90,27 +91,14 @@ impl StepError {
     }
 }
 
-impl std::fmt::Display for StepError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
 /// Why a probe has no answer: it did not finish before the deadline, or the worker
 /// could not be run or ended without answering.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Unanswered {
+    #[error("did not answer within {}s", .0.as_secs())]
     Late(Duration),
+    #[error("could not be examined ({0})")]
     Broken(String),
-}
-
-impl std::fmt::Display for Unanswered {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unanswered::Late(after) => write!(f, "did not answer within {}s", after.as_secs()),
-            Unanswered::Broken(why) => write!(f, "could not be examined ({why})"),
-        }
-    }
 }
 
 /// The lines a worker printed in time, and why any other probe has no answer.
@@ -237,13 +225,18 @@ fn work(tasks: Vec<Task>, mut out: impl Write) -> io::Result<()> {
     Ok(())
 }
 
-/// Where a task sends its lines (printed by the worker's main thread, which lives
-/// until every task has ended, so a send cannot fail).
+/// Where a task sends its lines.
 pub(crate) type Tx = Sender<Line>;
+
+/// Sends `line` to the worker's main thread, which prints it. It lives until every
+/// task has ended, so the send cannot fail.
+pub(crate) fn reply(tx: &Tx, line: Line) {
+    let _ = tx.send(line);
+}
 
 impl Task {
     fn run(self, tx: &Tx) {
-        let send = |line| tx.send(line).unwrap_or_default();
+        let send = |line| reply(tx, line);
         match self {
             Task::Source(arg, source, dirs) => {
                 source::probe(arg.as_deref(), source.as_deref(), dirs, tx)
