@@ -348,6 +348,15 @@ mod tests {
     }
 
     #[test]
+    fn same_place_resolves_links() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("link"))?;
+        assert!(same_place(&dir.path().join("link"), dir.path()));
+        assert!(!same_place(&dir.path().join("nope"), dir.path()));
+        Ok(())
+    }
+
+    #[test]
     fn the_mount_check_reads_the_daemons_answer() {
         let check = |lines| mount_check(&Gathered::late(lines), Path::new("/m"), Path::new("/c"));
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];

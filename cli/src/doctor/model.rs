@@ -263,3 +263,63 @@ fn forget_cached(file: &File, _access: Access) {
         libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_names_the_model_it_is_in() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let repo = dir.path().join("hub/models--org--m");
+        fs::create_dir_all(repo.join("snapshots/abc"))?;
+        fs::create_dir_all(repo.join("blobs"))?;
+        fs::write(repo.join("blobs/w"), [0u8; 10])?;
+        let link = repo.join("snapshots/abc/model.safetensors");
+        std::os::unix::fs::symlink("../../blobs/w", &link)?;
+        let folder = dir.path().join("models/org/m");
+        fs::create_dir_all(folder.join("original"))?;
+        fs::write(folder.join("config.json"), "{}")?;
+        fs::write(folder.join("model.safetensors"), [0u8; 30])?;
+        fs::write(folder.join("original/params.json"), "{}")?;
+        fs::write(dir.path().join("models/solo.gguf"), [0u8; 5])?;
+        let named = |path: PathBuf| -> anyhow::Result<_> {
+            Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes, m.snapshot)))
+        };
+        let abc = Some(repo.join("snapshots/abc"));
+        let in_repo = Some(("org/m".to_string(), ModelKind::HfRepo, 10, abc));
+        assert_eq!(named(link)?, in_repo);
+        assert_eq!(named(repo.clone())?, in_repo);
+        let in_folder = Some(("m".to_string(), ModelKind::Folder, 34, None));
+        for inside in ["", "config.json", "original/params.json"] {
+            assert_eq!(named(folder.join(inside))?, in_folder, "{inside}");
+        }
+        let solo = Some(("solo.gguf".to_string(), ModelKind::File, 5, None));
+        assert_eq!(named(dir.path().join("models/solo.gguf"))?, solo);
+        assert_eq!(named(dir.path().join("models"))?, None);
+        assert_eq!(find(dir.path(), "org/m", &[])?.map(|m| m.path), Some(repo));
+        let by_path = find(dir.path(), "models/org/m", &[])?.map(|m| m.kind);
+        assert_eq!(by_path, Some(ModelKind::Folder));
+        assert_eq!(find(dir.path(), "org/absent", &[])?, None);
+        Ok(())
+    }
+
+    #[test]
+    fn finds_the_largest_blob_and_measures_it() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let blobs = dir.path().join("models--o--m/blobs");
+        fs::create_dir_all(&blobs)?;
+        fs::write(blobs.join("small"), [0u8; 10])?;
+        fs::write(blobs.join("big"), [0u8; 100])?;
+        fs::write(dir.path().join("outside"), [0u8; 1000])?;
+        assert_eq!(largest_file(dir.path()), Some(blobs.join("big")));
+        let plain = tempfile::tempdir()?;
+        fs::create_dir_all(plain.path().join("a/b"))?;
+        fs::write(plain.path().join("a/b/f"), [0u8; 5])?;
+        assert_eq!(largest_file(plain.path()), Some(plain.path().join("a/b/f")));
+        assert_eq!(measure(&blobs.join("big"))?.bytes_read, 100);
+        fs::write(blobs.join("empty"), b"")?;
+        assert!(measure(&blobs.join("empty")).is_err(), "nothing to measure");
+        Ok(())
+    }
+}

@@ -196,17 +196,20 @@ pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Fi
         found.checks.push(Check::note("source", note));
         return Ok(found);
     };
-    let (path, report) = (path.into(), &mut SourceReport::default());
-    (report.path, report.configured) = (path, configured);
-    let stopped = match found.steps(gathered, report, model_id) {
+    let mut report = SourceReport {
+        path: path.into(),
+        configured,
+        ..Default::default()
+    };
+    let stopped = match found.steps(gathered, &mut report, model_id) {
         Ok(()) => None,
         Err(Stop::Invalid(e)) => return Err(e),
-        Err(Stop::Unanswered(check)) => Some(unanswered(gathered, report, check)),
-        Err(Stop::Unreadable(e)) => Some(unreadable(gathered, report, &e)),
+        Err(Stop::Unanswered(check)) => Some(unanswered(gathered, &mut report, check)),
+        Err(Stop::Unreadable(e)) => Some(unreadable(gathered, &mut report, &e)),
     };
     report.answered = stopped.is_none();
     found.checks.extend(stopped);
-    found.report = Some(std::mem::take(report));
+    found.report = Some(report);
     Ok(found)
 }
 
