@@ -60,10 +60,8 @@ fn linux_facts() -> LinuxFuse {
 }
 
 fn judge_linux(facts: &LinuxFuse) -> Check {
-    let (install, container) = (
-        "install fuse3 (`apt-get install fuse3`)",
-        "in a container, pass --device /dev/fuse",
-    );
+    let install = "install fuse3 (`apt-get install fuse3`)";
+    let container = "in a container, pass --device /dev/fuse";
     let failed = match facts.device_error {
         Some(ErrorKind::NotFound) => Some((
             "/dev/fuse does not exist".to_string(),

@@ -172,19 +172,15 @@ pub(crate) fn hub_cache_check(
 ) -> (Check, Option<HubCache>) {
     const NAME: &str = "hub-cache";
     let Some((path, from)) = effective_hub_cache(env) else {
-        return (
-            Check::note(NAME, "neither HF_HUB_CACHE, HF_HOME nor HOME is set"),
-            None,
-        );
+        let note = "neither HF_HUB_CACHE, HF_HOME nor HOME is set";
+        return (Check::note(NAME, note), None);
     };
     let origin = match from {
         "default" => "the default".to_string(),
         name => format!("from {name}"),
     };
-    let (shown, resolved) = (
-        format!("{} ({origin})", path.display()),
-        gathered.resolved(&path),
-    );
+    let shown = format!("{} ({origin})", path.display());
+    let resolved = gathered.resolved(&path);
     let mut hub = HubCache {
         path,
         from,
@@ -307,14 +303,12 @@ pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (C
         ),
     };
     let (mountpoint, up) = (mount.to_path_buf(), source.is_some());
-    (
-        check,
-        MountState {
-            mountpoint,
-            up,
-            source,
-        },
-    )
+    let state = MountState {
+        mountpoint,
+        up,
+        source,
+    };
+    (check, state)
 }
 
 #[cfg(test)]

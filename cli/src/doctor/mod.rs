@@ -165,13 +165,9 @@ fn judge(
     let (mount_check, mount) = answered
         .map(|m| hub::mount_check(gathered, m, cache_dir))
         .unzip();
-    let mut checks = [
-        vec![fuse::check()],
-        found.checks,
-        cache_checks,
-        vec![hub_check],
-    ]
-    .concat();
+    let mut checks = vec![fuse::check()];
+    checks.extend(found.checks.into_iter().chain(cache_checks));
+    checks.push(hub_check);
     checks.extend(mount_check);
     if cfg!(target_os = "macos") {
         let value = std::env::var_os(RELAX_WATCHDOG_VAR);
@@ -197,10 +193,8 @@ fn environment_target(
     found: &Findings,
     mountpoint: Option<&Path>,
 ) -> (Option<PathBuf>, Option<Shape>) {
-    let (shape, report) = (
-        found.survey.as_ref().map(|s| s.shape),
-        found.report.as_ref(),
-    );
+    let shape = found.survey.as_ref().map(|s| s.shape);
+    let report = found.report.as_ref();
     match report {
         Some(report) if report.is_mount() => (Some(report.fs.mount_point.clone()), shape),
         _ => {

@@ -96,10 +96,8 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
             let main = || hf::snapshot_of(tree, &model.path, "main");
             let newest = || hf::newest_snapshot(tree, &model.path);
             let snapshot = snapshot.or_else(main).or_else(newest)?;
-            let (files, weights) = (
-                hf::all_files(tree, &snapshot),
-                hf::weight_files(tree, &snapshot),
-            );
+            let files = hf::all_files(tree, &snapshot);
+            let weights = hf::weight_files(tree, &snapshot);
             (Some(tree.root().join(&snapshot)), files, weights)
         }
         ModelKind::Folder | ModelKind::File => {
