@@ -12,6 +12,7 @@ pub mod copy;
 pub mod defaults;
 pub mod error;
 pub mod faulty;
+pub mod fskind;
 pub mod hf;
 pub mod index;
 pub mod key;

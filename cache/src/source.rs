@@ -284,7 +284,9 @@ impl Source for LocalDir {
     }
 
     fn on_local_disk(&self) -> bool {
-        crate::sys::on_local_disk(&self.root).unwrap_or(false)
+        let root = self.root.canonicalize();
+        let kind = root.and_then(|root| crate::fskind::filesystem_of(&root));
+        kind.is_ok_and(|fs| fs.kind.is_local_disk())
     }
 }
 

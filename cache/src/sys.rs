@@ -19,59 +19,6 @@ pub fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     Ok(unsafe { out.assume_init() })
 }
 
-/// Whether `path` is on a filesystem of a local disk (or memory), where a copy is
-/// bound by the CPU and memory rather than by round trips; false for network and
-/// FUSE filesystems, and for any kind this does not know.
-#[cfg(target_os = "linux")]
-pub fn on_local_disk(path: &Path) -> io::Result<bool> {
-    // statfs(2) magic numbers (linux/magic.h).
-    const LOCAL: [i64; 12] = [
-        0xEF53,      // ext2/3/4
-        0x5846_5342, // xfs
-        0x9123_683E, // btrfs
-        0x0102_1994, // tmpfs
-        0xF2F5_2010, // f2fs
-        0x2FC1_2FC1, // zfs
-        0x2011_BAB0, // exfat
-        0x4d44,      // vfat
-        0x7366_746e, // ntfs3
-        0x482b,      // hfsplus
-        0xca45_1a4e, // bcachefs
-        0x794c_7630, // overlayfs (a container's root)
-    ];
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let mut out = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: c_path is NUL-terminated and out points to writable statfs storage.
-    if unsafe { libc::statfs(c_path.as_ptr(), out.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statfs succeeded, so it initialised `out`.
-    // f_type is an i64 here but an u32 or i32 on some targets.
-    #[allow(clippy::unnecessary_cast)]
-    let kind = unsafe { out.assume_init() }.f_type as i64;
-    Ok(LOCAL.contains(&kind))
-}
-
-/// Whether `path` is on a filesystem of a local disk: macOS flags those itself.
-#[cfg(target_os = "macos")]
-pub fn on_local_disk(path: &Path) -> io::Result<bool> {
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let mut out = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: c_path is NUL-terminated and out points to writable statfs storage.
-    if unsafe { libc::statfs(c_path.as_ptr(), out.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statfs succeeded, so it initialised `out`.
-    let flags = unsafe { out.assume_init() }.f_flags;
-    Ok(flags & libc::MNT_LOCAL as u32 != 0)
-}
-
-/// Elsewhere every source is treated as a network one.
-#[cfg(not(any(target_os = "linux", target_os = "macos")))]
-pub fn on_local_disk(_path: &Path) -> io::Result<bool> {
-    Ok(false)
-}
-
 /// Creates (or truncates) `path` for writing, readable by its owner only: the cache
 /// says which models a user runs, which is nobody else's business.
 pub fn create_private(path: &Path) -> io::Result<File> {
@@ -139,17 +86,6 @@ impl Writeback {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_disk_or_memory_filesystem_is_local_and_a_virtual_one_is_not() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        assert!(on_local_disk(dir.path()).expect("statfs"));
-        assert!(on_local_disk(Path::new("/dev/shm")).expect("statfs"));
-        // procfs stands in for any kind not on the list (as NFS, SMB and FUSE are not).
-        assert!(!on_local_disk(Path::new("/proc")).expect("statfs"));
-        assert!(on_local_disk(Path::new("/no/such/dir")).is_err());
-    }
 
     #[test]
     fn a_chunk_size_left_open_is_chosen_by_the_source_kind_and_a_set_one_is_kept() {

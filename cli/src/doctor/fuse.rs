@@ -9,9 +9,11 @@ use std::io::ErrorKind;
 
 use serde::Deserialize;
 
-use super::report::Check;
+use super::Check;
 
 const NAME: &str = "fuse";
+/// Where macOS names its version.
+const SYSTEM_VERSION: &str = "/System/Library/CoreServices/SystemVersion.plist";
 /// Passthrough (reads of staged files served by the kernel) needs 6.9.
 const PASSTHROUGH_KERNEL: (u32, u32) = (6, 9);
 
@@ -58,27 +60,25 @@ fn linux_facts() -> LinuxFuse {
 }
 
 fn judge_linux(facts: &LinuxFuse) -> Check {
+    let install = "install fuse3 (`apt-get install fuse3`)";
     let container = "in a container, pass --device /dev/fuse";
-    match facts.device_error {
-        Some(ErrorKind::NotFound) => {
-            return Check::fail(NAME, "/dev/fuse does not exist").advise(format!(
-                "install fuse3 (`apt-get install fuse3`) and load the module (`modprobe fuse`); {container}"
-            ));
-        }
-        Some(kind) => {
-            return Check::fail(
-                NAME,
-                format!("/dev/fuse cannot be opened read-write: {kind}"),
-            )
-            .advise(format!(
-                "check its permissions (usually crw-rw-rw-); {container}"
-            ));
-        }
-        None => {}
-    }
-    if !facts.root && !facts.fusermount {
-        return Check::fail(NAME, "/dev/fuse is usable but fusermount3 is not on PATH")
-            .advise("install fuse3 (`apt-get install fuse3`): mounting without root goes through fusermount3");
+    let failed = match facts.device_error {
+        Some(ErrorKind::NotFound) => Some((
+            "/dev/fuse does not exist".to_string(),
+            format!("{install} and load the module (`modprobe fuse`); {container}"),
+        )),
+        Some(kind) => Some((
+            format!("/dev/fuse cannot be opened read-write: {kind}"),
+            format!("check its permissions (usually crw-rw-rw-); {container}"),
+        )),
+        None if !facts.root && !facts.fusermount => Some((
+            "/dev/fuse is usable but fusermount3 is not on PATH".to_string(),
+            format!("{install}: mounting without root goes through fusermount3"),
+        )),
+        None => None,
+    };
+    if let Some((summary, advice)) = failed {
+        return Check::fail(NAME, summary).advise(advice);
     }
     let kernel = facts
         .kernel
@@ -137,10 +137,8 @@ fn macos_facts() -> MacFuse {
         let info = read(&bundle.join("Contents/Info.plist"));
         info.and_then(|info| info.version).unwrap_or_default()
     });
-    let system = read(Path::new(
-        "/System/Library/CoreServices/SystemVersion.plist",
-    ));
-    MacFuse(version, system.and_then(|info| info.product_version))
+    let system = read(Path::new(SYSTEM_VERSION)).and_then(|info| info.product_version);
+    MacFuse(version, system)
 }
 
 fn judge_macos(MacFuse(version, macos): &MacFuse) -> Check {
@@ -148,17 +146,12 @@ fn judge_macos(MacFuse(version, macos): &MacFuse) -> Check {
         return Check::fail(NAME, "macFUSE is not installed (no /Library/Filesystems/macfuse.fs)")
             .advise("install it (`brew install --cask macfuse`) and allow its system extension; see docs/MACOS.md");
     };
-    let shown = if version.is_empty() {
-        "(version unknown)"
-    } else {
-        version
-    };
+    let shown = Some(version.as_str()).filter(|v| !v.is_empty());
+    let shown = shown.unwrap_or("(version unknown)");
     let mut summary = format!("macFUSE {shown}; stagefs mounts with its kext backend");
     let major: Option<u32> = version.split('.').next().and_then(|m| m.parse().ok());
-    let fskit_os = macos
-        .as_deref()
-        .and_then(parse_kernel)
-        .is_some_and(|v| v >= (15, 4));
+    let os = macos.as_deref().and_then(parse_kernel);
+    let fskit_os = os.is_some_and(|v| v >= (15, 4));
     if major.is_some_and(|m| m >= 5) && fskit_os {
         summary.push_str("; its FSKit backend (macOS 15.4+) is not used");
     }
@@ -170,7 +163,7 @@ fn judge_macos(MacFuse(version, macos): &MacFuse) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::report::Verdict;
+    use crate::doctor::Verdict;
 
     #[test]
     fn linux_verdicts() {

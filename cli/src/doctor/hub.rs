@@ -1,19 +1,19 @@
-//! The environment checks: whether programs will read through the mount (their
-//! HuggingFace hub cache is where the source's shape puts it in the mount), and
-//! whether the configured mount is up.
+//! How programs will find the models: the source's shape (an HF_HOME, a hub cache,
+//! plain model folders) and what it holds, whether their HuggingFace hub cache is
+//! where that shape puts it in the mount, and whether the configured mount is up.
+//! `mount` and `run` use the same words.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::Sender;
+use std::time::Duration;
 
 use serde::Serialize;
 use stagefs_cache::control;
-use stagefs_cache::models::Shape;
+use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
+use stagefs_cache::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 
-use super::fskind::FsKind;
-use super::mounts;
-use super::report::Check;
-use super::worker::{Gathered, Line, reply};
+use super::Check;
+use super::worker::{self, Gathered, Line, Task, Tx, reply};
 
 const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 
@@ -40,26 +40,99 @@ pub(crate) struct MountState {
     pub(crate) source: Option<PathBuf>,
 }
 
+/// The `shape` check for the directory at `path`. With `advise_mounting`, the
+/// directory is not mounted yet, so the advice says how to use it once it is.
+pub(crate) fn shape_check(path: &Path, survey: &Survey, advise_mounting: bool) -> Check {
+    let shown = path.display();
+    let stopped = match survey.catalog.complete {
+        true => "",
+        false => "; the search stopped early, the source is large",
+    };
+    if survey.shape == Shape::Unknown {
+        return Check::note("shape", format!(
+            "{shown}: no model found (no models--org--name, no folder of weight files with a config.json or index, no .gguf file within {SEARCH_DEPTH} levels{stopped})"
+        ))
+        .advise("models deeper down need `model_dirs` in the config file (or --model-dir); check the path");
+    }
+    let (what, holding) = (survey.shape.describe(), contents(&survey.catalog));
+    let check = Check::ok(
+        "shape",
+        format!("{shown}: {what} holding {holding}{stopped}"),
+    );
+    match advise_mounting {
+        true => check.advise(format!(
+            "once mounted (`stagefs mount {shown} MOUNTPOINT`): {}",
+            usage(survey.shape, Path::new("MOUNTPOINT"))
+        )),
+        false => check,
+    }
+}
+
+/// `2 HF repositories, 1 plain model folder`.
+fn contents(catalog: &Catalog) -> String {
+    let kinds = [ModelKind::HfRepo, ModelKind::Folder, ModelKind::File];
+    let parts: Vec<String> = kinds
+        .into_iter()
+        .map(|kind| match (kind, catalog.count(kind)) {
+            (_, 0) => String::new(),
+            (ModelKind::HfRepo, 1) => "1 HF repository".to_string(),
+            (ModelKind::HfRepo, n) => format!("{n} HF repositories"),
+            (kind, 1) => format!("1 {}", kind.describe()),
+            (kind, n) => format!("{n} {}s", kind.describe()),
+        })
+        .filter(|part| !part.is_empty())
+        .collect();
+    match parts.is_empty() {
+        true => "no model yet".to_string(),
+        false => parts.join(", "),
+    }
+}
+
+/// How programs find the models of a mount at `mountpoint` of a source of `shape`:
+/// `export HF_HOME=/m`, or loading by path.
+pub(crate) fn usage(shape: Shape, mountpoint: &Path) -> String {
+    match (shape, shape.export(mountpoint)) {
+        (_, Some((var, value))) => format!("export {var}={}", value.display()),
+        (Shape::ModelFolders, None) => format!(
+            "load models by path under {} (plain folders need no HF variable)",
+            mountpoint.display()
+        ),
+        (_, None) => {
+            "no model recognised in the source yet (`stagefs doctor SOURCE` says what it holds)"
+                .to_string()
+        }
+    }
+}
+
+/// The shape of the source at `path`, asked of a worker so that a dead share cannot
+/// hang the caller; None if it did not answer within `timeout`.
+pub(crate) fn shape_of(path: &Path, timeout: Duration) -> Option<Shape> {
+    let gathered = worker::gather(vec![Task::Shape(path.to_path_buf())], timeout);
+    got!(gathered, Shape)?.clone().ok()
+}
+
 /// The hub cache as huggingface_hub resolves it: `HF_HUB_CACHE`, the legacy
 /// `HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`, then
-/// `~/.cache/huggingface/hub`.
+/// `~/.cache/huggingface/hub` (named `default`).
 fn effective_hub_cache(var: impl Fn(&str) -> Option<OsString>) -> Option<(PathBuf, &'static str)> {
     let places = [
-        ("HF_HUB_CACHE", None),
-        ("HUGGINGFACE_HUB_CACHE", None),
-        ("HF_HOME", Some("hub")),
-        ("XDG_CACHE_HOME", Some("huggingface/hub")),
-        ("HOME", Some(".cache/huggingface/hub")),
+        ("HF_HUB_CACHE", "HF_HUB_CACHE", ""),
+        ("HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", ""),
+        ("HF_HOME", "HF_HOME", "hub"),
+        ("XDG_CACHE_HOME", "XDG_CACHE_HOME", "huggingface/hub"),
+        ("HOME", "default", ".cache/huggingface/hub"),
     ];
-    let found = places
-        .into_iter()
-        .find_map(|(name, rest)| Some((set(&var, name)?, name, rest)));
-    let (path, name, rest) = found?;
-    let from = if name == "HOME" { "default" } else { name };
-    Some((
-        rest.map_or_else(|| path.clone(), |rest| path.join(rest)),
-        from,
-    ))
+    places.into_iter().find_map(|(name, from, rest)| {
+        let path = set(&var, name)?;
+        Some((
+            if rest.is_empty() {
+                path
+            } else {
+                path.join(rest)
+            },
+            from,
+        ))
+    })
 }
 
 /// Variable `name` if it is set and not empty, with `~` expanded to `HOME` as
@@ -81,191 +154,147 @@ fn env(name: &str) -> Option<OsString> {
 /// cache, `HF_HOME`, and the places in the mount it may be.
 pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> Vec<PathBuf> {
     let hub_cache = effective_hub_cache(env).map(|(path, _)| path);
-    let in_mount = mountpoint
-        .into_iter()
-        .flat_map(|m| [m.to_path_buf(), m.join("hub")]);
-    hub_cache
-        .into_iter()
-        .chain(set(&env, "HF_HOME"))
-        .chain(in_mount)
-        .collect()
+    let in_mount = mountpoint.map(|m| [m.to_path_buf(), m.join("hub")]);
+    let paths = [hub_cache, set(&env, "HF_HOME")].into_iter().flatten();
+    paths.chain(in_mount.into_iter().flatten()).collect()
 }
 
 /// The `hub-cache` check against the mount at `mountpoint` of a source of `shape`
-/// (when known): an HF_HOME wants `HF_HOME` to be the mount, a hub cache wants
-/// `HF_HUB_CACHE` to be it, plain folders want neither.
+/// (when known): an HF_HOME wants `HF_HOME` to be the mount (and `HF_HUB_CACHE`, if
+/// set, its `hub/`), a hub cache wants `HF_HUB_CACHE` to be it, plain folders want
+/// neither.
 pub(crate) fn hub_cache_check(
     gathered: &Gathered,
     mountpoint: Option<&Path>,
     shape: Option<Shape>,
 ) -> (Check, Option<HubCache>) {
+    const NAME: &str = "hub-cache";
     let Some((path, from)) = effective_hub_cache(env) else {
         let note = "neither HF_HUB_CACHE, HF_HOME nor HOME is set";
-        return (Check::note("hub-cache", note), None);
+        return (Check::note(NAME, note), None);
     };
     let origin = match from {
         "default" => "the default".to_string(),
-        "XDG_CACHE_HOME" => "from XDG_CACHE_HOME".to_string(),
         name => format!("from {name}"),
     };
     let shown = format!("{} ({origin})", path.display());
     let resolved = gathered.resolved(&path);
-    let mount = mountpoint.map(Path::to_path_buf);
     let mut hub = HubCache {
         path,
         from,
-        mountpoint: mount,
+        mountpoint: mountpoint.map(Into::into),
         shape,
         points_at_mount: None,
     };
     let Some(mountpoint) = mountpoint else {
-        let check = Check::note("hub-cache", format!("no mount point configured; the hub cache is {shown}"))
+        let check = Check::note(NAME, format!("no mount point configured; the hub cache is {shown}"))
             .advise("`stagefs run --source SRC --mountpoint DIR -- COMMAND` mounts and sets the HF variables for that one command; set `source` and `mountpoint` in the config file to drop the flags");
         return (check, Some(hub));
     };
-    let mount = gathered.resolved(mountpoint);
-    // With no model recognised, the source may yet become either kind of HF cache.
-    let check = match shape.filter(|s| *s != Shape::Unknown) {
-        Some(Shape::ModelFolders) => Check::note(
-            "hub-cache",
-            format!(
-                "the source holds plain model folders, loaded by path under {}; the hub cache ({shown}) does not matter to them",
-                mountpoint.display()
-            ),
-        ),
+    let (mount, m) = (gathered.resolved(mountpoint), mountpoint.display());
+    // With no model recognised, the source may yet become either kind of HF cache,
+    // and either place in the mount will do.
+    let shape = shape.filter(|s| *s != Shape::Unknown);
+    hub.points_at_mount = match shape {
+        Some(Shape::ModelFolders) => None,
         Some(shape) => {
             let expected = shape.hub_cache(mountpoint).unwrap_or_default();
-            let points = resolved == gathered.resolved(&expected);
-            hub.points_at_mount = Some(points);
-            judge(
-                shape,
-                points,
-                &shown,
-                mountpoint,
-                from,
-                set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount),
+            Some(resolved == gathered.resolved(&expected))
+        }
+        None => Some(resolved == mount || resolved == mount.join("hub")),
+    };
+    let export = shape.map(|s| usage(s, mountpoint)).unwrap_or_default();
+    let is_home = shape == Some(Shape::HfHome);
+    let home_elsewhere = set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount);
+    let check = match (shape, hub.points_at_mount) {
+        (_, None) => Check::note(
+            NAME,
+            format!(
+                "the source holds plain model folders, loaded by path under {m}; the hub cache ({shown}) does not matter to them"
+            ),
+        ),
+        (None, Some(true)) => Check::ok(NAME, format!("the hub cache is the mount: {shown}")),
+        (None, Some(false)) => {
+            Check::warn(NAME, format!("the hub cache is {shown}, not the mount {m}")).advise(
+                format!(
+                    "export HF_HUB_CACHE={m} (its hub/ if the source is a whole HF_HOME), or {RUN}"
+                ),
             )
         }
-        None => {
-            // The source's shape is not known: either place in the mount will do.
-            let points = resolved == mount || resolved == mount.join("hub");
-            hub.points_at_mount = Some(points);
-            match points {
-                true => Check::ok("hub-cache", format!("the hub cache is the mount: {shown}")),
-                false => Check::warn(
-                    "hub-cache",
-                    format!(
-                        "the hub cache is {shown}, not the mount {}",
-                        mountpoint.display()
-                    ),
-                )
-                .advise(format!(
-                    "export HF_HUB_CACHE={} (its hub/ if the source is a whole HF_HOME), or {RUN}",
-                    mountpoint.display()
+        (Some(shape), Some(false)) => {
+            let unset = match is_home && from.ends_with("HUB_CACHE") {
+                true => format!(" and unset {from}, which wins over HF_HOME"),
+                false => String::new(),
+            };
+            let what = shape.describe();
+            Check::warn(
+                NAME,
+                format!("the hub cache is {shown}, not the one in the mount ({m} is {what})"),
+            )
+            .advise(format!("{export}{unset}, or {RUN}"))
+        }
+        (Some(_), Some(true)) => {
+            let check = Check::ok(NAME, format!("the hub cache is the mount's: {shown}"));
+            match is_home && home_elsewhere {
+                true => check.advise(format!(
+                    "{export} as well, so the token and xet/ in the mount are used"
                 )),
+                false => check,
             }
         }
     };
     (check, Some(hub))
 }
 
-/// Whether the environment matches a mount of an HF_HOME or a hub cache;
-/// `home_elsewhere` when `HF_HOME` is not the mount.
-fn judge(
-    shape: Shape,
-    points: bool,
-    shown: &str,
-    mountpoint: &Path,
-    from: &str,
-    home_elsewhere: bool,
-) -> Check {
-    let export = super::shape::usage(shape, mountpoint);
-    if !points {
-        let unset = match shape == Shape::HfHome && from.ends_with("HUB_CACHE") {
-            true => format!(" and unset {from}, which wins over HF_HOME"),
-            false => String::new(),
-        };
-        let (mount, what) = (mountpoint.display(), shape.describe());
-        let summary =
-            format!("the hub cache is {shown}, not the one in the mount ({mount} is {what})");
-        return Check::warn("hub-cache", summary).advise(format!("{export}{unset}, or {RUN}"));
-    }
-    let check = Check::ok(
-        "hub-cache",
-        format!("the hub cache is the mount's: {shown}"),
-    );
-    match shape == Shape::HfHome && home_elsewhere {
-        true => check.advise(format!(
-            "{export} as well, so the token and xet/ in the mount are used"
-        )),
-        false => check,
-    }
-}
-
 /// The worker's side of the `mount` check, once the cache directory answered: what
 /// its daemon serves, or what the mount point is when none answers.
-pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Sender<Line>) {
+pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     let live = stagefs_mount::live_mount(cache_dir).map_err(|e| e.to_string());
     reply(tx, Line::Daemon(live.clone()));
-    match live {
+    let line = match live {
         Ok(Some((_, serving))) => {
-            if let Ok(resolved) = std::fs::canonicalize(&serving) {
-                reply(tx, Line::Resolved(serving, resolved));
-            }
+            let resolved = std::fs::canonicalize(&serving).ok();
+            resolved.map(|resolved| Line::Resolved(serving, resolved))
         }
-        Ok(None) => {
-            if let Ok(fs) = mounts::filesystem_of(mountpoint) {
-                reply(tx, Line::MountFs(fs));
-            }
-        }
-        Err(_) => {}
+        Ok(None) => filesystem_of(mountpoint).ok().map(Line::MountFs),
+        Err(_) => None,
+    };
+    if let Some(line) = line {
+        reply(tx, line);
     }
 }
 
 /// The `mount` check: does a daemon serve the configured mount point from this cache
 /// directory.
-pub(crate) fn mount_check(
-    gathered: &Gathered,
-    mountpoint: &Path,
-    cache_dir: &Path,
-) -> (Check, MountState) {
-    let mut state = MountState {
-        mountpoint: mountpoint.to_path_buf(),
-        up: false,
-        source: None,
-    };
-    let (socket, shown) = (control::socket_path(cache_dir), mountpoint.display());
+pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (Check, MountState) {
+    let (socket, shown) = (control::socket_path(cache), mount.display());
+    let same = |serving| serving == mount || gathered.resolved(serving) == gathered.resolved(mount);
+    let stagefs = |fs: &FsInfo| fs.kind == FsKind::Stagefs && fs.mount_point == mount;
+    let mut source = None;
     let check = match got!(gathered, Daemon) {
-        Some(Ok(Some((source, serving)))) => {
-            let same = serving == mountpoint
-                || gathered.resolved(serving) == gathered.resolved(mountpoint);
-            let (cache, mirrored, serving) =
-                (cache_dir.display(), source.display(), serving.display());
-            if !same {
-                let summary = format!("{cache} serves another mount: {mirrored} at {serving}");
-                let check = Check::warn("mount", summary);
-                return (
-                    check.advise("unmount it, or give this mount its own --cache-dir"),
-                    state,
-                );
-            }
-            (state.up, state.source) = (true, Some(source.clone()));
-            Check::ok("mount", format!("{shown} is mounted, mirroring {mirrored}"))
+        Some(Ok(Some((mirrored, serving)))) if same(serving) => {
+            source = Some(mirrored.clone());
+            Check::ok("mount", format!("{shown} is mounted, mirroring {}", mirrored.display()))
         }
-        Some(Ok(None)) => {
-            let mounted = got!(gathered, MountFs)
-                .is_some_and(|fs| fs.kind == FsKind::Stagefs && fs.mount_point == mountpoint);
-            match mounted {
-                true => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
-                    .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
-                false => Check::note("mount", format!("{shown} is not mounted"))
-                    .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login"),
-            }
+        Some(Ok(Some((mirrored, serving)))) => {
+            let (cache, mirrored, serving) = (cache.display(), mirrored.display(), serving.display());
+            Check::warn("mount", format!("{cache} serves another mount: {mirrored} at {serving}"))
+                .advise("unmount it, or give this mount its own --cache-dir")
         }
+        Some(Ok(None)) if got!(gathered, MountFs).is_some_and(stagefs) => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
+            .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
+        Some(Ok(None)) => Check::note("mount", format!("{shown} is not mounted"))
+            .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login"),
         Some(Err(e)) => Check::warn("mount", format!("cannot ask {}: {e}", socket.display())),
         None => Check::warn("mount", format!("the mount's daemon {}", gathered.missing)).advise(
             format!("if {shown} hangs too, `stagefs unmount --lazy {shown}` and mount again"),
         ),
+    };
+    let (mountpoint, up) = (mount.to_path_buf(), source.is_some());
+    let state = MountState {
+        mountpoint,
+        up,
+        source,
     };
     (check, state)
 }
@@ -274,8 +303,10 @@ pub(crate) fn mount_check(
 mod tests {
     use std::collections::HashMap;
 
+    use stagefs_cache::models::ModelRef;
+
     use super::*;
-    use crate::doctor::worker::Unanswered;
+    use crate::doctor::Verdict;
 
     #[test]
     fn hub_cache_precedence() {
@@ -300,24 +331,48 @@ mod tests {
 
     #[test]
     fn the_mount_check_reads_the_daemons_answer() {
-        let check = |lines| {
-            let gathered =
-                Gathered::new(lines, Unanswered::Late(std::time::Duration::from_secs(15)));
-            mount_check(&gathered, Path::new("/m"), Path::new("/c"))
-        };
+        let check = |lines| mount_check(&Gathered::late(lines), Path::new("/m"), Path::new("/c"));
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];
         let (up, state) = check(served("/m"));
-        assert_eq!(
-            (up.summary.as_str(), state.up),
-            ("/m is mounted, mirroring /src", true)
-        );
+        assert_eq!(up.summary, "/m is mounted, mirroring /src");
+        assert!(state.up);
         let (elsewhere, _) = check(served("/other"));
         assert_eq!(elsewhere.summary, "/c serves another mount: /src at /other");
         let (late, _) = check(Vec::new());
         assert_eq!(late.summary, "the mount's daemon did not answer within 15s");
+        let (absent, _) = check(vec![Line::Daemon(Ok(None))]);
+        assert_eq!(absent.summary, "/m is not mounted");
+    }
+
+    #[test]
+    fn each_shape_is_named_with_what_it_holds_and_how_to_use_it() {
+        use ModelKind::{File, Folder, HfRepo};
+        let check = |shape, kinds: &[ModelKind], advise| {
+            let model = |&kind| {
+                let (id, path) = (String::new(), PathBuf::new());
+                ModelRef { id, kind, path }
+            };
+            let (models, complete) = (kinds.iter().map(model).collect(), true);
+            let catalog = Catalog { models, complete };
+            shape_check(Path::new("/nas/hf"), &Survey { shape, catalog }, advise)
+        };
+        let home = check(Shape::HfHome, &[HfRepo, HfRepo], true);
         assert_eq!(
-            check(vec![Line::Daemon(Ok(None))]).0.summary,
-            "/m is not mounted"
+            home.summary,
+            "/nas/hf: an HF_HOME holding 2 HF repositories"
         );
+        let advice = "once mounted (`stagefs mount /nas/hf MOUNTPOINT`): export HF_HOME=MOUNTPOINT";
+        assert_eq!(home.advice.as_deref(), Some(advice));
+        assert_eq!(check(Shape::HubCache, &[HfRepo], false).advice, None);
+        let hub = usage(Shape::HubCache, Path::new("/m"));
+        assert_eq!(hub, "export HF_HUB_CACHE=/m");
+        let folders = check(Shape::ModelFolders, &[Folder, File], false);
+        let expected = "/nas/hf: plain model folders holding 1 plain model folder, 1 GGUF file";
+        assert_eq!(folders.summary, expected);
+        let by_path = usage(Shape::ModelFolders, Path::new("/m"));
+        assert!(by_path.starts_with("load models by path under /m"));
+        let nothing = check(Shape::Unknown, &[], true);
+        assert_eq!(nothing.verdict, Verdict::Note);
+        assert!(nothing.advice.unwrap_or_default().contains("model_dirs"));
     }
 }

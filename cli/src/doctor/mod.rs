@@ -6,23 +6,13 @@
 
 #[macro_use]
 mod worker;
-mod fskind;
 mod fuse;
 mod hub;
 mod model;
-#[cfg(target_os = "linux")]
-#[path = "mounts_linux.rs"]
-mod mounts;
-#[cfg(target_os = "macos")]
-#[path = "mounts_macos.rs"]
-mod mounts;
-mod probe;
-mod report;
-mod shape;
 mod source;
 mod space;
-mod watchdog;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -30,16 +20,72 @@ use anyhow::anyhow;
 use serde::Serialize;
 use stagefs_cache::models::Shape;
 
-#[allow(unused_imports)]
-// unused since stagefs-mount compares paths; goes with the doctor rewrite
-pub(crate) use shape::{shape_of, usage as shape_usage};
+pub(crate) use hub::{shape_of, usage as shape_usage};
 
 use crate::args::DoctorArgs;
 use crate::config::Config;
-use fskind::FsKind;
-use report::Check;
+use crate::run::RELAX_WATCHDOG_VAR;
 use source::{Findings, Target};
 use worker::{DEADLINE, Gathered, Task};
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Verdict {
+    /// Nothing to do.
+    Ok,
+    /// Works, but worth fixing.
+    Warn,
+    /// Will not work until fixed; doctor exits non-zero.
+    Fail,
+    /// Context, not a judgement.
+    Note,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct Check {
+    /// Stable identifier (`fuse`, `source`, ...); scripts match on it.
+    name: &'static str,
+    verdict: Verdict,
+    /// What was found.
+    summary: String,
+    /// What to do about it, if anything.
+    advice: Option<String>,
+}
+
+impl Check {
+    fn new(name: &'static str, verdict: Verdict, summary: impl Into<String>) -> Check {
+        let (summary, advice) = (summary.into(), None);
+        Check {
+            name,
+            verdict,
+            summary,
+            advice,
+        }
+    }
+
+    fn ok(name: &'static str, summary: impl Into<String>) -> Check {
+        Check::new(name, Verdict::Ok, summary)
+    }
+
+    fn warn(name: &'static str, summary: impl Into<String>) -> Check {
+        Check::new(name, Verdict::Warn, summary)
+    }
+
+    fn fail(name: &'static str, summary: impl Into<String>) -> Check {
+        Check::new(name, Verdict::Fail, summary)
+    }
+
+    fn note(name: &'static str, summary: impl Into<String>) -> Check {
+        Check::new(name, Verdict::Note, summary)
+    }
+
+    fn advise(mut self, advice: impl Into<String>) -> Check {
+        self.advice = Some(advice.into());
+        self
+    }
+}
 
 /// The whole report, as `--json` prints it; `failed` when a check failed (then the
 /// exit code is 1).
@@ -48,18 +94,10 @@ struct Report {
     checks: Vec<Check>,
     failed: bool,
     source: Option<source::SourceReport>,
-    model: Option<ModelReport>,
+    model: Option<model::Model>,
     cache: space::CacheReport,
     hub_cache: Option<hub::HubCache>,
     mount: Option<hub::MountState>,
-}
-
-/// The model with the time staging it would take at the measured rate.
-#[derive(Debug, Serialize)]
-struct ModelReport {
-    #[serde(flatten)]
-    model: model::Model,
-    staging_seconds: Option<f64>,
 }
 
 /// Runs the checks; exits non-zero when one fails.
@@ -71,13 +109,24 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
     let report = examine(args.target.as_deref(), &cache_dir, config)?;
     match args.json {
         true => println!("{}", serde_json::to_string_pretty(&report)?),
-        false => print!("{}", report::render(&report.checks)),
+        false => print!("{}", render(&report.checks)),
     }
-    Ok(if report.failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(ExitCode::from(u8::from(report.failed)))
+}
+
+/// The report for a terminal: `ok    fuse         summary`, advice indented below
+/// (the columns are 6 and 13 wide).
+fn render(checks: &[Check]) -> String {
+    let line = |check: &Check| {
+        let verdict = format!("{:?}", check.verdict).to_lowercase();
+        let advice = check.advice.as_ref().map(|a| format!("{:19}{a}\n", ""));
+        let (name, summary) = (check.name, &check.summary);
+        format!(
+            "{verdict:<6}{name:<13}{summary}\n{}",
+            advice.unwrap_or_default()
+        )
+    };
+    checks.iter().map(line).collect()
 }
 
 /// Asks one worker everything that touches a path, then judges what it answered.
@@ -88,58 +137,43 @@ fn examine(arg: Option<&str>, cache_dir: &Path, config: &Config) -> anyhow::Resu
     let resolve = hub::paths_to_resolve(mountpoint)
         .into_iter()
         .map(Task::Resolve);
-    let gathered = worker::gather(
-        [source, cache].into_iter().chain(resolve).collect(),
-        DEADLINE,
-    );
-    judge(&gathered, arg, cache_dir, config)
+    let tasks = [source, cache].into_iter().chain(resolve).collect();
+    judge(&worker::gather(tasks, DEADLINE), arg, cache_dir, config)
 }
 
 /// The report from what the worker answered.
 fn judge(
     gathered: &Gathered,
     arg: Option<&str>,
-    cache: &Path,
+    cache_dir: &Path,
     config: &Config,
 ) -> anyhow::Result<Report> {
     // Without the worker's word, whether `org/name` is a path here is not known.
     let told = got!(gathered, Target).cloned();
     let target = told.unwrap_or_else(|| Target::of(arg, config.source(), |_| false));
-    let target = target.map_err(|e| anyhow!(e))?;
-    let mut found = source::inspect(gathered, &target)?;
+    let found = source::inspect(gathered, &target.map_err(|e| anyhow!(e))?)?;
     let mountpoint = config.configured_mountpoint();
-    let roots = [
-        found.roots.clone(),
-        mountpoint.into_iter().map(Into::into).collect(),
-    ]
-    .concat();
+    let mut roots = found.roots.clone();
+    roots.extend(mountpoint.map(Into::into));
     let model = found.model.as_ref();
-    let (cache_checks, cache_report) =
-        space::inspect(gathered, cache, config.budget(), &roots, model);
-    let (mount, shape) = environment_target(&found, &target, mountpoint);
+    let (cache_checks, cache) = space::inspect(gathered, cache_dir, config.budget(), &roots, model);
+    let (mount, shape) = environment_target(&found, mountpoint);
     let (hub_check, hub_cache) = hub::hub_cache_check(gathered, mount.as_deref(), shape);
     // The worker asks the control socket in the cache directory only once that answered.
-    let answered = mountpoint.filter(|_| cache_report.fs.is_some());
+    let answered = mountpoint.filter(|_| cache.fs.is_some());
     let (mount_check, mount) = answered
-        .map(|m| hub::mount_check(gathered, m, cache))
+        .map(|m| hub::mount_check(gathered, m, cache_dir))
         .unzip();
     let mut checks = vec![fuse::check()];
-    checks.append(&mut found.checks);
-    checks.extend(
-        cache_checks
-            .into_iter()
-            .chain([hub_check])
-            .chain(mount_check),
-    );
-    checks.extend(watchdog::checks());
-    let probe = found.report.as_ref().and_then(|r| r.probe.as_ref());
-    let staging_seconds = |model: &model::Model| probe.map(|p| source::staging_seconds(p, model));
-    let model = found.model.map(|model| ModelReport {
-        staging_seconds: staging_seconds(&model),
-        model,
-    });
-    let (failed, source) = (report::any_failed(&checks), found.report);
-    let cache = cache_report;
+    checks.extend(found.checks.into_iter().chain(cache_checks));
+    checks.push(hub_check);
+    checks.extend(mount_check);
+    if cfg!(target_os = "macos") {
+        let value = std::env::var_os(RELAX_WATCHDOG_VAR);
+        checks.extend(watchdog_notes(value.as_deref()));
+    }
+    let failed = checks.iter().any(|c| c.verdict == Verdict::Fail);
+    let (source, model) = (found.report, found.model);
     Ok(Report {
         checks,
         failed,
@@ -156,26 +190,38 @@ fn judge(
 /// when the configured source was examined).
 fn environment_target(
     found: &Findings,
-    target: &Target,
     mountpoint: Option<&Path>,
 ) -> (Option<PathBuf>, Option<Shape>) {
     let shape = found.survey.as_ref().map(|s| s.shape);
-    let examined = found
-        .report
-        .as_ref()
-        .map(|r| (&r.fs, r.canonical.as_deref()));
-    match examined {
-        Some((fs, Some(path))) if fs.kind == FsKind::Stagefs && path == fs.mount_point => {
-            (Some(fs.mount_point.clone()), shape)
-        }
+    let report = found.report.as_ref();
+    match report {
+        Some(report) if report.is_mount() => (Some(report.fs.mount_point.clone()), shape),
         _ => {
-            let configured = target.parts().is_some_and(|(_, configured, _)| configured);
-            (
-                mountpoint.map(Path::to_path_buf),
-                shape.filter(|_| configured),
-            )
+            let configured = report.is_some_and(|r| r.configured);
+            (mountpoint.map(Into::into), shape.filter(|_| configured))
         }
     }
+}
+
+/// The macOS Metal watchdog notes, given the variable's value in doctor's own
+/// environment. Built on every platform so they are tested; shown only on macOS.
+fn watchdog_notes(value: Option<&OsStr>) -> Vec<Check> {
+    let state = match value.map(|v| v.to_str().unwrap_or("(not UTF-8)")) {
+        Some(value) => format!("{RELAX_WATCHDOG_VAR}={value} is set in this environment"),
+        None => format!("{RELAX_WATCHDOG_VAR} is not set in this environment"),
+    };
+    vec![
+        Check::note("gpu-watchdog", state).advise(
+            "it relaxes the Metal command-buffer watchdog only for a process that starts with it, before Metal initialises: set it where the program is launched, or use `stagefs run --relax-gpu-watchdog -- COMMAND`",
+        ),
+        Check::note(
+            "gpu-eval",
+            "staging cannot help a single mx.eval over roughly 300 GB: that GPU work alone can outlast the watchdog",
+        )
+        .advise("evaluate such graphs in chunks (several smaller mx.eval calls)"),
+        Check::note("gpu-display", "with a display active, the GPU interactivity watchdog is stricter")
+            .advise("run long GPU jobs with the display asleep or from a remote session"),
+    ]
 }
 
 #[cfg(test)]
@@ -183,39 +229,53 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_local_directory_end_to_end() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        std::fs::create_dir_all(dir.path().join("models--o--m/blobs"))?;
-        std::fs::write(dir.path().join("models--o--m/blobs/x"), vec![1u8; 1 << 20])?;
-        let (config, cache) = (Config::default(), dir.path().join("../doctor-cache"));
-        let report = examine(dir.path().to_str(), &cache, &config)?;
-        let names: Vec<&str> = report.checks.iter().map(|c| c.name).collect();
-        assert_eq!(
-            names[..4],
-            ["fuse", "source", "shape", "speed"],
-            "{names:?}"
-        );
-        let probe = report.source.and_then(|s| s.probe).expect("measured");
-        assert!(probe.throughput_bytes_per_sec > 0.0);
-        assert!(
-            examine(Some("org/name"), &cache, &config).is_err(),
-            "a model id needs a source"
-        );
-        let late = Gathered::new(Vec::new(), worker::Unanswered::Late(DEADLINE));
-        let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &config)?;
-        let failed = report
-            .checks
-            .iter()
-            .filter(|c| c.verdict == report::Verdict::Fail);
+    fn renders_aligned_lines_with_advice_below_or_json() -> serde_json::Result<()> {
+        let fail = Check::fail("source", "did not answer").advise("check the share");
+        let checks = [Check::ok("fuse", "/dev/fuse is usable"), fail];
+        let expected = "ok    fuse         /dev/fuse is usable\n\
+                        fail  source       did not answer\n\
+                        \x20                  check the share\n";
+        assert_eq!(render(&checks), expected);
+        let json = serde_json::to_value(Check::note("mount", "not mounted"))?;
+        let expected =
+            r#"{"name": "mount", "verdict": "note", "summary": "not mounted", "advice": null}"#;
+        assert_eq!(json, serde_json::from_str::<serde_json::Value>(expected)?);
+        Ok(())
+    }
+
+    #[test]
+    fn a_source_and_cache_that_do_not_answer_fail() -> anyhow::Result<()> {
+        let late = Gathered::late(Vec::new());
+        let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &Config::default())?;
+        let failed = report.checks.iter().filter(|c| c.verdict == Verdict::Fail);
         assert_eq!(
             failed.map(|c| c.name).collect::<Vec<_>>(),
             ["source", "cache"]
         );
+        assert!(report.failed);
         let summary = &report.checks[1].summary;
-        assert!(
-            summary.starts_with("the source /nas/hub did not answer within 15s"),
-            "{summary}"
-        );
+        let expected = "the source /nas/hub did not answer within 15s";
+        assert!(summary.starts_with(expected), "{summary}");
         Ok(())
+    }
+
+    #[test]
+    fn watchdog_notes_say_whether_the_variable_is_set_and_how_to_set_it() {
+        let unset = watchdog_notes(None);
+        let expected = "AGX_RELAX_CDM_CTXSTORE_TIMEOUT is not set in this environment";
+        assert_eq!(unset[0].summary, expected);
+        let advice = unset[0].advice.as_deref().unwrap_or_default();
+        assert!(advice.contains("before Metal initialises"), "{advice}");
+        assert!(
+            advice.contains("stagefs run --relax-gpu-watchdog"),
+            "{advice}"
+        );
+        assert!(
+            watchdog_notes(Some(OsStr::new("1")))[0]
+                .summary
+                .contains("=1 is set")
+        );
+        let all: String = unset.iter().map(|c| c.summary.clone()).collect();
+        assert!(all.contains("300 GB") && all.contains("display"), "{all}");
     }
 }

@@ -1,9 +1,13 @@
-//! Finding the model to judge and the file to measure, with stagefs-cache's view of
-//! models (HF repositories, plain model folders, GGUF files). Everything here reads
-//! the source: only the worker runs it.
+//! What the worker reads from the source: the model to judge (with stagefs-cache's
+//! view of models: HF repositories, plain model folders, GGUF files), the file to
+//! measure, and a short measurement of how it reads. Everything here may hang on a
+//! dead source: only the worker runs it.
 
-use std::fs;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use stagefs_cache::SourceTree;
@@ -29,6 +33,10 @@ pub(crate) struct Model {
     pub(crate) size_bytes: u64,
     /// Its largest weight file (absolute), what a loader waits on most.
     pub(crate) largest_weight: Option<PathBuf>,
+    /// Seconds to stage it at the measured rate (one stream; a mount copies with
+    /// several, so this is an upper estimate).
+    #[serde(default)]
+    pub(crate) staging_seconds: Option<f64>,
 }
 
 /// The model `id` in the source `root`: a repository at `refs/main` or else its
@@ -54,16 +62,13 @@ pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
         let Some(id) = name.to_str().and_then(hf::id_of_repo_dir) else {
             return Ok(None);
         };
-        let rel = PathBuf::from(name);
-        let commit = path
-            .strip_prefix(repo.join("snapshots"))
-            .ok()
-            .and_then(|c| c.iter().next());
-        let snapshot = commit.map(|commit| rel.join("snapshots").join(commit));
+        let (kind, in_snapshots) = (ModelKind::HfRepo, path.strip_prefix(repo.join("snapshots")));
+        let commit = in_snapshots.ok().and_then(|c| c.iter().next());
+        let snapshot = commit.map(|commit| Path::new(name).join("snapshots").join(commit));
         let model = ModelRef {
             id,
-            kind: ModelKind::HfRepo,
-            path: rel,
+            kind,
+            path: name.into(),
         };
         return Ok(describe(&SourceTree::new(hub)?, &model, snapshot));
     }
@@ -89,15 +94,11 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
     let (snapshot, files, weights) = match model.kind {
         ModelKind::HfRepo => {
             let main = || hf::snapshot_of(tree, &model.path, "main");
-            let snapshot = snapshot
-                .or_else(main)
-                .or_else(|| hf::newest_snapshot(tree, &model.path))?;
+            let newest = || hf::newest_snapshot(tree, &model.path);
+            let snapshot = snapshot.or_else(main).or_else(newest)?;
             let files = hf::all_files(tree, &snapshot);
-            (
-                Some(tree.root().join(&snapshot)),
-                files,
-                hf::weight_files(tree, &snapshot),
-            )
+            let weights = hf::weight_files(tree, &snapshot);
+            (Some(tree.root().join(&snapshot)), files, weights)
         }
         ModelKind::Folder | ModelKind::File => {
             let files = models::files(tree, model, None).ok()?;
@@ -114,6 +115,7 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         files: files.len(),
         size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
         largest_weight: largest.map(|rel| tree.root().join(rel)),
+        staging_seconds: None,
     })
 }
 
@@ -121,19 +123,17 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
 /// `models--*/blobs/`, `hub/models--*/blobs/`), else anywhere a few levels down.
 /// Looks at no more than a bounded number of entries.
 pub(crate) fn largest_file(dir: &Path) -> Option<PathBuf> {
-    let mut budget = SCAN_LIMIT;
+    let (mut budget, mut best) = (SCAN_LIMIT, None);
+    let listed = [dir.to_path_buf(), dir.join("hub")].map(fs::read_dir);
+    let entries = listed.into_iter().flatten().flatten().flatten();
     let mut blobs = vec![dir.join("blobs")];
-    for hub in [dir.to_path_buf(), dir.join("hub")] {
-        let entries = fs::read_dir(&hub).into_iter().flatten().flatten();
-        for entry in entries.take_while(|_| spend(&mut budget)) {
-            if entry.file_name().to_string_lossy().starts_with("models--") {
-                blobs.push(entry.path().join("blobs"));
-            }
+    for entry in entries.take_while(|_| spend(&mut budget)) {
+        if entry.file_name().to_string_lossy().starts_with("models--") {
+            blobs.push(entry.path().join("blobs"));
         }
     }
-    let mut best = None;
-    for dir in blobs {
-        scan(&dir, 0, &mut budget, &mut best);
+    for blobs in &blobs {
+        scan(blobs, 0, &mut budget, &mut best);
     }
     if best.is_none() {
         scan(dir, 3, &mut budget, &mut best);
@@ -168,6 +168,100 @@ fn scan(dir: &Path, depth: usize, budget: &mut usize, best: &mut Option<(PathBuf
     }
 }
 
+/// Small reads for the latency figure.
+const LATENCY_READS: u64 = 5;
+const SMALL_READ: u64 = 4 << 10;
+/// The sequential read stops after this many bytes or this long, whichever is first.
+const THROUGHPUT_BYTES: u64 = 64 << 20;
+const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
+
+/// What was measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Probe {
+    pub(crate) file: PathBuf,
+    pub(crate) file_size: u64,
+    /// Median time of one small read at a spread-out offset.
+    pub(crate) latency_ms: f64,
+    pub(crate) throughput_bytes_per_sec: f64,
+    pub(crate) bytes_read: u64,
+    pub(crate) seconds: f64,
+}
+
+/// Measures `file`.
+pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
+    let mut file = File::open(path)?;
+    let file_size = file.metadata()?.len();
+    if file_size == 0 {
+        return Err(io::Error::other("the file is empty"));
+    }
+    forget_cached(&file, Access::Random);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut times = Vec::new();
+    for i in 0..LATENCY_READS {
+        // Page-aligned offsets at the middle of each fifth of the file.
+        let offset = (file_size * (2 * i + 1) / (2 * LATENCY_READS)) & !(SMALL_READ - 1);
+        let start = Instant::now();
+        file.read_at(&mut buf[..SMALL_READ as usize], offset)?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    forget_cached(&file, Access::Sequential);
+    let (mut bytes_read, start) = (0u64, Instant::now());
+    while bytes_read < THROUGHPUT_BYTES && start.elapsed() < THROUGHPUT_TIME {
+        match file.read(&mut buf)? {
+            0 => break,
+            n => bytes_read += n as u64,
+        }
+    }
+    // A tiny local file can read in less than a clock tick; never divide by zero.
+    let seconds = start.elapsed().as_secs_f64().max(1e-6);
+    let latency_ms = times[times.len() / 2].as_secs_f64() * 1000.0;
+    let throughput_bytes_per_sec = bytes_read as f64 / seconds;
+    let file = path.to_path_buf();
+    Ok(Probe {
+        file,
+        file_size,
+        latency_ms,
+        throughput_bytes_per_sec,
+        bytes_read,
+        seconds,
+    })
+}
+
+/// How the file is about to be read.
+#[derive(Clone, Copy)]
+enum Access {
+    Random,
+    Sequential,
+}
+
+/// Drops the file's cached pages (clean ones; a just-written file may stay cached)
+/// and says how it will be read, so small reads do not trigger readahead.
+#[cfg(target_os = "linux")]
+fn forget_cached(file: &File, access: Access) {
+    use std::os::fd::AsRawFd;
+    let pattern = match access {
+        Access::Random => libc::POSIX_FADV_RANDOM,
+        Access::Sequential => libc::POSIX_FADV_SEQUENTIAL,
+    };
+    // SAFETY: the descriptor is open for the life of `file`; fadvise only gives hints.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, pattern);
+    }
+}
+
+/// macOS has no per-file cache drop; F_NOCACHE makes this descriptor's reads bypass
+/// the cache instead.
+#[cfg(target_os = "macos")]
+fn forget_cached(file: &File, _access: Access) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the life of `file`; F_NOCACHE takes an int.
+    unsafe {
+        libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,10 +273,8 @@ mod tests {
         fs::create_dir_all(repo.join("snapshots/abc"))?;
         fs::create_dir_all(repo.join("blobs"))?;
         fs::write(repo.join("blobs/w"), [0u8; 10])?;
-        std::os::unix::fs::symlink(
-            "../../blobs/w",
-            repo.join("snapshots/abc/model.safetensors"),
-        )?;
+        let link = repo.join("snapshots/abc/model.safetensors");
+        std::os::unix::fs::symlink("../../blobs/w", &link)?;
         let folder = dir.path().join("models/org/m");
         fs::create_dir_all(folder.join("original"))?;
         fs::write(folder.join("config.json"), "{}")?;
@@ -192,13 +284,10 @@ mod tests {
         let named = |path: PathBuf| -> anyhow::Result<_> {
             Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes, m.snapshot)))
         };
-        let in_repo = |snapshot| Some(("org/m".to_string(), ModelKind::HfRepo, 10, snapshot));
         let abc = Some(repo.join("snapshots/abc"));
-        assert_eq!(
-            named(repo.join("snapshots/abc/model.safetensors"))?,
-            in_repo(abc.clone())
-        );
-        assert_eq!(named(repo.clone())?, in_repo(abc));
+        let in_repo = Some(("org/m".to_string(), ModelKind::HfRepo, 10, abc));
+        assert_eq!(named(link)?, in_repo);
+        assert_eq!(named(repo.clone())?, in_repo);
         let in_folder = Some(("m".to_string(), ModelKind::Folder, 34, None));
         for inside in ["", "config.json", "original/params.json"] {
             assert_eq!(named(folder.join(inside))?, in_folder, "{inside}");
@@ -214,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn finds_the_largest_blob() -> std::io::Result<()> {
+    fn finds_the_largest_blob_and_measures_it() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         let blobs = dir.path().join("models--o--m/blobs");
         fs::create_dir_all(&blobs)?;
@@ -226,6 +315,9 @@ mod tests {
         fs::create_dir_all(plain.path().join("a/b"))?;
         fs::write(plain.path().join("a/b/f"), [0u8; 5])?;
         assert_eq!(largest_file(plain.path()), Some(plain.path().join("a/b/f")));
+        assert_eq!(measure(&blobs.join("big"))?.bytes_read, 100);
+        fs::write(blobs.join("empty"), b"")?;
+        assert!(measure(&blobs.join("empty")).is_err(), "nothing to measure");
         Ok(())
     }
 }

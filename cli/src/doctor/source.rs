@@ -8,16 +8,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
+use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_cache::models::{self, ModelKind, Survey};
 use stagefs_cache::{SourceTree, hf};
 
-use super::fskind::{FsInfo, FsKind};
-use super::model::{self, Model};
-use super::mounts;
-use super::probe::{self, Probe, format_duration, format_latency, format_rate};
-use super::report::{Check, Verdict};
-use super::shape::shape_check;
+use super::model::{self, Model, Probe};
 use super::worker::{Gathered, Line, StepError, Tx, reply};
+use super::{Check, Verdict, hub};
 use crate::units::format_bytes;
 
 /// Below this rate a model takes long enough to stage that it deserves a warning.
@@ -55,10 +52,8 @@ impl Target {
                 .map_err(|e| e.to_string());
         }
         let hub = source.ok_or_else(|| format!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine"))?;
-        Ok(Target::Model {
-            id: arg.into(),
-            hub: hub.into(),
-        })
+        let (id, hub) = (arg.into(), hub.into());
+        Ok(Target::Model { id, hub })
     }
 
     /// The path examined, whether it is the configured source, and the model asked for.
@@ -85,6 +80,17 @@ pub(crate) struct SourceReport {
     pub(crate) stagefs_source_fs: Option<FsInfo>,
     pub(crate) probe: Option<Probe>,
     pub(crate) probe_error: Option<String>,
+    /// The path is the configured source rather than an argument.
+    #[serde(skip)]
+    pub(crate) configured: bool,
+}
+
+impl SourceReport {
+    /// Whether the path is a stagefs mount itself (not a path in one).
+    pub(crate) fn is_mount(&self) -> bool {
+        let fs = &self.fs;
+        fs.kind == FsKind::Stagefs && self.canonical.as_ref() == Some(&fs.mount_point)
+    }
 }
 
 /// Everything the source checks found: the shape of the directory examined (of a
@@ -111,7 +117,7 @@ pub(crate) struct Located {
 pub(crate) fn locate(path: &Path) -> io::Result<Located> {
     let canonical = std::fs::canonicalize(path)?;
     let is_file = std::fs::metadata(&canonical)?.is_file();
-    let fs = mounts::filesystem_of(&canonical)?;
+    let fs = filesystem_of(&canonical)?;
     Ok(Located {
         canonical,
         fs,
@@ -132,7 +138,7 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     // table alone).
     let (lexical, guess) = (Path::new("/").join(hf::normalize(path)), tx.clone());
     std::thread::spawn(move || {
-        if let Ok(fs) = mounts::filesystem_of(&lexical) {
+        if let Ok(fs) = filesystem_of(&lexical) {
             reply(&guess, Line::Lexical(fs));
         }
     });
@@ -140,7 +146,7 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     send(Line::Located(located.clone()));
     let Ok(located) = located else { return };
     if let Some(source) = &located.fs.stagefs_source {
-        let fs = std::fs::canonicalize(source).and_then(|s| mounts::filesystem_of(&s));
+        let fs = std::fs::canonicalize(source).and_then(|s| filesystem_of(&s));
         send(Line::SourceFs(fs.ok()));
     }
     let readable = readable_path(&located);
@@ -164,7 +170,7 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
         None if located.is_file => Some(readable),
         None => model::largest_file(&readable),
     };
-    let measured = file.map(|file| probe::measure(&file)).transpose();
+    let measured = file.map(|file| model::measure(&file)).transpose();
     send(Line::Measured(measured.map_err(StepError::of)));
 }
 
@@ -181,15 +187,6 @@ fn arrived<T>(answer: Option<T>, check: &'static str) -> Result<T, Stop> {
     answer.ok_or(Stop::Unanswered(check))
 }
 
-/// The source checks in progress: what the worker answered, and what was found.
-struct Judging<'a> {
-    gathered: &'a Gathered,
-    found: Findings,
-    report: SourceReport,
-    /// The path is the configured source rather than an argument.
-    configured: bool,
-}
-
 /// The source checks for `target` from what the worker answered. Errors only for a
 /// bad argument: a path that does not exist, a model the source does not have.
 pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Findings> {
@@ -199,161 +196,124 @@ pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Fi
         found.checks.push(Check::note("source", note));
         return Ok(found);
     };
-    let report = SourceReport {
+    let mut report = SourceReport {
         path: path.into(),
+        configured,
         ..Default::default()
     };
-    let mut judging = Judging {
-        gathered,
-        found,
-        report,
-        configured,
-    };
-    let check = match judging.steps(model_id) {
+    let stopped = match found.steps(gathered, &mut report, model_id) {
         Ok(()) => None,
         Err(Stop::Invalid(e)) => return Err(e),
-        Err(Stop::Unanswered(check)) => Some(judging.unanswered(check)),
-        Err(Stop::Unreadable(e)) => Some(judging.unreadable(&e)),
+        Err(Stop::Unanswered(check)) => Some(unanswered(gathered, &mut report, check)),
+        Err(Stop::Unreadable(e)) => Some(unreadable(gathered, &mut report, &e)),
     };
-    let Judging {
-        mut found,
-        mut report,
-        ..
-    } = judging;
-    report.answered = check.is_none();
-    found.checks.extend(check);
+    report.answered = stopped.is_none();
+    found.checks.extend(stopped);
     found.report = Some(report);
     Ok(found)
 }
 
-impl Judging<'_> {
+impl Findings {
     /// The checks in the order the worker probes; the first probe that did not answer
     /// ends them.
-    fn steps(&mut self, model_id: Option<&str>) -> Result<(), Stop> {
-        let (gathered, path) = (self.gathered, &self.report.path);
+    fn steps(
+        &mut self,
+        gathered: &Gathered,
+        report: &mut SourceReport,
+        model_id: Option<&str>,
+    ) -> Result<(), Stop> {
         let located = match arrived(got!(gathered, Located), "source")? {
             Ok(located) => located,
-            Err(e) if e.not_found && !self.configured => {
-                return Err(Stop::Invalid(anyhow!("{} does not exist", path.display())));
+            Err(e) if e.not_found && !report.configured => {
+                let missing = anyhow!("{} does not exist", report.path.display());
+                return Err(Stop::Invalid(missing));
             }
             Err(e) => return Err(Stop::Unreadable(e.clone())),
         };
-        self.report.canonical = Some(located.canonical.clone());
-        self.report.fs = located.fs.clone();
-        self.found.roots.push(located.canonical.clone());
+        (report.canonical, report.fs) = (Some(located.canonical.clone()), located.fs.clone());
+        self.roots.push(located.canonical.clone());
         if let Some(source) = &located.fs.stagefs_source {
-            self.found.roots.push(source.clone());
-            let fs = arrived(got!(gathered, SourceFs), "source")?;
-            self.report.stagefs_source_fs = fs.clone();
+            self.roots.push(source.clone());
+            report.stagefs_source_fs = arrived(got!(gathered, SourceFs), "source")?.clone();
         }
-        self.found
-            .checks
-            .push(fs_check(&self.report, self.configured));
+        self.checks.push(fs_check(report));
         if !located.is_file {
-            let survey = arrived(got!(gathered, Survey), "shape")?;
-            let check = self.shape(survey, located);
-            self.found.checks.push(check);
+            let check = match arrived(got!(gathered, Survey), "shape")? {
+                Ok(survey) => {
+                    self.survey = Some(survey.clone());
+                    let advise_mounting = !report.configured && !report.is_mount();
+                    hub::shape_check(&report.path, survey, advise_mounting)
+                }
+                Err(e) => Check::fail("shape", format!("listing the source failed: {e}")),
+            };
+            self.checks.push(check);
         }
         let readable = readable_path(located);
-        self.model(
-            arrived(got!(gathered, Model), "model")?,
-            &readable,
-            model_id,
-        )?;
-        self.measure(arrived(got!(gathered, Measured), "speed")?, &readable);
-        Ok(())
-    }
-
-    /// What shape the directory has, and how programs are pointed at it.
-    fn shape(&mut self, survey: &Result<Survey, StepError>, located: &Located) -> Check {
-        let survey = match survey {
-            Ok(survey) => survey,
-            Err(e) => return Check::fail("shape", format!("listing the source failed: {e}")),
-        };
-        let mount = located.fs.kind == FsKind::Stagefs;
-        let is_mount = mount && located.canonical == located.fs.mount_point;
-        self.found.survey = Some(survey.clone());
-        shape_check(&self.report.path, survey, !self.configured && !is_mount)
-    }
-
-    /// The model asked for, or the one the path lies in.
-    fn model(
-        &mut self,
-        answer: &Result<Option<Model>, StepError>,
-        readable: &Path,
-        model_id: Option<&str>,
-    ) -> Result<(), Stop> {
-        self.found.model = match (answer, model_id) {
-            (Ok(Some(model)), _) => Some(model.clone()),
+        self.model = match (arrived(got!(gathered, Model), "model")?, model_id) {
+            (Ok(model), None) => model.clone(),
+            (Ok(Some(model)), Some(_)) => Some(model.clone()),
+            (Ok(None), Some(id)) => return Err(Stop::Invalid(not_in(id, &readable))),
             // An ambiguous or malformed id is the argument's fault.
             (Err(e), Some(_)) => return Err(Stop::Invalid(anyhow!("{e}"))),
-            (Ok(None), Some(id)) => return Err(Stop::Invalid(not_in(id, readable))),
-            (Ok(None), None) => None,
             (Err(e), None) => {
-                let check = Check::fail("model", format!("reading the model failed: {e}"));
-                self.found.checks.push(check);
+                let failed = format!("reading the model failed: {e}");
+                self.checks.push(Check::fail("model", failed));
                 None
             }
         };
-        self.found
-            .checks
-            .extend(self.found.model.as_ref().map(model_check));
-        Ok(())
-    }
-
-    fn measure(&mut self, answer: &Result<Option<Probe>, StepError>, readable: &Path) {
-        let check = match answer {
+        self.checks.extend(self.model.as_ref().map(model_check));
+        let check = match arrived(got!(gathered, Measured), "speed")? {
             Ok(Some(probe)) => {
-                self.report.probe = Some(probe.clone());
-                speed_check(probe, self.found.model.as_ref())
+                report.probe = Some(probe.clone());
+                if let Some(model) = &mut self.model {
+                    model.staging_seconds = Some(staging_seconds(probe, model));
+                }
+                speed_check(probe, self.model.as_ref())
             }
             Ok(None) => {
                 let nothing = format!("no file to measure in {}", readable.display());
                 Check::note("speed", nothing)
             }
             Err(e) => {
-                self.report.probe_error = Some(e.to_string());
+                report.probe_error = Some(e.to_string());
                 Check::fail("speed", format!("reading the source failed: {e}"))
             }
         };
-        self.found.checks.push(check);
+        self.checks.push(check);
+        Ok(())
     }
+}
 
-    /// The failed check for a probe that did not answer in time.
-    fn unanswered(&mut self, check: &'static str) -> Check {
-        let report = &mut self.report;
-        if report.canonical.is_none() {
-            report.fs = got!(self.gathered, Lexical).cloned().unwrap_or_default();
-        }
-        let on = match report.fs.kind {
-            FsKind::Unknown => String::new(),
-            _ => format!("; it is {}", report.fs.describe()),
-        };
-        let (shown, late) = (report.path.display(), &self.gathered.missing);
-        Check::fail(check, format!("the source {shown} {late}{on}")).advise(
-            "check that the share is reachable (`ls` it); a dead NFS, SMB or sshfs mount has to be remounted",
-        )
+/// The failed check for a probe that did not answer in time.
+fn unanswered(gathered: &Gathered, report: &mut SourceReport, check: &'static str) -> Check {
+    if report.canonical.is_none() {
+        report.fs = got!(gathered, Lexical).cloned().unwrap_or_default();
     }
+    let on = match report.fs.kind {
+        FsKind::Unknown => String::new(),
+        _ => format!("; it is {}", report.fs.describe()),
+    };
+    let (shown, late) = (report.path.display(), &gathered.missing);
+    Check::fail(check, format!("the source {shown} {late}{on}")).advise(
+        "check that the share is reachable (`ls` it); a dead NFS, SMB or sshfs mount has to be remounted",
+    )
+}
 
-    /// The failed check for a path that exists (or is configured) but could not be
-    /// resolved.
-    fn unreadable(&mut self, e: &StepError) -> Check {
-        let report = &mut self.report;
-        report.fs = got!(self.gathered, Lexical).cloned().unwrap_or_default();
-        let check = Check::fail(
-            "source",
-            format!("cannot read {}: {e}", report.path.display()),
-        );
-        let mount = report.fs.mount_point.display();
-        match report.fs.kind {
-            FsKind::Stagefs => check.advise(format!(
-                "if its daemon is gone: `stagefs unmount --lazy {mount}`, then mount again"
-            )),
-            _ if self.configured && e.not_found => {
-                check.advise("mount the share first, or fix `source` in the config file")
-            }
-            _ => check,
+/// The failed check for a path that exists (or is configured) but could not be
+/// resolved.
+fn unreadable(gathered: &Gathered, report: &mut SourceReport, e: &StepError) -> Check {
+    report.fs = got!(gathered, Lexical).cloned().unwrap_or_default();
+    let summary = format!("cannot read {}: {e}", report.path.display());
+    let check = Check::fail("source", summary);
+    let mount = report.fs.mount_point.display();
+    match report.fs.kind {
+        FsKind::Stagefs => check.advise(format!(
+            "if its daemon is gone: `stagefs unmount --lazy {mount}`, then mount again"
+        )),
+        _ if report.configured && e.not_found => {
+            check.advise("mount the share first, or fix `source` in the config file")
         }
+        _ => check,
     }
 }
 
@@ -377,43 +337,37 @@ fn readable_path(located: &Located) -> PathBuf {
     }
 }
 
-fn fs_check(report: &SourceReport, configured: bool) -> Check {
+fn fs_check(report: &SourceReport) -> Check {
     let fs = &report.fs;
     let summary = format!("{}: {}", report.path.display(), fs.describe());
-    let unknown = || format!("{summary}; whether it is remote is not known");
-    let check = match fs.kind {
-        FsKind::Stagefs => return stagefs_check(report, configured),
-        FsKind::Fuse | FsKind::Unknown => return Check::note("source", unknown()),
-        _ => Check::ok("source", summary),
+    let advice = match fs.kind {
+        FsKind::Stagefs => return stagefs_check(report),
+        FsKind::Fuse | FsKind::Unknown => {
+            let unknown = format!("{summary}; whether it is remote is not known");
+            return Check::note("source", unknown);
+        }
+        FsKind::Removable if fs.lacks_symlinks() => {
+            "exFAT and FAT hold no symlinks, so snapshots hold full copies instead of links to blobs/; stagefs mirrors them as they are"
+        }
+        FsKind::Local => {
+            "a local disk is already fast; stagefs pays off for network and USB sources"
+        }
+        _ => return Check::ok("source", summary),
     };
-    match fs.kind {
-        FsKind::Removable if fs.lacks_symlinks() => check.advise(
-            "exFAT and FAT hold no symlinks, so snapshots hold full copies instead of links to blobs/; stagefs mirrors them as they are",
-        ),
-        FsKind::Local => check
-            .advise("a local disk is already fast; stagefs pays off for network and USB sources"),
-        _ => check,
-    }
+    Check::ok("source", summary).advise(advice)
 }
 
-fn stagefs_check(report: &SourceReport, configured: bool) -> Check {
-    let (fs, sfs) = (&report.fs, &report.stagefs_source_fs);
+fn stagefs_check(report: &SourceReport) -> Check {
+    let (fs, path) = (&report.fs, report.path.display());
     let source = fs.stagefs_source.clone().unwrap_or_else(|| "?".into());
-    let under = sfs
-        .as_ref()
-        .map(|f| format!(", {}", f.describe()))
-        .unwrap_or_default();
-    let (path, mount, source) = (
-        report.path.display(),
-        fs.mount_point.display(),
-        source.display(),
-    );
+    let under = report.stagefs_source_fs.as_ref().map(FsInfo::describe);
+    let under = under.map(|fs| format!(", {fs}")).unwrap_or_default();
+    let (mount, source) = (fs.mount_point.display(), source.display());
     let summary =
         format!("{path} is in the stagefs mount at {mount}, which mirrors {source}{under}");
-    let verdict = if configured {
-        Verdict::Warn
-    } else {
-        Verdict::Note
+    let verdict = match report.configured {
+        true => Verdict::Warn,
+        false => Verdict::Note,
     };
     Check::new("source", verdict, summary).advise(format!(
         "the checks below read {source}; a stagefs mount is no source for another mount: use {source} itself"
@@ -434,35 +388,28 @@ fn model_check(model: &Model) -> Check {
 
 /// Seconds to stage `model` at the measured rate (one stream; a mount copies with
 /// several, so this is an upper estimate).
-pub(crate) fn staging_seconds(probe: &Probe, model: &Model) -> f64 {
+fn staging_seconds(probe: &Probe, model: &Model) -> f64 {
     model.size_bytes as f64 / probe.throughput_bytes_per_sec.max(1.0)
 }
 
 fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
-    let latency = format_latency(probe.latency_ms);
-    let (rate, read) = (
-        format_rate(probe.throughput_bytes_per_sec),
-        format_bytes(probe.bytes_read),
-    );
+    let (latency, rate) = (probe.latency_ms, probe.throughput_bytes_per_sec);
+    let (read, name) = (format_bytes(probe.bytes_read), probe.file.file_name());
     // A file's name, with a blob's 64-digit hash cut to something readable.
-    let name = probe.file.file_name().unwrap_or_default().to_string_lossy();
-    let cut = name.chars().take(12).collect::<String>() + "…";
-    let name = if name.chars().count() > 24 {
-        cut
-    } else {
-        name.into_owned()
+    let name = name.unwrap_or_default().to_string_lossy();
+    let name = match name.chars().count() {
+        ..=24 => name.into_owned(),
+        _ => name.chars().take(12).collect::<String>() + "…",
     };
-    let mut summary = format!("latency {latency}, {rate} ({read} of {name})");
+    let (shown_latency, shown_rate) = (format_latency(latency), format_rate(rate));
+    let mut summary = format!("latency {shown_latency}, {shown_rate} ({read} of {name})");
     let staging = model.map(|m| (m, staging_seconds(probe, m)));
     if let Some((model, seconds)) = staging {
-        let (id, size, time) = (
-            &model.id,
-            format_bytes(model.size_bytes),
-            format_duration(seconds),
-        );
+        let (id, size) = (&model.id, format_bytes(model.size_bytes));
+        let time = format_duration(seconds);
         summary.push_str(&format!("; staging {id} ({size}) takes about {time}"));
     }
-    let slow = probe.throughput_bytes_per_sec < SLOW_RATE || probe.latency_ms > SLOW_LATENCY_MS;
+    let slow = rate < SLOW_RATE || latency > SLOW_LATENCY_MS;
     let verdict = if slow { Verdict::Warn } else { Verdict::Ok };
     let check = Check::new("speed", verdict, summary);
     if !slow && staging.is_none_or(|(_, s)| s <= LONG_STAGING_SECS) {
@@ -474,12 +421,36 @@ fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
     ))
 }
 
+/// `12 µs`, `1.5 ms`, `42 ms`, `2.3 s`.
+fn format_latency(ms: f64) -> String {
+    match ms {
+        ..1.0 => format!("{:.0} µs", ms * 1000.0),
+        ..10.0 => format!("{ms:.1} ms"),
+        ..1000.0 => format!("{ms:.0} ms"),
+        _ => format!("{:.1} s", ms / 1000.0),
+    }
+}
+
+/// `850 MiB/s`, `2.4 MiB/s`.
+fn format_rate(bytes_per_sec: f64) -> String {
+    match bytes_per_sec / f64::from(1u32 << 20) {
+        mib if mib >= 10.0 => format!("{mib:.0} MiB/s"),
+        mib => format!("{mib:.1} MiB/s"),
+    }
+}
+
+/// `45 s`, `12 min`, `3.5 h`.
+fn format_duration(seconds: f64) -> String {
+    match seconds {
+        ..90.0 => format!("{:.0} s", seconds.max(1.0)),
+        ..5400.0 => format!("{:.0} min", seconds / 60.0),
+        _ => format!("{:.1} h", seconds / 3600.0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::doctor::worker::Unanswered;
 
     #[test]
     fn speed_verdicts_and_staging_estimate() -> serde_json::Result<()> {
@@ -499,22 +470,18 @@ mod tests {
         let expected =
             "latency 200 µs, 500 MiB/s (64.0 MiB of abc); staging o/m (1.0 GiB) takes about 2 s";
         assert_eq!(fast.summary, expected);
-        let slow = speed_check(&probe(10.0, 5.0)?, None);
-        assert_eq!(slow.verdict, Verdict::Warn);
-        assert!(
-            slow.advice
-                .unwrap_or_default()
-                .contains("stagefs prefetch MODEL")
-        );
+        let slow = speed_check(&probe(10.0, 5.0)?, None).advice;
+        assert!(slow.unwrap_or_default().contains("stagefs prefetch MODEL"));
         let huge = speed_check(&probe(500.0, 0.2)?, Some(&model(1 << 40)?));
         assert_eq!(huge.verdict, Verdict::Ok);
-        assert!(
-            huge.advice
-                .unwrap_or_default()
-                .contains("stagefs prefetch o/m")
-        );
+        assert!(huge.advice.unwrap_or_default().contains("prefetch o/m"));
         let summary = model_check(&model(1 << 20)?).summary;
         assert_eq!(summary, "o/m: 3 files, 1.0 MiB (snapshot 0123456789ab)");
+        let latencies = [0.084, 1.54, 42.4, 2300.0].map(format_latency);
+        assert_eq!(latencies, ["84 µs", "1.5 ms", "42 ms", "2.3 s"]);
+        assert_eq!(format_rate(2.4 * 1048576.0), "2.4 MiB/s");
+        let durations = [0.2, 600.0, 3.5 * 3600.0].map(format_duration);
+        assert_eq!(durations, ["1 s", "10 min", "3.5 h"]);
         Ok(())
     }
 
@@ -522,86 +489,53 @@ mod tests {
     fn targets_are_model_ids_or_paths() {
         let (never, hub) = (|_: &Path| false, Some(Path::new("/hub")));
         let id = "org/name".to_string();
+        let model = Target::of(Some(&id), hub, never);
         assert_eq!(
-            Target::of(Some(&id), hub, never),
+            model,
             Ok(Target::Model {
                 id,
                 hub: "/hub".into()
             })
         );
         for (arg, exists) in [("org/name", true), ("/abs/path", false), ("./org", false)] {
-            let target = Target::of(Some(arg), hub, |_| exists);
-            assert!(
-                matches!(
-                    target,
-                    Ok(Target::Path {
-                        configured: false,
-                        ..
-                    })
-                ),
-                "{arg}"
-            );
+            let target = Target::of(Some(arg), hub, |_| exists).map(|t| t.parts().map(|p| p.1));
+            assert_eq!(target, Ok(Some(false)), "{arg}");
         }
-        let unconfigured = Target::of(Some("org/name"), None, never).expect_err("needs a source");
-        assert!(
-            unconfigured.contains("no source is configured"),
-            "{unconfigured}"
-        );
+        let unconfigured = Target::of(Some("org/name"), None, never).expect_err("no source");
+        assert!(unconfigured.contains("no source is configured"));
         assert_eq!(Target::of(None, None, never), Ok(Target::Nothing));
     }
 
     #[test]
     fn the_first_probe_that_did_not_answer_fails_its_check() -> anyhow::Result<()> {
-        let late = |lines| Gathered::new(lines, Unanswered::Late(Duration::from_secs(15)));
         let dir = tempfile::tempdir()?;
-        let target = Target::Path {
-            path: dir.path().into(),
-            configured: false,
+        let judge = |lines: Vec<Line>, path: &Path, configured| {
+            let target = Target::Path {
+                path: path.into(),
+                configured,
+            };
+            inspect(&Gathered::late(lines), &target)
         };
         let located = |path| Line::Located(locate(path).map_err(StepError::of));
         let survey = Line::Survey(Err(StepError::of(anyhow!("denied"))));
-        let found = inspect(&late(vec![located(dir.path()), survey]), &target)?;
+        let found = judge(vec![located(dir.path()), survey], dir.path(), false)?;
         let checks: Vec<_> = found.checks.iter().map(|c| (c.name, c.verdict)).collect();
-        let expected = [
-            ("source", Verdict::Ok),
-            ("shape", Verdict::Fail),
-            ("model", Verdict::Fail),
-        ];
-        assert_eq!(checks, expected);
-        assert!(
-            found.checks[2]
-                .summary
-                .contains("did not answer within 15s")
-        );
-        let nothing = inspect(&late(Vec::new()), &target)?;
-        assert!(
-            nothing.checks[0]
-                .summary
-                .contains("did not answer within 15s")
-        );
+        let (ok, fail) = (Verdict::Ok, Verdict::Fail);
+        assert_eq!(checks, [("source", ok), ("shape", fail), ("model", fail)]);
+        let late = "did not answer within 15s";
+        assert!(found.checks[2].summary.contains(late));
+        let nothing = judge(Vec::new(), dir.path(), false)?;
+        assert!(nothing.checks[0].summary.contains(late));
         assert!(!nothing.report.expect("reported").answered);
         let missing = Path::new("/nonexistent/doctor/path");
-        let given = Target::Path {
-            path: missing.into(),
-            configured: false,
-        };
         assert!(
-            inspect(&late(vec![located(missing)]), &given).is_err(),
+            judge(vec![located(missing)], missing, false).is_err(),
             "a bad argument"
         );
-        let configured = Target::Path {
-            path: missing.into(),
-            configured: true,
-        };
-        let found = inspect(&late(vec![located(missing)]), &configured)?;
+        let found = judge(vec![located(missing)], missing, true)?;
         assert_eq!(found.checks[0].verdict, Verdict::Fail);
-        assert!(
-            found.checks[0]
-                .advice
-                .as_deref()
-                .unwrap_or_default()
-                .contains("fix `source`")
-        );
+        let advice = found.checks[0].advice.clone().unwrap_or_default();
+        assert!(advice.contains("fix `source`"), "{advice}");
         Ok(())
     }
 }

@@ -7,11 +7,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use stagefs_cache::Budget;
 use stagefs_cache::budget::{VolumeSpace, volume_space};
+use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
 
-use super::fskind::{FsInfo, FsKind};
+use super::Check;
 use super::model::Model;
-use super::mounts;
-use super::report::Check;
 use super::worker::Gathered;
 use crate::units::format_bytes;
 
@@ -30,8 +29,8 @@ pub(crate) struct CacheReport {
     pub(crate) max_size_bytes: Option<u64>,
 }
 
-/// Where the cache directory is: resolved as far as it exists, its filesystem and
-/// its volume's space.
+/// Where the cache directory is: resolved as far as it exists, whether it does, its
+/// filesystem and its volume's space.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Place(PathBuf, bool, FsInfo, VolumeSpace);
 
@@ -42,10 +41,7 @@ pub(crate) fn place(dir: &Path) -> io::Result<Place> {
     let existing = dir.ancestors().find(|a| a.exists()).ok_or_else(missing)?;
     let rest = dir.strip_prefix(existing).unwrap_or(Path::new(""));
     let canonical = std::fs::canonicalize(existing)?;
-    let (fs, space) = (
-        mounts::filesystem_of(&canonical)?,
-        volume_space(&canonical)?,
-    );
+    let (fs, space) = (filesystem_of(&canonical)?, volume_space(&canonical)?);
     Ok(Place(canonical.join(rest), existing == dir, fs, space))
 }
 
@@ -59,7 +55,7 @@ pub(crate) fn inspect(
     roots: &[PathBuf],
     model: Option<&Model>,
 ) -> (Vec<Check>, CacheReport) {
-    let report = CacheReport {
+    let mut report = CacheReport {
         dir: dir.into(),
         max_size_bytes: max_size,
         ..Default::default()
@@ -80,52 +76,37 @@ pub(crate) fn inspect(
     };
     let min_free = min_free.unwrap_or_else(|| Budget::default_min_free(*space));
     let usable = space.available.saturating_sub(min_free);
-    let location = location_check(dir, resolved, *exists, fs, roots);
+    (report.exists, report.fs) = (*exists, Some(fs.clone()));
+    (report.total_bytes, report.available_bytes) = (Some(space.total), Some(space.available));
+    (report.min_free_bytes, report.usable_bytes) = (Some(min_free), Some(usable));
+    let location = location_check(dir, (resolved, *exists, fs), roots);
     let need = model.map(|m| (m.id.as_str(), m.size_bytes));
-    let checks = vec![location, space_check(*space, min_free, max_size, need)];
-    let report = CacheReport {
-        exists: *exists,
-        fs: Some(fs.clone()),
-        total_bytes: Some(space.total),
-        available_bytes: Some(space.available),
-        min_free_bytes: Some(min_free),
-        usable_bytes: Some(usable),
-        ..report
-    };
-    (checks, report)
+    let space = space_check(*space, min_free, max_size, need);
+    (vec![location, space], report)
 }
 
+/// The `cache` check for `dir`, found at `(resolved, exists, fs)`.
 fn location_check(
     dir: &Path,
-    resolved: &Path,
-    exists: bool,
-    fs: &FsInfo,
+    (resolved, exists, fs): (&Path, bool, &FsInfo),
     roots: &[PathBuf],
 ) -> Check {
-    let shown = dir.display();
-    let created = if exists { "" } else { ", not created yet" };
+    let (shown, created) = (dir.display(), if exists { "" } else { ", not created yet" });
     let summary = format!("{shown}: {}{created}", fs.describe());
     if let Some(root) = roots.iter().find(|r| resolved.starts_with(r)) {
         return Check::fail("cache", format!("{shown} is inside {}", root.display())).advise(
             "put the cache on a local disk outside the source and the mount (--cache-dir or `cache_dir`)",
         );
     }
-    let (check, advice) = match fs.kind {
-        FsKind::Network => (
-            Check::warn("cache", summary),
-            "put the cache on a local SSD: staging onto a network disk gains nothing",
-        ),
-        FsKind::Stagefs => (
-            Check::fail("cache", summary),
-            "a stagefs mount is read-only; put the cache on a local disk",
-        ),
-        FsKind::Usb | FsKind::Removable => (
-            Check::warn("cache", summary),
-            "an internal SSD serves staged weights (and mmap) faster",
-        ),
-        FsKind::Local | FsKind::Fuse | FsKind::Unknown => return Check::ok("cache", summary),
-    };
-    check.advise(advice)
+    match fs.kind {
+        FsKind::Network => Check::warn("cache", summary)
+            .advise("put the cache on a local SSD: staging onto a network disk gains nothing"),
+        FsKind::Stagefs => Check::fail("cache", summary)
+            .advise("a stagefs mount is read-only; put the cache on a local disk"),
+        FsKind::Usb | FsKind::Removable => Check::warn("cache", summary)
+            .advise("an internal SSD serves staged weights (and mmap) faster"),
+        FsKind::Local | FsKind::Fuse | FsKind::Unknown => Check::ok("cache", summary),
+    }
 }
 
 /// The `space` check for a model of `need` = (id, bytes), if any.
@@ -137,9 +118,9 @@ fn space_check(
 ) -> Check {
     let usable = space.available.saturating_sub(min_free);
     let (available, reserve) = (format_bytes(space.available), format_bytes(min_free));
+    let usable_shown = format_bytes(usable);
     let free = format!(
-        "{available} free on the cache volume, {} usable after the {reserve} reserve",
-        format_bytes(usable)
+        "{available} free on the cache volume, {usable_shown} usable after the {reserve} reserve"
     );
     let Some((id, need)) = need else {
         return match usable {
@@ -170,17 +151,14 @@ fn space_check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::report::Verdict;
-    use crate::doctor::worker::{Line, StepError, Unanswered};
+    use crate::doctor::Verdict;
 
     const GIB: u64 = 1 << 30;
 
     #[test]
     fn space_verdicts_keep_the_reserve() {
-        let space = VolumeSpace {
-            total: 100 * GIB,
-            available: 30 * GIB,
-        };
+        let volume = |total, available| VolumeSpace { total, available };
+        let space = volume(100 * GIB, 30 * GIB);
         let reserve = Budget::default_min_free(space);
         assert_eq!(reserve, 10 * GIB);
         let check = |space, max, size| space_check(space, reserve, max, Some(("o/m", size)));
@@ -192,31 +170,13 @@ mod tests {
         assert_eq!(check(space, None, 95 * GIB).verdict, Verdict::Fail);
         let capped = check(space, Some(GIB), 2 * GIB);
         assert!(capped.verdict == Verdict::Fail && capped.summary.contains("max_size"));
-        let full = VolumeSpace {
-            total: 100 * GIB,
-            available: 5 * GIB,
-        };
-        assert_eq!(
-            space_check(full, reserve, None, None).verdict,
-            Verdict::Warn
-        );
-    }
-
-    #[test]
-    fn a_cache_inside_the_source_fails() -> io::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let cache = dir.path().join("hub/cache");
-        let inspect = |dir: &Path, roots: &[PathBuf]| {
-            let lines = vec![Line::Cache(place(dir).map_err(StepError::of))];
-            let gathered = Gathered::new(lines, Unanswered::Broken("none".into()));
-            inspect(&gathered, dir, (None, None), roots, None)
-        };
-        let (checks, report) = inspect(&cache, &[std::fs::canonicalize(dir.path())?]);
-        assert_eq!(checks[0].verdict, Verdict::Fail, "{checks:?}");
-        assert!(!report.exists);
-        let (checks, report) = inspect(dir.path(), &[]);
-        assert_ne!(checks[0].verdict, Verdict::Fail, "{checks:?}");
-        assert!(report.exists && report.usable_bytes.is_some());
-        Ok(())
+        let full = space_check(volume(100 * GIB, 5 * GIB), reserve, None, None);
+        assert_eq!(full.verdict, Verdict::Warn);
+        let (dir, fs) = (Path::new("/s/c"), FsInfo::default());
+        let inside = location_check(dir, (dir, false, &fs), &["/s".into()]);
+        assert_eq!(inside.verdict, Verdict::Fail);
+        assert_eq!(inside.summary, "/s/c is inside /s");
+        let outside = location_check(dir, (dir, false, &fs), &[]).summary;
+        assert_eq!(outside, "/s/c: unknown on  (unknown kind), not created yet");
     }
 }

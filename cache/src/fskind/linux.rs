@@ -6,16 +6,17 @@ use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use super::fskind::{Disk, FsInfo};
+use super::{Disk, FsInfo};
 
-/// One line of mountinfo, the fields doctor uses: the device number (major 0 for
+/// One line of mountinfo, the fields used here: the device number (major 0 for
 /// filesystems without a block device), the mount point, the type and the source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct MountEntry((u32, u32), PathBuf, String, String);
 
 /// The filesystem holding `path`, which should be canonical: the mount table lists
-/// resolved paths. Reads only the mount table and sysfs, never `path` itself.
-pub(crate) fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
+/// resolved paths. Reads only the mount table and sysfs, never `path` itself, so it
+/// answers even for a path on a dead mount.
+pub fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
     let entries = parse_mountinfo(&std::fs::read_to_string("/proc/self/mountinfo")?);
     let missing = || io::Error::new(io::ErrorKind::NotFound, "no mount in mountinfo holds it");
     let MountEntry(dev, mount, fstype, source) =

@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::fskind::{Disk, FsInfo};
+use super::{Disk, FsInfo};
 
 /// How long `diskutil` may take before the disk is reported as unknown.
 const DISKUTIL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The filesystem holding `path`.
-pub(crate) fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
+/// The filesystem holding `path` (statfs(2) may wait on a dead mount; `diskutil` is
+/// given a deadline).
+pub fn filesystem_of(path: &Path) -> io::Result<FsInfo> {
     let c_path = CString::new(path.as_os_str().as_bytes())?;
     let mut out = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: c_path is NUL-terminated and out points to writable statfs storage.

@@ -1,15 +1,29 @@
-//! What kind of filesystem a path is on, decided from the mount table's type and
-//! device plus what the platform knows about the disk. Pure, so it is tested here;
-//! `mounts_linux` and `mounts_macos` gather the facts.
+//! What kind of filesystem a path is on: a local disk, a USB or removable disk, a
+//! network filesystem, another FUSE filesystem or a stagefs mount. How fast and how
+//! reliably a source answers depends on it, so the stager can size its copies by it
+//! and `stagefs doctor` reports it.
+//!
+//! [`filesystem_of`] gathers the facts per platform (`linux`: the mount table and
+//! sysfs; `macos`: statfs(2) and `diskutil`); classifying them is pure and tested
+//! here.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+pub use linux::filesystem_of;
+#[cfg(target_os = "macos")]
+mod macos;
+#[cfg(target_os = "macos")]
+pub use macos::filesystem_of;
+
 /// The kinds that matter for staging: how fast and how reliably the source answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum FsKind {
+pub enum FsKind {
     /// An internal disk, or memory.
     Local,
     /// A disk on USB.
@@ -18,12 +32,20 @@ pub(crate) enum FsKind {
     Removable,
     /// NFS, SMB, sshfs and the like.
     Network,
-    /// A FUSE filesystem whose backing store doctor cannot tell.
+    /// A FUSE filesystem whose backing store cannot be told.
     Fuse,
     /// A stagefs mount.
     Stagefs,
     /// Nothing above matched.
     Unknown,
+}
+
+impl FsKind {
+    /// Whether reads are served by a disk (or memory) of this machine, where a copy
+    /// is bound by the CPU rather than by round trips: how the stager sizes its reads.
+    pub fn is_local_disk(self) -> bool {
+        matches!(self, FsKind::Local | FsKind::Usb | FsKind::Removable)
+    }
 }
 
 /// What the platform says about the disk behind a filesystem.
@@ -39,19 +61,22 @@ pub(crate) enum Disk {
     Unknown,
 }
 
-/// Where a path lives.
+/// The filesystem a path lives on, as [`filesystem_of`] finds it; the default is
+/// for a path whose filesystem could not be found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct FsInfo {
-    pub(crate) kind: FsKind,
+pub struct FsInfo {
+    /// What kind of filesystem it is.
+    pub kind: FsKind,
     /// Filesystem type as the mount table names it (`ext4`, `fuse.sshfs`, `apfs`).
-    pub(crate) fstype: String,
+    pub fstype: String,
     /// Whether reads cross a network.
-    pub(crate) network: bool,
-    pub(crate) mount_point: PathBuf,
+    pub network: bool,
+    /// Where the filesystem is mounted.
+    pub mount_point: PathBuf,
     /// The mount's source: a device, `host:/export`, `stagefs:/source`.
-    pub(crate) device: String,
+    pub device: String,
     /// For a stagefs mount, the directory it mirrors.
-    pub(crate) stagefs_source: Option<PathBuf>,
+    pub stagefs_source: Option<PathBuf>,
 }
 
 /// Types whose reads cross a network. FUSE types carry their program's name.
@@ -101,7 +126,7 @@ impl FsInfo {
     }
 
     /// `ext4 on /dev/vda (local disk)`.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let what = match self.kind {
             FsKind::Local => "local disk",
             FsKind::Usb => "USB disk",
@@ -115,7 +140,7 @@ impl FsInfo {
     }
 
     /// exFAT and FAT cannot hold the snapshot -> blob symlinks of an HF cache.
-    pub(crate) fn lacks_symlinks(&self) -> bool {
+    pub fn lacks_symlinks(&self) -> bool {
         listed("exfat vfat msdos fat", &self.fstype)
     }
 }
@@ -157,6 +182,23 @@ fn stagefs_source_of(fstype: &str, device: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_disk_or_memory_filesystem_is_local_and_a_virtual_one_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = |path: &std::path::Path| {
+            let path = path.canonicalize().expect("canonical");
+            filesystem_of(&path)
+                .expect("mountinfo")
+                .kind
+                .is_local_disk()
+        };
+        assert!(local(dir.path()), "{:?}", filesystem_of(dir.path()));
+        assert!(local(std::path::Path::new("/dev/shm")));
+        // procfs stands in for any kind not known as a disk (as NFS, SMB and FUSE are not).
+        assert!(!local(std::path::Path::new("/proc")));
+    }
 
     #[test]
     fn kinds_from_the_mount_table_and_the_disk() {
