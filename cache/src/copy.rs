@@ -384,6 +384,18 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_size_left_open_is_chosen_by_the_source_kind_and_a_set_one_is_kept() {
+        let open = CopyOptions::default();
+        assert_eq!(open.for_source(true).chunk, Some(LOCAL_CHUNK));
+        assert_eq!(open.for_source(false).chunk, Some(NETWORK_CHUNK));
+        let set = CopyOptions {
+            chunk: Some(12345),
+            ..open
+        };
+        assert_eq!(set.for_source(true).chunk, Some(12345));
+    }
+
+    #[test]
     fn copies_in_order_with_any_number_of_streams() {
         for (len, streams, chunk) in [
             (0, 3, 5),

@@ -82,21 +82,3 @@ impl Writeback {
     #[cfg(not(target_os = "linux"))]
     pub fn start(&self, _offset: u64, _len: u64) {}
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_chunk_size_left_open_is_chosen_by_the_source_kind_and_a_set_one_is_kept() {
-        use crate::copy::{CopyOptions, LOCAL_CHUNK, NETWORK_CHUNK};
-        let open = CopyOptions::default();
-        assert_eq!(open.for_source(true).chunk, Some(LOCAL_CHUNK));
-        assert_eq!(open.for_source(false).chunk, Some(NETWORK_CHUNK));
-        let set = CopyOptions {
-            chunk: Some(12345),
-            ..open
-        };
-        assert_eq!(set.for_source(true).chunk, Some(12345));
-    }
-}
