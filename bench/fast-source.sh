@@ -12,7 +12,7 @@
 #     (blake3 and sha256) and as a path-keyed file (blake3 only), timed until the copy
 #     is committed (synced, renamed into place, journaled): the staging speed;
 #   - open() of each through a fresh mount: what a program waits for, which returns
-#     once the copy is whole and verified, before its commit;
+#     once the copy is whole, verified and committed;
 #   - a cold 4 x 256 MiB model load (readbench cold-open) straight from the tmpfs,
 #     then through a fresh mount without prefetch (each shard staged on its open) and
 #     with prefetch (the default: opening one shard stages the others).
