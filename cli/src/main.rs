@@ -133,7 +133,7 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
     } else {
         let log = daemon::launch_background(&spec)?;
         // One line: where it is mounted, and how programs find the models in it.
-        let usage = doctor::shape_of(&spec.source, spec.fs.source_timeout)
+        let usage = stagefs_mount::bounded::shape(&spec.source, spec.fs.source_timeout)
             .map(|shape| format!("; {}", doctor::shape_usage(shape, &spec.mountpoint)))
             .unwrap_or_default();
         println!("{}{usage}", daemon::describe(&spec, &log));

@@ -18,15 +18,15 @@ const SYSTEM_VERSION: &str = "/System/Library/CoreServices/SystemVersion.plist";
 const PASSTHROUGH_KERNEL: (u32, u32) = (6, 9);
 
 /// The FUSE check for this platform.
+#[cfg(target_os = "linux")]
 pub(crate) fn check() -> Check {
-    #[cfg(target_os = "linux")]
-    {
-        judge_linux(&linux_facts())
-    }
-    #[cfg(target_os = "macos")]
-    {
-        judge_macos(&macos_facts())
-    }
+    judge_linux(&linux_facts())
+}
+
+/// The FUSE check for this platform.
+#[cfg(target_os = "macos")]
+pub(crate) fn check() -> Check {
+    judge_macos(&macos_facts())
 }
 
 /// What Linux offers.

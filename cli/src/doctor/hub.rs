@@ -5,7 +5,6 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Serialize;
 use stagefs_cache::control;
@@ -13,7 +12,7 @@ use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_cache::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 
 use super::Check;
-use super::worker::{self, Gathered, Line, Task, Tx, reply};
+use super::worker::{Gathered, Line, Tx, reply};
 
 const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 
@@ -104,34 +103,23 @@ pub(crate) fn usage(shape: Shape, mountpoint: &Path) -> String {
     }
 }
 
-/// The shape of the source at `path`, asked of a worker so that a dead share cannot
-/// hang the caller; None if it did not answer within `timeout`.
-pub(crate) fn shape_of(path: &Path, timeout: Duration) -> Option<Shape> {
-    let gathered = worker::gather(vec![Task::Shape(path.to_path_buf())], timeout);
-    got!(gathered, Shape)?.clone().ok()
-}
-
 /// The hub cache as huggingface_hub resolves it: `HF_HUB_CACHE`, the legacy
 /// `HUGGINGFACE_HUB_CACHE`, `$HF_HOME/hub`, `$XDG_CACHE_HOME/huggingface/hub`, then
 /// `~/.cache/huggingface/hub` (named `default`).
 fn effective_hub_cache(var: impl Fn(&str) -> Option<OsString>) -> Option<(PathBuf, &'static str)> {
-    let places = [
-        ("HF_HUB_CACHE", "HF_HUB_CACHE", ""),
-        ("HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", ""),
-        ("HF_HOME", "HF_HOME", "hub"),
-        ("XDG_CACHE_HOME", "XDG_CACHE_HOME", "huggingface/hub"),
-        ("HOME", "default", ".cache/huggingface/hub"),
+    let places: [(&str, &[&str]); 5] = [
+        ("HF_HUB_CACHE", &[]),
+        ("HUGGINGFACE_HUB_CACHE", &[]),
+        ("HF_HOME", &["hub"]),
+        ("XDG_CACHE_HOME", &["huggingface", "hub"]),
+        ("HOME", &[".cache", "huggingface", "hub"]),
     ];
-    places.into_iter().find_map(|(name, from, rest)| {
-        let path = set(&var, name)?;
-        Some((
-            if rest.is_empty() {
-                path
-            } else {
-                path.join(rest)
-            },
-            from,
-        ))
+    places.into_iter().find_map(|(name, rest)| {
+        // Joined part by part: joining "" would add a trailing slash.
+        let path = rest
+            .iter()
+            .fold(set(&var, name)?, |path, part| path.join(part));
+        Some((path, if name == "HOME" { "default" } else { name }))
     })
 }
 
@@ -333,9 +321,6 @@ mod tests {
     fn the_mount_check_reads_the_daemons_answer() {
         let check = |lines| mount_check(&Gathered::late(lines), Path::new("/m"), Path::new("/c"));
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];
-        let (up, state) = check(served("/m"));
-        assert_eq!(up.summary, "/m is mounted, mirroring /src");
-        assert!(state.up);
         let (elsewhere, _) = check(served("/other"));
         assert_eq!(elsewhere.summary, "/c serves another mount: /src at /other");
         let (late, _) = check(Vec::new());
@@ -344,34 +329,30 @@ mod tests {
         assert_eq!(absent.summary, "/m is not mounted");
     }
 
+    /// Each shape's summary in a mount is checked through the binary (shapes.rs);
+    /// these are the counts, the advice before mounting, and no model at all.
     #[test]
-    fn each_shape_is_named_with_what_it_holds_and_how_to_use_it() {
+    fn a_shape_is_named_with_what_it_holds_and_how_to_use_it() {
         use ModelKind::{File, Folder, HfRepo};
-        let check = |shape, kinds: &[ModelKind], advise| {
-            let model = |&kind| {
-                let (id, path) = (String::new(), PathBuf::new());
-                ModelRef { id, kind, path }
+        let check = |shape, kinds: &[ModelKind]| {
+            let model = |&kind| ModelRef {
+                id: String::new(),
+                kind,
+                path: PathBuf::new(),
             };
-            let (models, complete) = (kinds.iter().map(model).collect(), true);
-            let catalog = Catalog { models, complete };
-            shape_check(Path::new("/nas/hf"), &Survey { shape, catalog }, advise)
+            let catalog = Catalog {
+                models: kinds.iter().map(model).collect(),
+                complete: true,
+            };
+            shape_check(Path::new("/nas/hf"), &Survey { shape, catalog }, true)
         };
-        let home = check(Shape::HfHome, &[HfRepo, HfRepo], true);
-        assert_eq!(
-            home.summary,
-            "/nas/hf: an HF_HOME holding 2 HF repositories"
-        );
+        let home = check(Shape::HfHome, &[HfRepo, HfRepo, Folder, File]);
+        let expected =
+            "/nas/hf: an HF_HOME holding 2 HF repositories, 1 plain model folder, 1 GGUF file";
+        assert_eq!(home.summary, expected);
         let advice = "once mounted (`stagefs mount /nas/hf MOUNTPOINT`): export HF_HOME=MOUNTPOINT";
         assert_eq!(home.advice.as_deref(), Some(advice));
-        assert_eq!(check(Shape::HubCache, &[HfRepo], false).advice, None);
-        let hub = usage(Shape::HubCache, Path::new("/m"));
-        assert_eq!(hub, "export HF_HUB_CACHE=/m");
-        let folders = check(Shape::ModelFolders, &[Folder, File], false);
-        let expected = "/nas/hf: plain model folders holding 1 plain model folder, 1 GGUF file";
-        assert_eq!(folders.summary, expected);
-        let by_path = usage(Shape::ModelFolders, Path::new("/m"));
-        assert!(by_path.starts_with("load models by path under /m"));
-        let nothing = check(Shape::Unknown, &[], true);
+        let nothing = check(Shape::Unknown, &[]);
         assert_eq!(nothing.verdict, Verdict::Note);
         assert!(nothing.advice.unwrap_or_default().contains("model_dirs"));
     }

@@ -20,7 +20,7 @@ use anyhow::anyhow;
 use serde::Serialize;
 use stagefs_cache::models::Shape;
 
-pub(crate) use hub::{shape_of, usage as shape_usage};
+pub(crate) use hub::usage as shape_usage;
 
 use crate::args::DoctorArgs;
 use crate::config::Config;
@@ -229,18 +229,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_aligned_lines_with_advice_below_or_json() -> serde_json::Result<()> {
+    fn renders_aligned_lines_with_advice_below() {
         let fail = Check::fail("source", "did not answer").advise("check the share");
         let checks = [Check::ok("fuse", "/dev/fuse is usable"), fail];
         let expected = "ok    fuse         /dev/fuse is usable\n\
                         fail  source       did not answer\n\
                         \x20                  check the share\n";
         assert_eq!(render(&checks), expected);
-        let json = serde_json::to_value(Check::note("mount", "not mounted"))?;
-        let expected =
-            r#"{"name": "mount", "verdict": "note", "summary": "not mounted", "advice": null}"#;
-        assert_eq!(json, serde_json::from_str::<serde_json::Value>(expected)?);
-        Ok(())
     }
 
     #[test]
@@ -261,21 +256,11 @@ mod tests {
 
     #[test]
     fn watchdog_notes_say_whether_the_variable_is_set_and_how_to_set_it() {
-        let unset = watchdog_notes(None);
+        let (unset, set) = (watchdog_notes(None), watchdog_notes(Some(OsStr::new("1"))));
         let expected = "AGX_RELAX_CDM_CTXSTORE_TIMEOUT is not set in this environment";
         assert_eq!(unset[0].summary, expected);
+        assert!(set[0].summary.ends_with("=1 is set in this environment"));
         let advice = unset[0].advice.as_deref().unwrap_or_default();
         assert!(advice.contains("before Metal initialises"), "{advice}");
-        assert!(
-            advice.contains("stagefs run --relax-gpu-watchdog"),
-            "{advice}"
-        );
-        assert!(
-            watchdog_notes(Some(OsStr::new("1")))[0]
-                .summary
-                .contains("=1 is set")
-        );
-        let all: String = unset.iter().map(|c| c.summary.clone()).collect();
-        assert!(all.contains("300 GB") && all.contains("display"), "{all}");
     }
 }

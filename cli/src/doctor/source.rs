@@ -486,24 +486,13 @@ mod tests {
     }
 
     #[test]
-    fn targets_are_model_ids_or_paths() {
-        let (never, hub) = (|_: &Path| false, Some(Path::new("/hub")));
-        let id = "org/name".to_string();
-        let model = Target::of(Some(&id), hub, never);
-        assert_eq!(
-            model,
-            Ok(Target::Model {
-                id,
-                hub: "/hub".into()
-            })
-        );
-        for (arg, exists) in [("org/name", true), ("/abs/path", false), ("./org", false)] {
-            let target = Target::of(Some(arg), hub, |_| exists).map(|t| t.parts().map(|p| p.1));
-            assert_eq!(target, Ok(Some(false)), "{arg}");
-        }
-        let unconfigured = Target::of(Some("org/name"), None, never).expect_err("no source");
-        assert!(unconfigured.contains("no source is configured"));
-        assert_eq!(Target::of(None, None, never), Ok(Target::Nothing));
+    fn an_id_that_is_also_a_path_here_is_a_path() {
+        let (id, hub) = (Some("org/name"), Some(Path::new("/hub")));
+        let is_model =
+            |exists| Target::of(id, hub, |_| exists).map(|t| t.parts().map(|p| p.2.is_some()));
+        assert_eq!(is_model(false), Ok(Some(true)));
+        assert_eq!(is_model(true), Ok(Some(false)));
+        assert_eq!(Target::of(None, None, |_| false), Ok(Target::Nothing));
     }
 
     #[test]

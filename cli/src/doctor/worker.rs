@@ -12,9 +12,8 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::SourceTree;
 use stagefs_cache::fskind::FsInfo;
-use stagefs_cache::models::{self, Shape, Survey};
+use stagefs_cache::models::Survey;
 
 use super::model::{Model, Probe};
 use super::source::{self, Located, Target};
@@ -44,10 +43,6 @@ pub(crate) enum Task {
     Cache(PathBuf, Option<PathBuf>),
     /// A path with links resolved; no line when it cannot be.
     Resolve(PathBuf),
-    /// A path's place, as the source checks start with it.
-    Locate(PathBuf),
-    /// The shape of the source at a path.
-    Shape(PathBuf),
 }
 
 /// One finished probe.
@@ -70,7 +65,6 @@ pub(crate) enum Line {
     MountFs(FsInfo),
     /// A path and the same path with links resolved.
     Resolved(PathBuf, PathBuf),
-    Shape(Result<Shape, StepError>),
 }
 
 /// What a probe reports when it ran but failed; `not_found` when the path did not
@@ -253,11 +247,6 @@ impl Task {
                 if let Ok(resolved) = std::fs::canonicalize(&path) {
                     send(Line::Resolved(path, resolved));
                 }
-            }
-            Task::Locate(path) => send(Line::Located(source::locate(&path).map_err(StepError::of))),
-            Task::Shape(path) => {
-                let tree = SourceTree::new(path).map_err(StepError::of);
-                send(Line::Shape(tree.map(|tree| models::shape(&tree))));
             }
         }
     }
