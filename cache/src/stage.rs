@@ -366,6 +366,15 @@ impl Stager {
         }
     }
 
+    /// [`Stager::redirect_target`] for a lookup presenting `rel` as a link to its copy:
+    /// the copy stays in use for a moment, until the program that saw the link has
+    /// read it ([`Store::present_redirect`]).
+    pub fn present_target(&self, rel: &Path, stamp: Stamp) -> Option<PathBuf> {
+        let key = Key::for_source_path(rel);
+        let accept = |e: &Entry| reusable(e, &key, rel, stamp);
+        self.inner.store.present_redirect(&key, accept)
+    }
+
     /// Waits until no copy of `rel` is in progress: the one under way, if any, is
     /// committed or has failed (its error is returned).
     pub async fn settled(&self, rel: &Path) -> Result<(), StageError> {

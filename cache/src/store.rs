@@ -55,6 +55,13 @@ pub const DEFAULT_REDIRECT_GRACE: Duration = crate::defaults::REDIRECT_GRACE;
 // Committed copies are read-only, so nothing writes to one by following a redirect.
 const COPY_MODE: u32 = 0o400;
 
+/// How long a copy presented as a link's target by a lookup stays in use: longer than
+/// the kernel's 1 s entry cache, so a program that saw the link (`lstat` in
+/// `realpath`) still finds its copy when it reads the link a moment later, even if
+/// its lookup was answered from that cache. Short, since listing a directory presents
+/// every staged file in it.
+const PRESENT_HOLD: Duration = Duration::from_secs(2);
+
 /// The cache directory, locked for the lifetime of this value.
 #[derive(Debug)]
 pub struct Store {
@@ -75,6 +82,8 @@ struct State {
     reserved: u64,
     /// When each copy's path was last handed out (see [`Store::resolve_redirect`]).
     redirected: HashMap<Key, Instant>,
+    /// When each copy was last presented as a link's target ([`Store::present_redirect`]).
+    presented: HashMap<Key, Instant>,
     /// Bytes of evicted copies not unlinked yet: free as far as the budget goes.
     unlinking: u64,
     /// Names for evicted copies moved aside to be unlinked.
@@ -85,11 +94,12 @@ impl State {
     /// Whether `key` must not be evicted or removed: a handle or copy holds it, or its
     /// path was handed out within `grace` and may be being opened right now.
     fn in_use(&self, key: &Key, grace: Duration) -> bool {
+        let within = |map: &HashMap<Key, Instant>, hold: Duration| {
+            map.get(key).is_some_and(|at| at.elapsed() < hold)
+        };
         self.pins.contains_key(key)
-            || self
-                .redirected
-                .get(key)
-                .is_some_and(|at| at.elapsed() < grace)
+            || within(&self.redirected, grace)
+            || within(&self.presented, PRESENT_HOLD)
     }
 }
 
@@ -222,6 +232,7 @@ impl Store {
                 pins: HashMap::new(),
                 reserved: 0,
                 redirected: HashMap::new(),
+                presented: HashMap::new(),
                 unlinking: 0,
                 next_evicted: 0,
             })),
@@ -328,6 +339,19 @@ impl Store {
             && meta.permissions().mode() & 0o222 == 0
             && CopyId::of(&meta) == entry.copy;
         intact.then_some(path)
+    }
+
+    /// [`Store::redirectable`] for a lookup that presents the copy as a link's target:
+    /// keeps the copy in use for a moment ([`PRESENT_HOLD`]), so the program that looked
+    /// the link up can still read it (`realpath` calls `lstat`, then `readlink`).
+    pub fn present_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
+        let path = self.redirectable(key, &accept)?;
+        let mut state = lock_state(&self.state);
+        if !state.index.get(key).is_some_and(accept) {
+            return None;
+        }
+        state.presented.insert(key.clone(), Instant::now());
+        Some(path)
     }
 
     /// Like [`Store::redirectable`], for a caller about to hand the path out: the
@@ -621,6 +645,7 @@ impl Store {
     fn evict_locked(&self, state: &mut State, key: &Key, why: &str) -> Option<Evicted> {
         let entry = state.index.remove(key)?;
         state.redirected.remove(key);
+        state.presented.remove(key);
         state.next_evicted += 1;
         let aside = self
             .layout
@@ -1048,6 +1073,25 @@ mod tests {
         assert_eq!(names(&store), ["b", "c"]);
         drop(stage(&store, "d", 100, 4)?);
         assert_eq!(names(&store), ["b", "d"]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_link_a_lookup_presented_keeps_its_copy_until_it_can_have_been_read() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(100))?.with_redirect_grace(Duration::ZERO);
+        drop(stage(&store, "a", 100, 1)?);
+        // A lookup presented "a" as a link: `realpath` reads that link a moment later.
+        let path = store.present_redirect(&key("a"), |_| true);
+        assert_eq!(path, Some(store.data_path(&key("a"))));
+        assert!(matches!(
+            store.remove(&key("a")),
+            Err(StoreError::InUse { .. })
+        ));
+        assert_eq!(store.present_redirect(&key("a"), |_| false), None);
+        std::thread::sleep(PRESENT_HOLD + Duration::from_millis(100));
+        assert!(store.remove(&key("a"))?.is_some());
+        assert_eq!(store.present_redirect(&key("a"), |_| true), None);
         Ok(())
     }
 

@@ -282,7 +282,7 @@ impl Policy {
     fn presented(&self, path: &Path, version: Stamp) -> Presented {
         self.redirect
             .present(version, self.passthrough.active(), || {
-                self.stager.redirect_target(path, version, false)
+                self.stager.present_target(path, version)
             })
     }
 
