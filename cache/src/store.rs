@@ -135,14 +135,12 @@ pub struct Reservation {
     _pin: Pin,
 }
 
-/// A complete copy moved into place by [`Store::place`], not yet durable nor in the
-/// index.
+/// A complete copy moved into place by [`Store::place`], its data synced, its name
+/// and entry not yet durable.
 #[derive(Debug)]
 pub struct Placed {
     /// Where it lives.
     pub path: PathBuf,
-    /// The descriptor it was written through, to sync it.
-    written: File,
 }
 
 impl Placed {
@@ -508,8 +506,8 @@ impl Store {
         self.record(key, placed, entry, reservation)
     }
 
-    /// Moves a complete, verified temp file to where the copy for `key` lives, not
-    /// yet synced nor in the index: so nothing hands out its path or lists it, and a
+    /// Syncs a complete, verified temp file and moves it to where the copy for `key`
+    /// lives, not yet in the index: so nothing hands out its path or lists it, and a
     /// crash leaves a data file the index does not name, which startup deletes. The
     /// old entry goes (durably) first. Returns it open for reading; [`Store::record`]
     /// makes it the entry.
@@ -526,25 +524,26 @@ impl Store {
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(COPY_MODE))
             .map_err(|e| StoreError::io(tmp.path(), e))?;
+        // Durable before it takes its name, so the file under a copy's name is whole as
+        // long as it is there, and it waits for its entry no longer than the journal.
+        tmp.as_file()
+            .sync_data()
+            .map_err(|e| StoreError::io(tmp.path(), e))?;
         // Out of the index first: nothing serves or evicts this key in between (one
         // copy per key is staged at a time), and the reservation pins it.
         if lock_state(&self.state).index.remove(key).is_some() {
             self.write_journal(true, true)?;
         }
-        let written = tmp
-            .persist(&data_path)
+        tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
-        let placed = Placed {
-            path: data_path,
-            written,
-        };
+        let placed = Placed { path: data_path };
         match File::open(&placed.path) {
             Ok(file) => Ok((placed, file)),
             Err(e) => Err(placed.discard(e)),
         }
     }
 
-    /// Makes a placed copy durable (its data and the rename) and then the entry for
+    /// Makes a placed copy's rename durable and then the entry for
     /// `key`. On failure the copy is unlinked: handles to it keep reading it, and the
     /// next open stages it again.
     pub fn record(
@@ -554,15 +553,11 @@ impl Store {
         mut entry: Entry,
         mut reservation: Reservation,
     ) -> Result<Hit, StoreError> {
-        let durable = placed
-            .written
-            .sync_data()
-            .and_then(|()| sync_dir(&self.layout.join("data")))
-            .and_then(|()| {
-                let file = File::open(&placed.path)?;
-                let meta = file.metadata()?;
-                Ok((file, meta))
-            });
+        let durable = sync_dir(&self.layout.join("data")).and_then(|()| {
+            let file = File::open(&placed.path)?;
+            let meta = file.metadata()?;
+            Ok((file, meta))
+        });
         let (file, meta) = match durable {
             Ok(opened) => opened,
             Err(e) => return Err(placed.discard(e)),

@@ -99,7 +99,12 @@ fn sibling_prefetch_on_open(layout: Layout) {
 fn status(layout: Layout) {
     let (s, src, mount) = mounted(layout, &[]);
     File::open(mount.path(src.file(&src.shard_names()[0]))).expect("open a shard");
-    wait_for("the model staged", || staged_shards(&s) == SHARDS);
+    // The copies on disk, then their entries: status lists a copy once it is recorded.
+    let name = status_name(&src);
+    wait_for("the model staged", || {
+        staged_shards(&s) == SHARDS
+            && model_status(&status_json(&s.cache), &name)["staged_files"] == SHARDS
+    });
     let report = status_json(&s.cache);
     let model = model_status(&report, &status_name(&src));
     assert_eq!(model["staged_files"], SHARDS, "{model:#}");
