@@ -10,7 +10,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use stagefs_tests::{
-    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, status_json, temp_files,
+    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, status_json, temp_files, wait_for,
 };
 
 fn same_bytes(a: &Path, b: &Path) -> bool {
@@ -112,6 +112,17 @@ fn open_files_are_never_evicted_and_the_least_recent_closed_one_goes() {
     ]);
     assert!(out.contains("in use, kept"), "{out}");
     drop(first);
+    // close() does not wait for FUSE's release: the daemon unpins a moment later.
+    wait_for("the daemon to see the handle closed", || {
+        let (_, out, _) = run_stagefs(&[
+            &"evict",
+            &mount.path(&shards[0]),
+            &"--cache-dir",
+            &s.cache,
+            &"--dry-run",
+        ]);
+        !out.contains("in use, kept")
+    });
     let (ok, out, err) =
         run_stagefs(&[&"evict", &mount.path(&shards[0]), &"--cache-dir", &s.cache]);
     assert!(ok, "{err}");
