@@ -78,11 +78,11 @@ cp_sync() {
     awk '{ printf "%.3f %.2f\n", $1, $2 + $3 }' "$T/time"
     rm "$T/cp.bin"
 }
-# "committed_s cpu served_s" of staging $1 with the core alone.
+# "committed_s cpu" of staging $1 with the core alone.
 core_stage() {
     rm -rf "$T/core"
     "$READBENCH" stage "$T/src" "$T/core" "$1" |
-        python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.3f %.2f %.3f" % (d["committed_s"], d["user_s"] + d["sys_s"], d["served_s"]))'
+        python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.3f %.2f" % (d["committed_s"], d["user_s"] + d["sys_s"]))'
     rm -rf "$T/core"
 }
 
@@ -93,10 +93,10 @@ for round in $(seq "$ROUNDS"); do
     read -r wall cpu <<<"$(cp_sync)"
     CP+=("$wall") CP_CPU+=("$cpu")
     drop
-    read -r wall cpu _ <<<"$(core_stage "$BLOB")"
+    read -r wall cpu <<<"$(core_stage "$BLOB")"
     LFS+=("$wall") LFS_CPU+=("$cpu")
     drop
-    read -r wall cpu _ <<<"$(core_stage weights.bin)"
+    read -r wall cpu <<<"$(core_stage weights.bin)"
     PATHKEY+=("$wall") PATH_CPU+=("$cpu")
 
     drop; mount_fresh --no-prefetch

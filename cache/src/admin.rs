@@ -583,8 +583,6 @@ mod tests {
             "models/solo.gguf",
         ] {
             stager.stage(Path::new(file)).await?;
-            // An open is served before its copy is committed; status lists committed ones.
-            stager.settled(Path::new(file)).await?;
         }
         Ok((dir, stager))
     }

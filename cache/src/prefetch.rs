@@ -412,7 +412,6 @@ mod tests {
         );
         for file in ["models/org/m/config.json", staged] {
             stager.stage(Path::new(file)).await?;
-            stager.settled(Path::new(file)).await?;
         }
         Ok((dir, stager))
     }

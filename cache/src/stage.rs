@@ -9,13 +9,8 @@
 //!   the first byte to after the last one, and exactly that many bytes were read;
 //! - a [`Staged`] carries an open descriptor of the verified copy, so later renames in
 //!   the store cannot change what its holder reads;
-//! - an open is answered as soon as the copy is whole and verified (size, mtime, and
-//!   sha256 for a blob) and renamed into place; making it durable (fdatasync,
-//!   directory sync, journal record) follows on the same worker. Until then the copy
-//!   is in no index, so nothing hands out its path (no redirect), and a crash leaves a
-//!   data file the index does not name, which startup deletes. The flight stays
-//!   registered until the commit ends, so a caller arriving meanwhile shares the
-//!   served copy instead of copying again.
+//! - a caller gets the copy once it is committed (synced, renamed into place and
+//!   journaled), so a copy anyone reads is one `status` lists and eviction can see.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -107,17 +102,13 @@ enum Purpose {
     Keep,
 }
 
-type SharedResult = Shared<BoxFuture<'static, StageResult>>;
-
 #[derive(Debug, Clone)]
 struct Flight {
     path: PathBuf,
     purpose: Purpose,
     progress: Arc<Progress>,
-    /// The copy, whole and verified, maybe not yet durable: what an open serves.
-    servable: SharedResult,
-    /// The copy, committed to the store.
-    committed: SharedResult,
+    /// The committed copy, or why there is none.
+    result: Shared<BoxFuture<'static, StageResult>>,
 }
 
 /// Stages source files into a store, one copy per file at a time.
@@ -236,58 +227,28 @@ impl Stager {
         let flight = self.flight_for(rel, Purpose::Open);
         // Someone is waiting for this one: a prefetch of it stops yielding to opens.
         flight.progress.urgent.store(true, Ordering::Relaxed);
-        if let Some(Ok(copy)) = flight.servable.peek() {
-            return self.reuse_uncommitted(rel, copy.clone(), flight).await;
-        }
-        let result = flight.servable.await;
+        let result = flight.result.await;
         match result {
             // A prefetch may not evict; an open may, so it tries again on its own.
             Err(StageError::Store(StoreError::NoRoom { .. }))
                 if flight.purpose != Purpose::Open =>
             {
-                self.flight_for(rel, Purpose::Open).servable.await
+                self.flight_for(rel, Purpose::Open).result.await
             }
             other => other,
         }
     }
 
-    /// Serves `copy`, whole and verified but still being committed when this caller
-    /// came, if the source still has that version, as a lookup of a committed copy
-    /// would; otherwise copies the file anew once that commit is over.
-    async fn reuse_uncommitted(&self, rel: &Path, copy: Staged, flight: Flight) -> StageResult {
-        let (source, path) = (self.inner.source.clone(), rel.to_path_buf());
-        let now = self
-            .inner
-            .pool
-            .run(move || source.stat(&path))
-            .await
-            .map_err(|why| SourceError::Unanswered {
-                path: rel.to_path_buf(),
-                why,
-            })??;
-        if now.is_file() && Stamp::of(&now) == copy.stamp {
-            Metrics::bump(&self.inner.metrics.stage_hits);
-            return Ok(Staged {
-                copied: false,
-                ..copy
-            });
-        }
-        // The commit ends the flight; the next one stats the source afresh.
-        let _ = flight.committed.await;
-        Box::pin(self.stage(rel)).await
-    }
-
     /// Stages `rel` ahead of use: like [`Stager::stage`], but never evicts anything.
-    /// It returns once the copy is committed.
     pub async fn prefetch(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel, Purpose::Prefetch).committed.await
+        self.flight_for(rel, Purpose::Prefetch).result.await
     }
 
     /// Keeps a copy of small file `rel`, to serve while the source does not respond:
     /// like [`Stager::prefetch`], but counted apart (`kept_copies`), since the file
     /// itself is still read from the source.
     pub async fn keep(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel, Purpose::Keep).committed.await
+        self.flight_for(rel, Purpose::Keep).result.await
     }
 
     /// A complete copy of version `version` of `rel`, which the caller looked up a
@@ -295,37 +256,13 @@ impl Stager {
     /// served without asking the source anything; any other file is staged as its
     /// current version (the caller checks that it is still `version`).
     pub async fn stage_version(&self, rel: &Path, version: Stamp) -> StageResult {
-        let key = Key::for_source_path(rel);
-        if key.content_sha256().is_some() {
-            let stored = match self.servable_in_flight(&key, rel, version) {
-                Some(copy) => Some(copy),
-                None => self.stored_off_thread(rel, version).await,
-            };
-            if let Some(staged) = stored {
-                Metrics::bump(&self.inner.metrics.stage_hits);
-                return Ok(staged);
-            }
+        if Key::for_source_path(rel).content_sha256().is_some()
+            && let Some(staged) = self.stored_off_thread(rel, version).await
+        {
+            Metrics::bump(&self.inner.metrics.stage_hits);
+            return Ok(staged);
         }
         self.stage(rel).await
-    }
-
-    /// The whole, verified copy of `rel` at `version` that a copy in progress has
-    /// made and is committing, if there is one.
-    fn servable_in_flight(&self, key: &Key, rel: &Path, version: Stamp) -> Option<Staged> {
-        let flight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .cloned()?;
-        match flight.servable.peek() {
-            Some(Ok(copy)) if copy.stamp == version && flight.path == rel => Some(Staged {
-                copied: false,
-                ..copy.clone()
-            }),
-            _ => None,
-        }
     }
 
     /// [`Stager::stored`], run where it may block (it may re-hash the copy).
@@ -375,8 +312,9 @@ impl Stager {
         self.inner.store.present_redirect(&key, accept)
     }
 
-    /// Waits until no copy of `rel` is in progress: the one under way, if any, is
-    /// committed or has failed (its error is returned).
+    /// Waits until no copy of `rel` is in progress: the one under way, if any (a
+    /// prefetch, or a small file's kept copy, which no open waits for), is committed
+    /// or has failed (its error is returned).
     pub async fn settled(&self, rel: &Path) -> Result<(), StageError> {
         let key = Key::for_source_path(rel);
         let flight = self
@@ -387,25 +325,8 @@ impl Stager {
             .get(&key)
             .cloned();
         match flight {
-            Some(flight) => flight.committed.await.map(drop),
+            Some(flight) => flight.result.await.map(drop),
             None => Ok(()),
-        }
-    }
-
-    /// Waits until every copy in progress now is committed or has failed: for a clean
-    /// shutdown, since a copy served but not yet committed is lost (deleted at the
-    /// next start) if the process exits first.
-    pub async fn settle_all(&self) {
-        let flights: Vec<Flight> = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
-        for flight in flights {
-            let _ = flight.committed.await;
         }
     }
 
@@ -450,63 +371,44 @@ impl Stager {
         // Counted from now, so a prefetch starting a moment later already yields.
         let urgent =
             (purpose == Purpose::Open).then(|| UrgentGuard::new(&self.inner.urgent_copies));
-        let (servable_tx, servable_rx) = tokio::sync::oneshot::channel::<StageResult>();
-        let (committed_tx, committed_rx) = tokio::sync::oneshot::channel::<StageResult>();
-        self.inner.runtime.spawn_blocking(move || {
-            let mut servable_tx = Some(servable_tx);
-            let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose, |copy| {
-                // The open no longer waits for this copy; prefetches may go on.
-                drop(urgent);
-                if let Some(tx) = servable_tx.take() {
-                    let _ = tx.send(Ok(copy.clone()));
-                }
-            });
+        let task = self.inner.runtime.spawn_blocking(move || {
+            let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose);
+            drop(urgent);
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner
                 .inflight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&key);
-            if let Some(tx) = servable_tx {
-                let _ = tx.send(result.clone());
-            } else if let Err(e) = &result {
-                warn!(path = %worker_rel.display(), error = %e, "a copy already served could not be committed; it will be staged again");
-            }
-            let _ = committed_tx.send(result);
+            result
         });
-        let settled = |rx: tokio::sync::oneshot::Receiver<StageResult>| {
-            let rel = rel.clone();
-            async move {
-                rx.await.unwrap_or_else(|e| {
-                    Err(StageError::Worker {
-                        path: rel,
-                        reason: e.to_string(),
-                    })
+        let path = rel.clone();
+        let result = async move {
+            task.await.unwrap_or_else(|e| {
+                Err(StageError::Worker {
+                    path: rel,
+                    reason: e.to_string(),
                 })
-            }
-            .boxed()
-            .shared()
-        };
+            })
+        }
+        .boxed()
+        .shared();
         Flight {
-            path: rel.clone(),
+            path,
             purpose,
             progress,
-            servable: settled(servable_rx),
-            committed: settled(committed_rx),
+            result,
         }
     }
 }
 
 impl Inner {
-    /// Stages `rel` (or finds it stored), calling `on_servable` with the copy once it
-    /// is whole and verified, before it is committed; returns the committed copy.
     fn stage_now(
         &self,
         rel: &Path,
         key: &Key,
         progress: &Progress,
         purpose: Purpose,
-        on_servable: impl FnOnce(&Staged),
     ) -> StageResult {
         let meta = self.stat_source(rel)?;
         if !meta.is_file() {
@@ -544,26 +446,21 @@ impl Inner {
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        // The open is answered once the copy is committed, not as soon as it is whole
-        // and verified: serving it before the commit saved 20-30 ms per 256 MiB shard
-        // here (writeback runs during the copy, so the final sync is short), while a
-        // copy already read but not yet in the index made status lag behind reads and
-        // could not be evicted to make room for the next open.
-        let (placed, _) = self.store.place(key, tmp, &entry)?;
-        let verified_secs = started.elapsed().as_secs_f64();
-        let hit = self.store.record(key, placed, entry, reservation)?;
-        let result = staged(hit, stamp, true);
-        on_servable(&result);
+        // The caller gets the copy once it is committed, not as soon as it is whole and
+        // verified: serving it before the commit saved 20-30 ms per 256 MiB shard here
+        // (writeback runs during the copy, so the final sync is short), while a copy
+        // already read but not yet in the index made status lag behind reads and could
+        // not be evicted to make room for the next open.
+        let hit = self.store.commit(key, tmp, entry, reservation)?;
         let secs = started.elapsed().as_secs_f64();
         info!(
             path = %rel.display(),
             bytes = stamp.size,
             secs,
-            verified_secs,
             mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),
             "staged"
         );
-        Ok(result)
+        Ok(staged(hit, stamp, true))
     }
 
     /// Stats `rel` on the source pool, so a dead source holds one of its threads
@@ -843,10 +740,10 @@ mod tests {
         );
     }
 
-    fn stage_now(inner: &Inner, rel: &str, on_servable: impl FnOnce(&Staged)) -> StageResult {
+    fn stage_now(inner: &Inner, rel: &str) -> StageResult {
         let rel = Path::new(rel);
         let key = Key::for_source_path(rel);
-        inner.stage_now(rel, &key, &Progress::default(), Purpose::Open, on_servable)
+        inner.stage_now(rel, &key, &Progress::default(), Purpose::Open)
     }
 
     #[test]
@@ -860,23 +757,17 @@ mod tests {
         let stamp = Stamp::of(&source.stat(Path::new("w.bin")).expect("stat"));
         let inner = inner_for(source, cache.path(), &rt);
         let key = Key::for_source_path(Path::new("w.bin"));
-        let mut served = None;
-        let committed = stage_now(&inner, "w.bin", |copy| {
-            // Already in the index: status lists it and eviction can see it.
-            assert!(inner.store.contains(&key));
-            assert_eq!(
-                inner.store.redirectable(&key, |_| true),
-                Some(copy.path.clone())
-            );
-            served = Some(copy.clone());
-        })
-        .expect("stage");
-        let served = served.expect("the open was served");
+        let served = stage_now(&inner, "w.bin").expect("stage");
+        // Already in the index: status lists it and eviction can see it.
+        assert!(inner.store.contains(&key));
+        assert_eq!(
+            inner.store.redirectable(&key, |_| true),
+            Some(served.path.clone())
+        );
         assert!(served.copied);
         assert_eq!(served.stamp, stamp);
-        assert_eq!(served.path, committed.path);
         assert_eq!(contents(&served), data, "the served copy is whole");
-        assert_eq!(fs::read(&committed.path).expect("copy"), data);
+        assert_eq!(fs::read(&served.path).expect("copy"), data);
     }
 
     #[test]
@@ -900,7 +791,7 @@ mod tests {
             last_use: 0,
             copy: crate::index::CopyId::default(),
         };
-        let (placed, _) = store.place(&key, tmp, &entry).expect("place");
+        let placed = store.place(&key, tmp, &entry).expect("place");
         // The cache directory as a crash between the rename and the journal leaves it.
         copy_tree(cache.path(), image.path());
         drop((placed, reservation));
@@ -941,7 +832,7 @@ mod tests {
         let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
         faulty.rewrite_after("w.bin", 1 << 20, vec![2u8; 5 << 20]);
         let inner = inner_for(SourceTree::from_backend(faulty), cache.path(), &rt);
-        let result = stage_now(&inner, "w.bin", |_| panic!("a changed copy was served"));
+        let result = stage_now(&inner, "w.bin");
         assert!(
             matches!(result, Err(StageError::SourceChanged { .. })),
             "{result:?}"
@@ -966,21 +857,5 @@ mod tests {
         assert_eq!(m.stage_copies, 1, "{m:?}");
         fx.stager.settled(rel).await.expect("settled");
         assert!(fx.stager.in_flight().is_empty());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn settle_all_returns_once_every_served_copy_is_committed() {
-        let fx = fixture();
-        let names = ["a.bin", "b.bin", "c.bin"];
-        for name in names {
-            fs::write(fx.src.path().join(name), vec![3u8; 3 << 20]).expect("write");
-        }
-        let opens = names.map(|name| fx.stager.stage(Path::new(name)));
-        for staged in futures::future::join_all(opens).await {
-            staged.expect("stage");
-        }
-        fx.stager.settle_all().await;
-        assert!(fx.stager.in_flight().is_empty());
-        assert_eq!(fx.stager.store().entries().len(), names.len());
     }
 }

@@ -138,7 +138,7 @@ pub struct Reservation {
 /// A complete copy moved into place by [`Store::place`], its data synced, its name
 /// and entry not yet durable.
 #[derive(Debug)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// Where it lives.
     pub path: PathBuf,
 }
@@ -502,21 +502,20 @@ impl Store {
         entry: Entry,
         reservation: Reservation,
     ) -> Result<Hit, StoreError> {
-        let (placed, _) = self.place(key, tmp, &entry)?;
+        let placed = self.place(key, tmp, &entry)?;
         self.record(key, placed, entry, reservation)
     }
 
     /// Syncs a complete, verified temp file and moves it to where the copy for `key`
     /// lives, not yet in the index: so nothing hands out its path or lists it, and a
     /// crash leaves a data file the index does not name, which startup deletes. The
-    /// old entry goes (durably) first. Returns it open for reading; [`Store::record`]
-    /// makes it the entry.
-    pub fn place(
+    /// old entry goes (durably) first. [`Store::record`] makes it the entry.
+    pub(crate) fn place(
         &self,
         key: &Key,
         tmp: NamedTempFile,
         entry: &Entry,
-    ) -> Result<(Placed, File), StoreError> {
+    ) -> Result<Placed, StoreError> {
         let data_path = self.data_path(key);
         // A copy followed through a redirect shows the source's mtime, as the mirror does.
         tmp.as_file()
@@ -536,17 +535,13 @@ impl Store {
         }
         tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
-        let placed = Placed { path: data_path };
-        match File::open(&placed.path) {
-            Ok(file) => Ok((placed, file)),
-            Err(e) => Err(placed.discard(e)),
-        }
+        Ok(Placed { path: data_path })
     }
 
     /// Makes a placed copy's rename durable and then the entry for
     /// `key`. On failure the copy is unlinked: handles to it keep reading it, and the
     /// next open stages it again.
-    pub fn record(
+    pub(crate) fn record(
         &self,
         key: &Key,
         placed: Placed,

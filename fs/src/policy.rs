@@ -772,7 +772,7 @@ mod tests {
         }
 
         /// Opens `rel` and reads it whole through a handle, then waits for a copy the
-        /// open made to be committed (an open is served before that).
+        /// open started in the background (a small file's kept copy) to settle.
         async fn read_all(&self, rel: impl AsRef<Path>) -> Result<Vec<u8>, FsError> {
             let opened = self.open(rel.as_ref()).await?;
             let size = opened.stamp.size;
@@ -854,13 +854,11 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn a_large_file_is_served_from_its_whole_copy_which_is_then_committed() {
+    async fn a_large_file_is_whole_in_the_cache_when_its_open_returns() {
         let f = fixture(|c, _, _| c.prefetch = None);
         let opened = f.open("weights.bin").await.expect("open");
         assert!(matches!(opened.reader, Reader::Copy(_)));
         assert!(opened.pin.is_some());
-        // Served whole and verified; committed to the store right after.
-        f.committed("weights.bin").await;
         assert!(f.stored("weights.bin"));
         drop(opened);
         assert_eq!(
@@ -1029,7 +1027,6 @@ mod tests {
         let fh = f
             .policy
             .register(f.open("weights.bin").await.expect("open"), None);
-        f.committed("weights.bin").await;
         assert!(f.policy.stager.store().remove(&key).is_err(), "in use");
         f.policy.release(fh);
         wait_until("the release", || {

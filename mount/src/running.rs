@@ -18,9 +18,6 @@ use crate::{MountError, MountSpec, control};
 /// How long stopping waits for the kernel to let go of the mount before giving up.
 const STOP_WAIT: Duration = Duration::from_secs(15);
 
-/// How long stopping waits for copies in progress to commit.
-const SETTLE_WAIT: Duration = Duration::from_secs(5);
-
 /// A live mount served by this process. The FUSE session serves on a thread of its
 /// own and the control socket on the mount's worker runtime, so the process that
 /// started it may read through it. Stop it with [`Running::stop`] or serve until
@@ -137,17 +134,6 @@ impl Running {
 
     fn cleanup(self) {
         let _ = fs::remove_file(&self.socket);
-        // Copies already served are committed in the background; waiting a moment
-        // keeps them (a commit is an fsync and a journal line) instead of leaving
-        // them to be deleted at the next start. A copy still crossing a slow link is
-        // not waited for: the bound keeps a stop prompt.
-        let settled = self.stager.settle_all();
-        let waited = self
-            .runtime
-            .block_on(async { tokio::time::timeout(SETTLE_WAIT, settled).await });
-        if waited.is_err() {
-            warn!("copies still in progress are dropped; they start over next time");
-        }
         info!(metrics = ?self.metrics(), "stopped");
         // A worker stuck on an unreachable source must not keep the process alive.
         self.runtime.shutdown_background();
