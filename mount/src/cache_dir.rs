@@ -191,14 +191,8 @@ pub fn plan(
 }
 
 fn plan_locally(dir: &Path, targets: &[Target]) -> Result<Vec<FileProgress>, CacheDirError> {
-    let (stager, record, _runtime) = local_stager(dir)?;
-    let models = ModelSource {
-        tree: stager.source(),
-        model_dirs: &record.model_dirs,
-    };
-    let files = prefetch::resolve(models, targets, record.min_stage_size)
-        .map_err(CacheDirError::Resolve)?;
-    Ok(prefetch::plan(&stager, &files))
+    let local = local_files(dir, targets)?;
+    Ok(prefetch::plan(&local.stager, &local.files))
 }
 
 fn prefetch_locally(
@@ -207,13 +201,11 @@ fn prefetch_locally(
     parallel: usize,
     mut progress: impl FnMut(&[FileProgress]),
 ) -> Result<Vec<FileProgress>, CacheDirError> {
-    let (stager, record, runtime) = local_stager(dir)?;
-    let models = ModelSource {
-        tree: stager.source(),
-        model_dirs: &record.model_dirs,
-    };
-    let files = prefetch::resolve(models, targets, record.min_stage_size)
-        .map_err(CacheDirError::Resolve)?;
+    let Local {
+        stager,
+        files,
+        runtime,
+    } = local_files(dir, targets)?;
     let job = Job::new(stager, files);
     let running = runtime.spawn(Arc::clone(&job).run(parallel, true));
     while !running.is_finished() {
@@ -223,9 +215,17 @@ fn prefetch_locally(
     Ok(job.progress())
 }
 
-/// A stager over the cache at `dir` (no mount running) and the source its last mount
-/// recorded, with the runtime its copies run on.
-fn local_stager(dir: &Path) -> Result<(Stager, MountRecord, Runtime), CacheDirError> {
+/// What a command works on when no mount runs: a stager over the cache directory and
+/// the source its last mount recorded, and the files the targets name there.
+struct Local {
+    stager: Stager,
+    files: Vec<(PathBuf, u64)>,
+    /// Where the stager's copies run.
+    runtime: Runtime,
+}
+
+/// [`Local`] for the cache at `dir` and `targets`.
+fn local_files(dir: &Path, targets: &[Target]) -> Result<Local, CacheDirError> {
     let (store, record) = open_locally(dir)?;
     let record = record.ok_or(CacheDirError::NeverMounted)?;
     let source =
@@ -237,8 +237,18 @@ fn local_stager(dir: &Path) -> Result<(Stager, MountRecord, Runtime), CacheDirEr
         doing: "starting the copy runtime".into(),
         source,
     })?;
+    let models = ModelSource {
+        tree: &source,
+        model_dirs: &record.model_dirs,
+    };
+    let files = prefetch::resolve(models, targets, record.min_stage_size)
+        .map_err(CacheDirError::Resolve)?;
     let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
-    Ok((stager, record, runtime))
+    Ok(Local {
+        stager,
+        files,
+        runtime,
+    })
 }
 
 /// `path`, inside the mount or the source of the cache at `dir`, relative to the
