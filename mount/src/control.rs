@@ -146,25 +146,18 @@ impl ControlServer {
     /// listing the copies already staged from the cache alone once it looks stuck
     /// (at once while it is suspect), as status does.
     async fn plan(&self, targets: Vec<Target>) -> Response {
-        if !self.source_suspect() {
-            let (stager, dirs, min_size) = (self.stager.clone(), self.dirs(), self.min_stage_size);
-            let asked = targets.clone();
-            let planned = self.stager.source_pool().run(move || {
-                let source = ModelSource {
-                    tree: stager.source(),
-                    model_dirs: &dirs,
+        let (asked, min_size) = (targets.clone(), self.min_stage_size);
+        let planned = self.while_the_source_answers(move |stager, source| {
+            prefetch::resolve(source, &asked, min_size).map(|files| prefetch::plan(stager, &files))
+        });
+        match planned.await {
+            Some(Ok(files)) => return Response::Planned { files, note: None },
+            Some(Err(e)) => {
+                return Response::Error {
+                    message: e.to_string(),
                 };
-                prefetch::resolve(source, &asked, min_size)
-                    .map(|files| prefetch::plan(&stager, &files))
-            });
-            tokio::select! {
-                answered = planned => match answered {
-                    Ok(Ok(files)) => return Response::Planned { files, note: None },
-                    Ok(Err(e)) => return Response::Error { message: e.to_string() },
-                    Err(_) => {}
-                },
-                () = self.stager.source_pool().until_suspect() => {}
             }
+            None => {}
         }
         let note = format!(
             "the source {} is not answering: only copies already staged are listed",
@@ -207,20 +200,37 @@ impl ControlServer {
     /// Status with the source's per-revision totals if it answers before it looks
     /// stuck, else without them, at once.
     async fn status(&self) -> Response {
-        if self.source_suspect() {
-            return self.status_without_source().await;
+        let live = self.live();
+        let with_source = self.while_the_source_answers(move |stager, source| {
+            control::answer(Request::Status, stager.store(), Some(source), live)
+        });
+        match with_source.await {
+            Some(response) => response,
+            None => self.status_without_source().await,
         }
-        let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
-        let with_source = self.stager.source_pool().run(move || {
+    }
+
+    /// Runs `ask` on the source pool and returns its answer, unless the source is
+    /// suspect now or becomes so first: then None at once, and the caller answers
+    /// from the cache alone.
+    async fn while_the_source_answers<T: Send + 'static>(
+        &self,
+        ask: impl for<'a> FnOnce(&'a Stager, ModelSource<'a>) -> T + Send + 'static,
+    ) -> Option<T> {
+        if self.source_suspect() {
+            return None;
+        }
+        let (stager, dirs) = (self.stager.clone(), self.dirs());
+        let asked = self.stager.source_pool().run(move || {
             let source = ModelSource {
                 tree: stager.source(),
                 model_dirs: &dirs,
             };
-            control::answer(Request::Status, stager.store(), Some(source), live)
+            ask(&stager, source)
         });
         tokio::select! {
-            Ok(response) = with_source => response,
-            () = self.stager.source_pool().until_suspect() => self.status_without_source().await,
+            Ok(answer) = asked => Some(answer),
+            () = self.stager.source_pool().until_suspect() => None,
         }
     }
 
