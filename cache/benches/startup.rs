@@ -62,7 +62,7 @@ fn populate(cache: &Path, entries: usize) -> Result<(), Box<dyn std::error::Erro
                 size: bytes.len() as u64,
                 mtime_ns: i as i64,
             },
-            blake3: blake3::hash(bytes.as_bytes()).to_hex().to_string(),
+            blake3: Some(blake3::hash(bytes.as_bytes()).to_hex().to_string()),
             last_use: i as u64,
             copy: CopyId::default(),
         };

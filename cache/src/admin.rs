@@ -369,10 +369,16 @@ fn mismatch(store: &Store, key: &Key, info: &EntryInfo) -> Option<String> {
         Ok(hashes) => hashes,
         Err(e) => return Some(format!("unreadable: {e}")),
     };
-    if blake3 != info.entry.blake3 {
+    if info
+        .entry
+        .blake3
+        .as_ref()
+        .is_some_and(|recorded| *recorded != blake3)
+    {
         return Some("blake3 differs from the one recorded when it was staged".into());
     }
     match key.content_sha256() {
+        None if info.entry.blake3.is_none() => Some("no digest was recorded for it".into()),
         Some(expected) if expected != sha256 => Some(
             "sha256 differs from the blob's name (the source blob itself may be corrupt)".into(),
         ),

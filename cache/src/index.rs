@@ -33,8 +33,10 @@ pub struct Entry {
     pub source: PathBuf,
     /// The source version that was copied.
     pub stamp: Stamp,
-    /// blake3 of the copied bytes, hex.
-    pub blake3: String,
+    /// blake3 of the copied bytes, hex. None for an LFS blob: the sha256 that names it
+    /// is what identifies its copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
     /// Last time the copy was used, in seconds since the Unix epoch.
     pub last_use: u64,
     /// Which file on disk was hashed: while the copy keeps this inode and change
@@ -335,7 +337,7 @@ mod tests {
                 size,
                 mtime_ns: 1_700_000_000_000_000_000,
             },
-            blake3: "ab".repeat(32),
+            blake3: Some("ab".repeat(32)),
             last_use,
             copy: CopyId::default(),
         }

@@ -174,11 +174,22 @@ pub trait ReadAt: Send + Sync + fmt::Debug {
     /// Reads into `buf` at `offset`; fewer bytes only at end of file (or when
     /// interrupted, like `pread`).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+
+    /// The plain file behind this, which a copy may read by other means than
+    /// `read_at` (inside the kernel). None for anything that must see every read: a
+    /// source that injects faults or counts bytes.
+    fn as_file(&self) -> Option<&File> {
+        None
+    }
 }
 
 impl ReadAt for File {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         FileExt::read_at(self, buf, offset)
+    }
+
+    fn as_file(&self) -> Option<&File> {
+        Some(self)
     }
 }
 

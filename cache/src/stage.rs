@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use serde::{Deserialize, Serialize};
 
-use crate::copy::{CopyError, CopyOptions, copy_file};
+use crate::copy::{CopyError, CopyOptions, CopyPlan, Digests, copy_to_file};
 use crate::error::{SourceError, StageError, StoreError};
 use crate::index::{CopyId, Entry};
 use crate::key::Key;
@@ -149,8 +149,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     runtime: Handle,
     copy: CopyOptions,
-    /// `copy` with its chunk size settled by the source's kind, once known.
-    settled_copy: std::sync::OnceLock<CopyOptions>,
+    /// `copy` settled for the source's kind, once known.
+    settled_copy: std::sync::OnceLock<CopyPlan>,
     inflight: Mutex<HashMap<Key, Flight>>,
     /// Copies started for opens and not finished: prefetch copies wait for zero, so
     /// the file a loader is blocked on gets the whole link.
@@ -476,13 +476,10 @@ impl Inner {
             .map_err(StageError::from)
     }
 
-    /// The copy options, with a chunk size fit for the source: asked of the source
-    /// once (on the source pool, so a dead source fails this like any other call),
-    /// and a network's until it answers.
-    fn copy_options(&self) -> CopyOptions {
-        if self.copy.chunk.is_some() {
-            return self.copy;
-        }
+    /// The copy options settled for the source's kind: asked of the source once (on
+    /// the source pool, so a dead source fails this like any other call), and a
+    /// network's until it answers.
+    fn copy_plan(&self) -> CopyPlan {
         if let Some(settled) = self.settled_copy.get() {
             return *settled;
         }
@@ -490,7 +487,11 @@ impl Inner {
         match self.pool.run_blocking(move || source.on_local_disk()) {
             Ok(local) => *self.settled_copy.get_or_init(|| {
                 let settled = self.copy.for_source(local);
-                info!(local_disk = local, chunk = ?settled.chunk, "copy chunk size chosen for the source");
+                info!(
+                    local_disk = local,
+                    chunk = settled.chunk,
+                    "copy settled for the source"
+                );
                 settled
             }),
             Err(_) => self.copy.for_source(false),
@@ -514,7 +515,7 @@ impl Inner {
         expected: Stamp,
         progress: &Progress,
         count_bytes: bool,
-    ) -> Result<(NamedTempFile, String), StageError> {
+    ) -> Result<(NamedTempFile, Option<String>), StageError> {
         let src = self.source.open(rel)?;
         let mut tmp = self.store.create_temp()?;
         let tmp_path = tmp.path().to_path_buf();
@@ -522,16 +523,16 @@ impl Inner {
         let expected_sha256 = Key::for_source_path(rel)
             .content_sha256()
             .map(str::to_string);
-        let with_sha256 = expected_sha256.is_some();
+        let digests = Digests::for_copy(expected_sha256.is_some());
         let writeback = crate::sys::Writeback::of(tmp.as_file());
         let mut started = 0u64;
-        let outcome = copy_file(
+        let outcome = copy_to_file(
             src.as_ref(),
-            &mut tmp,
+            tmp.as_file_mut(),
             expected.size,
-            self.copy_options(),
+            self.copy_plan(),
             &progress.read,
-            with_sha256,
+            digests,
             |n| {
                 copied += n;
                 progress.copied.store(copied, Ordering::Relaxed);
@@ -787,7 +788,7 @@ mod tests {
                 size: 3 << 20,
                 mtime_ns: 1,
             },
-            blake3: blake3::hash(&[9u8; 3 << 20]).to_hex().to_string(),
+            blake3: Some(blake3::hash(&[9u8; 3 << 20]).to_hex().to_string()),
             last_use: 0,
             copy: crate::index::CopyId::default(),
         };

@@ -265,7 +265,7 @@ impl Store {
             (entry, self.pin_locked(&mut state, key))
         };
         let path = self.data_path(key);
-        let (file, rehashed) = match self.check_copy(&path, &entry) {
+        let (file, rehashed) = match self.check_copy(&path, key, &entry) {
             Ok(checked) => checked,
             Err(reason) => {
                 warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
@@ -303,6 +303,7 @@ impl Store {
     fn check_copy(
         &self,
         path: &Path,
+        key: &Key,
         entry: &Entry,
     ) -> Result<(File, Option<CopyId>), &'static str> {
         let file = File::open(path).map_err(|_| "the copy is missing")?;
@@ -314,8 +315,8 @@ impl Store {
         if now == entry.copy {
             return Ok((file, None));
         }
-        if hash_file(path).map_err(|_| "the copy is unreadable")? != entry.blake3 {
-            return Err("the copy's blake3 does not match the index");
+        if !holds_recorded_bytes(path, key, entry).map_err(|_| "the copy is unreadable")? {
+            return Err("the copy's digest does not match the index");
         }
         Ok((file, Some(now)))
     }
@@ -742,12 +743,29 @@ impl Drop for Reservation {
     }
 }
 
-/// blake3 of a whole file, hex. Read through a buffer rather than mapped, so hashing
-/// a 50 GB shard does not show up as 50 GB of resident memory.
-pub fn hash_file(path: &Path) -> io::Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(File::open(path)?)?;
-    Ok(hasher.finalize().to_hex().to_string())
+/// Whether the file at `path` holds the bytes `entry` recorded for `key`: its blake3,
+/// or, for an LFS blob (no blake3 recorded), the sha256 that names it. Read through a
+/// buffer rather than mapped, so hashing a 50 GB shard does not show up as 50 GB of
+/// resident memory.
+fn holds_recorded_bytes(path: &Path, key: &Key, entry: &Entry) -> io::Result<bool> {
+    use sha2::Digest as _;
+    let file = File::open(path)?;
+    match (&entry.blake3, key.content_sha256()) {
+        (Some(recorded), _) => {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update_reader(file)?;
+            Ok(hasher.finalize().to_hex().as_str() == recorded)
+        }
+        (None, Some(name)) => {
+            let mut hasher = sha2::Sha256::new();
+            io::copy(
+                &mut io::BufReader::with_capacity(1 << 20, file),
+                &mut hasher,
+            )?;
+            Ok(format!("{:x}", hasher.finalize()) == name)
+        }
+        (None, None) => Ok(false),
+    }
 }
 
 /// Drops entries whose data is missing or the wrong size, and data files the index
@@ -882,7 +900,11 @@ mod tests {
                 size: size as u64,
                 mtime_ns: 1,
             },
-            blake3: blake3::hash(&bytes).to_hex().to_string(),
+            // As the stager records it: nothing for a blob, named by its sha256.
+            blake3: key(name)
+                .content_sha256()
+                .is_none()
+                .then(|| blake3::hash(&bytes).to_hex().to_string()),
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
@@ -979,6 +1001,29 @@ mod tests {
         let store = Store::open(dir.path(), budget(1000))?;
         assert!(store.lookup(&key("a"), |_| true).is_none());
         assert!(!store.contains(&key("a")) && !data.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_touched_blob_copy_is_checked_against_its_name_and_kept_only_if_it_matches() -> TestResult {
+        use sha2::Digest as _;
+        let (size, fill) = (64, 7u8);
+        let sha = format!("{:x}", sha2::Sha256::digest(vec![fill; size]));
+        let blob = format!("models--a--x/blobs/{sha}");
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        drop(stage(&store, &blob, size, fill)?);
+        let data = store.data_path(&key(&blob));
+        // A chmod changes the change time, not the bytes: re-hashed, and kept.
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o444))?;
+        assert!(store.lookup(&key(&blob), |_| true).is_some());
+        // Changed bytes no longer match the name: dropped.
+        fs::set_permissions(&data, fs::Permissions::from_mode(0o644))?;
+        let mut bytes = fs::read(&data)?;
+        bytes[10] ^= 1;
+        fs::write(&data, bytes)?;
+        assert!(store.lookup(&key(&blob), |_| true).is_none());
+        assert!(!store.contains(&key(&blob)) && !data.exists());
         Ok(())
     }
 

@@ -47,7 +47,7 @@ fn stage(store: &Store, rel: &Path, size: u64, version: i64) -> Result<Hit, Stor
             size,
             mtime_ns: version,
         },
-        blake3: blake3::hash(&bytes).to_hex().to_string(),
+        blake3: Some(blake3::hash(&bytes).to_hex().to_string()),
         last_use: 0,
         copy: CopyId::default(),
     };

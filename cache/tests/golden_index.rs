@@ -22,7 +22,9 @@ fn records() -> Vec<Record> {
                     size: 33_551_592,
                     mtime_ns: 1_764_496_000_123_456_789,
                 },
-                blake3: "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262".into(),
+                blake3: Some(
+                    "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262".into(),
+                ),
                 last_use: 1_764_496_100,
                 copy: CopyId {
                     ino: 1_048_577,

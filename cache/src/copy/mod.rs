@@ -1,18 +1,26 @@
-//! Copying one file with several reads in flight, hashing in order as bytes arrive.
+//! Copying one file, hashing in order as bytes arrive.
 //!
-//! A network filesystem answers one read at a time at its round-trip latency; keeping
-//! `streams` reads outstanding lets it run at the link's bandwidth. Memory stays
-//! bounded whatever the file size: at most `window` chunks exist at once, because a
-//! reader needs a token to start a chunk and the writer returns the token only once
-//! that chunk is written.
+//! From a network filesystem, with several reads in flight: it answers one read at a
+//! time at its round-trip latency, and keeping `streams` reads outstanding lets it run
+//! at the link's bandwidth. Memory stays bounded whatever the file size: at most
+//! `window` chunks exist at once, because a reader needs a token to start a chunk and
+//! the writer returns the token only once that chunk is written.
+//!
+//! From a local disk on Linux, inside the kernel ([`in_kernel`]): there the copy is
+//! bound by the CPU, and moving the bytes through this process's memory is what costs.
+
+mod hashers;
+#[cfg(target_os = "linux")]
+mod in_kernel;
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::{self, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
-use sha2::{Digest, Sha256};
+use hashers::Hashers;
 
 use crate::source::ReadAt;
 
@@ -23,6 +31,45 @@ pub struct CopyOptions {
     pub streams: usize,
     /// Bytes per read; None: by the source's kind ([`CopyOptions::for_source`]).
     pub chunk: Option<usize>,
+}
+
+/// How one copy runs: the options settled for its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyPlan {
+    /// Reads in flight (for a copy that goes through this process).
+    pub streams: usize,
+    /// Bytes per read.
+    pub chunk: usize,
+    /// The source is on a local disk: on Linux its bytes move inside the kernel.
+    pub local_source: bool,
+}
+
+impl CopyPlan {
+    /// Most chunks held in memory at once.
+    pub fn window(&self) -> usize {
+        self.streams.max(1) + 2
+    }
+}
+
+/// Which digests a copy computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Digests {
+    /// blake3, what the index records to check a copy later.
+    pub blake3: bool,
+    /// sha256, the name of an LFS blob.
+    pub sha256: bool,
+}
+
+impl Digests {
+    /// What a copy needs: an LFS blob is checked against the sha256 that names it,
+    /// which also identifies the copy later, so a blake3 of it would only cost time
+    /// (a quarter of a second per GiB); any other file gets a blake3.
+    pub fn for_copy(named_by_sha256: bool) -> Digests {
+        Digests {
+            blake3: !named_by_sha256,
+            sha256: named_by_sha256,
+        }
+    }
 }
 
 /// Chunk from a network filesystem: four 2 MiB reads in flight fill a 1 Gbit/s link
@@ -46,26 +93,19 @@ impl Default for CopyOptions {
 }
 
 impl CopyOptions {
-    /// Most chunks held in memory at once.
-    pub fn window(&self) -> usize {
-        self.streams.max(1) + 2
-    }
-
-    /// These options with the chunk size settled for a source on a local disk or not.
-    pub fn for_source(self, on_local_disk: bool) -> CopyOptions {
+    /// These options settled for a source on a local disk or not: a chunk size left
+    /// open is chosen by the source's kind.
+    pub fn for_source(self, on_local_disk: bool) -> CopyPlan {
         let by_kind = if on_local_disk {
             LOCAL_CHUNK
         } else {
             NETWORK_CHUNK
         };
-        CopyOptions {
-            chunk: Some(self.chunk.unwrap_or(by_kind)),
-            ..self
+        CopyPlan {
+            streams: self.streams.max(1),
+            chunk: self.chunk.unwrap_or(by_kind).max(1),
+            local_source: on_local_disk,
         }
-    }
-
-    fn chunk_bytes(&self) -> usize {
-        self.chunk.unwrap_or(NETWORK_CHUNK).max(1)
     }
 }
 
@@ -83,8 +123,8 @@ pub enum CopyError {
 pub struct Copied {
     /// Bytes copied (less than asked if the source ended early).
     pub bytes: u64,
-    /// blake3 of those bytes, hex.
-    pub blake3: String,
+    /// blake3 of those bytes, hex, when asked for.
+    pub blake3: Option<String>,
     /// sha256 of those bytes, hex, when asked for.
     pub sha256: Option<String>,
 }
@@ -133,6 +173,12 @@ impl std::ops::Deref for Buffer {
     }
 }
 
+impl AsRef<[u8]> for Buffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         let bytes = std::mem::take(&mut self.bytes);
@@ -144,30 +190,58 @@ impl Drop for Buffer {
     }
 }
 
-/// Copies the first `size` bytes of `src` into `dst` in order, calling `on_bytes`
-/// with each written amount. `bytes_read` counts bytes as they arrive, in any order
-/// and in pieces of at most 1 MiB, so a watcher can tell a slow source from a dead one.
+/// Copies the first `size` bytes of `src` into the file `dst`, the way `plan` says:
+/// inside the kernel when the source is a plain file on a local disk and the system
+/// allows it, else as [`copy_file`] does.
+pub fn copy_to_file(
+    src: &dyn ReadAt,
+    dst: &mut File,
+    size: u64,
+    plan: CopyPlan,
+    bytes_read: &AtomicU64,
+    digests: Digests,
+    mut on_bytes: impl FnMut(u64),
+) -> Result<Copied, CopyError> {
+    #[cfg(target_os = "linux")]
+    if let Some(file) = src.as_file().filter(|_| plan.local_source) {
+        return in_kernel::copy(
+            file,
+            dst,
+            size,
+            plan.chunk,
+            bytes_read,
+            digests,
+            &mut on_bytes,
+        );
+    }
+    copy_file(src, dst, size, plan, bytes_read, digests, on_bytes)
+}
+
+/// Copies the first `size` bytes of `src` into `dst` in order, with `plan.streams`
+/// reads in flight, calling `on_bytes` with each written amount. `bytes_read` counts
+/// bytes as they arrive, in any order and in pieces of at most 1 MiB, so a watcher can
+/// tell a slow source from a dead one.
 pub fn copy_file(
     src: &dyn ReadAt,
     dst: &mut impl Write,
     size: u64,
-    options: CopyOptions,
+    plan: CopyPlan,
     bytes_read: &AtomicU64,
-    with_sha256: bool,
+    digests: Digests,
     mut on_bytes: impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
-    let chunk = options.chunk_bytes() as u64;
+    let chunk = plan.chunk as u64;
     let chunks = size.div_ceil(chunk);
     let next = AtomicU64::new(0);
-    let (tokens_tx, tokens_rx) = sync_channel::<()>(options.window());
-    for _ in 0..options.window() {
+    let (tokens_tx, tokens_rx) = sync_channel::<()>(plan.window());
+    for _ in 0..plan.window() {
         let _ = tokens_tx.send(());
     }
     let tokens_rx = std::sync::Mutex::new(tokens_rx);
-    let (chunks_tx, chunks_rx) = sync_channel::<Chunk>(options.window());
+    let (chunks_tx, chunks_rx) = sync_channel::<Chunk>(plan.window());
     let buffers = Arc::new(BufferPool::default());
     std::thread::scope(|scope| {
-        for _ in 0..options.streams.max(1) {
+        for _ in 0..plan.streams {
             let chunks_tx = chunks_tx.clone();
             let (next, tokens_rx) = (&next, &tokens_rx);
             let reader = Reader {
@@ -182,10 +256,9 @@ pub fn copy_file(
             scope.spawn(move || reader.run(tokens_rx, chunks_tx));
         }
         drop(chunks_tx);
-        let sha256 = with_sha256.then(Sha256::new);
         // Handing over both channel ends means they close when the writer stops,
         // early or not, so every reader wakes up and the scope can end.
-        write_in_order(dst, chunks, chunks_rx, tokens_tx, sha256, &mut on_bytes)
+        write_in_order(dst, chunks, chunks_rx, tokens_tx, digests, &mut on_bytes)
     })
 }
 
@@ -273,64 +346,26 @@ fn read_into(
     Ok(filled)
 }
 
-/// Writes chunks in order as they arrive. The two hashes run on threads of their own,
-/// fed the same buffers, so hashing does not hold up the disk: sha256 alone runs at
-/// about the speed of a fast SSD (1.8 GB/s with SHA-NI), and blake3, sha256 and the
-/// writes one after another made a 1.2 GiB blob copy from tmpfs take 3.8 s where cp +
-/// sync took 0.8 s. The bounded queues keep memory bounded: a hasher that falls
-/// behind holds up the writer.
+/// Writes chunks in order as they arrive, handing each to the hashers first, which
+/// run on threads of their own so hashing does not hold up the disk: blake3, sha256
+/// and the writes one after another made a 1.2 GiB blob copy from tmpfs take 3.8 s
+/// where cp + sync took 0.8 s.
 fn write_in_order(
     dst: &mut impl Write,
     chunks: u64,
     incoming: Receiver<Chunk>,
     tokens: SyncSender<()>,
-    sha256: Option<Sha256>,
+    digests: Digests,
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
     std::thread::scope(|scope| {
-        let (blake3_tx, blake3_rx) = sync_channel::<Arc<Buffer>>(HASH_QUEUE);
-        let blake3 = scope.spawn(move || {
-            let mut hasher = blake3::Hasher::new();
-            for buf in blake3_rx {
-                hasher.update(&buf);
-            }
-            hasher.finalize().to_hex().to_string()
-        });
-        let sha256 = sha256.map(|mut hasher| {
-            let (tx, rx) = sync_channel::<Arc<Buffer>>(HASH_QUEUE);
-            let done = scope.spawn(move || {
-                for buf in rx {
-                    hasher.update(&buf[..]);
-                }
-                format!("{:x}", hasher.finalize())
-            });
-            (tx, done)
-        });
-        let hashers: Vec<&SyncSender<Arc<Buffer>>> = std::iter::once(&blake3_tx)
-            .chain(sha256.as_ref().map(|(tx, _)| tx))
-            .collect();
-        let written = write_chunks(dst, chunks, incoming, &tokens, &hashers, on_bytes);
-        // Closing the queues ends the hashers, whatever happened to the writes.
-        drop(hashers);
-        drop(blake3_tx);
-        let sha256 = sha256.map(|(tx, done)| {
-            drop(tx);
-            done.join()
-        });
-        let bytes = written?;
-        let hashed = |joined: std::thread::Result<String>| {
-            joined.map_err(|_| CopyError::Write(io::Error::other("a hashing thread failed")))
-        };
-        Ok(Copied {
-            bytes,
-            blake3: hashed(blake3.join())?,
-            sha256: sha256.map(hashed).transpose()?,
-        })
+        // Each queued piece is a buffer, so a short queue: enough to keep a hasher
+        // busy while the writer writes.
+        let hashers = Hashers::spawn(scope, digests, 2);
+        let bytes = write_chunks(dst, chunks, incoming, &tokens, &hashers, on_bytes)?;
+        hashers.finish(bytes)
     })
 }
-
-/// Chunks queued for each hasher: enough to keep it busy while the writer writes.
-const HASH_QUEUE: usize = 2;
 
 /// The writer's loop: takes chunks in order, hands each to the hashers, writes it,
 /// and returns its token. Returns the bytes written.
@@ -339,7 +374,7 @@ fn write_chunks(
     chunks: u64,
     incoming: Receiver<Chunk>,
     tokens: &SyncSender<()>,
-    hashers: &[&SyncSender<Arc<Buffer>>],
+    hashers: &Hashers<'_, Arc<Buffer>>,
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<u64, CopyError> {
     let mut pending: BTreeMap<u64, Buffer> = BTreeMap::new();
@@ -354,11 +389,7 @@ fn write_chunks(
             continue;
         };
         let buf = Arc::new(buf);
-        for hasher in hashers {
-            hasher
-                .send(Arc::clone(&buf))
-                .map_err(|_| CopyError::Write(io::Error::other("a hashing thread stopped")))?;
-        }
+        hashers.feed(&buf)?;
         dst.write_all(&buf).map_err(CopyError::Write)?;
         bytes += buf.len() as u64;
         on_bytes(buf.len() as u64);
@@ -372,7 +403,9 @@ fn write_chunks(
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
+    use std::io::{Read as _, Seek as _, Write as _};
+
+    use sha2::{Digest as _, Sha256};
 
     use super::*;
 
@@ -383,16 +416,56 @@ mod tests {
         (f, data)
     }
 
+    const BOTH: Digests = Digests {
+        blake3: true,
+        sha256: true,
+    };
+
+    fn plan(streams: usize, chunk: usize, local_source: bool) -> CopyPlan {
+        CopyPlan {
+            streams,
+            chunk,
+            local_source,
+        }
+    }
+
+    fn assert_digests(copied: &Copied, data: &[u8], what: &str) {
+        assert_eq!(copied.bytes, data.len() as u64, "{what}");
+        let blake3 = blake3::hash(data).to_hex().to_string();
+        assert_eq!(copied.blake3, Some(blake3), "{what}");
+        let sha = format!("{:x}", Sha256::digest(data));
+        assert_eq!(copied.sha256, Some(sha), "{what}");
+    }
+
     #[test]
     fn a_chunk_size_left_open_is_chosen_by_the_source_kind_and_a_set_one_is_kept() {
         let open = CopyOptions::default();
-        assert_eq!(open.for_source(true).chunk, Some(LOCAL_CHUNK));
-        assert_eq!(open.for_source(false).chunk, Some(NETWORK_CHUNK));
+        assert_eq!(open.for_source(true).chunk, LOCAL_CHUNK);
+        assert!(open.for_source(true).local_source);
+        assert_eq!(open.for_source(false).chunk, NETWORK_CHUNK);
         let set = CopyOptions {
             chunk: Some(12345),
             ..open
         };
-        assert_eq!(set.for_source(true).chunk, Some(12345));
+        assert_eq!(set.for_source(true).chunk, 12345);
+    }
+
+    #[test]
+    fn a_blob_is_hashed_by_its_name_alone_and_anything_else_by_blake3() {
+        assert_eq!(
+            Digests::for_copy(true),
+            Digests {
+                blake3: false,
+                sha256: true
+            }
+        );
+        assert_eq!(
+            Digests::for_copy(false),
+            Digests {
+                blake3: true,
+                sha256: false
+            }
+        );
     }
 
     #[test]
@@ -411,23 +484,93 @@ mod tests {
                 src.as_file(),
                 &mut out,
                 len as u64,
-                CopyOptions {
-                    streams,
-                    chunk: Some(chunk),
-                },
+                plan(streams, chunk, false),
                 &AtomicU64::new(0),
-                true,
+                BOTH,
                 |n| reported += n,
             )
             .map_err(|e| format!("{e:?}"))
             .expect("copy");
-            assert_eq!(out, data, "len {len} streams {streams} chunk {chunk}");
-            assert_eq!(copied.bytes, len as u64);
-            assert_eq!(reported, len as u64);
-            assert_eq!(copied.blake3, blake3::hash(&data).to_hex().to_string());
-            let sha = format!("{:x}", Sha256::digest(&data));
-            assert_eq!(copied.sha256, Some(sha));
+            let what = format!("len {len} streams {streams} chunk {chunk}");
+            assert_eq!(out, data, "{what}");
+            assert_eq!(reported, len as u64, "{what}");
+            assert_digests(&copied, &data, &what);
         }
+    }
+
+    /// Copies `len` bytes of `src` to a new file with `copy_to_file`; returns what it
+    /// said, what the file holds, and the bytes counted as read and as written.
+    fn copy_to_new_file(
+        src: &dyn ReadAt,
+        len: u64,
+        plan: CopyPlan,
+    ) -> (Result<Copied, CopyError>, Vec<u8>, u64, u64) {
+        let mut dst = tempfile::tempfile().expect("temp");
+        let read = AtomicU64::new(0);
+        let mut written = 0;
+        let result = copy_to_file(src, &mut dst, len, plan, &read, BOTH, |n| written += n);
+        let mut held = Vec::new();
+        dst.rewind().expect("rewind");
+        dst.read_to_end(&mut held).expect("read back");
+        (result, held, read.load(Ordering::Relaxed), written)
+    }
+
+    #[test]
+    fn a_local_file_is_copied_whole_and_hashed_as_written() {
+        for (len, chunk) in [
+            (0, 5),
+            (1, 5),
+            (1000, 7),
+            (3 << 20, LOCAL_CHUNK),
+            (1_000_003, 4 << 20),
+        ] {
+            let (src, data) = source(len);
+            let (copied, held, read, written) =
+                copy_to_new_file(src.as_file(), len as u64, plan(4, chunk, true));
+            let what = format!("len {len} chunk {chunk}");
+            let copied = copied.map_err(|e| format!("{e:?}")).expect("copy");
+            assert_eq!(held, data, "{what}");
+            assert_eq!((read, written), (len as u64, len as u64), "{what}");
+            assert_digests(&copied, &data, &what);
+        }
+    }
+
+    #[test]
+    fn a_local_file_shorter_than_expected_copies_what_exists() {
+        let (src, data) = source(1000);
+        let (copied, held, read, _) = copy_to_new_file(src.as_file(), 5000, plan(1, 300, true));
+        let copied = copied.map_err(|e| format!("{e:?}")).expect("copy");
+        assert_eq!(held, data);
+        assert_eq!(read, 1000);
+        assert_digests(&copied, &data, "short source");
+    }
+
+    /// A source that counts the reads that reach it, as a fault-injecting one must.
+    #[derive(Debug)]
+    struct Counted(std::fs::File, AtomicU64);
+
+    impl ReadAt for Counted {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            ReadAt::read_at(&self.0, buf, offset)
+        }
+    }
+
+    #[test]
+    fn a_source_that_hides_its_file_is_read_through_read_at_even_from_a_local_disk() {
+        let (src, data) = source(10_000);
+        let counted = Counted(src.reopen().expect("reopen"), AtomicU64::new(0));
+        let (copied, held, _, _) = copy_to_new_file(&counted, 10_000, plan(2, 1000, true));
+        assert_digests(
+            &copied.map_err(|e| format!("{e:?}")).expect("copy"),
+            &data,
+            "counted",
+        );
+        assert_eq!(held, data);
+        assert!(
+            counted.1.load(Ordering::Relaxed) >= 10,
+            "every chunk went through read_at"
+        );
     }
 
     /// A destination that fails after `limit` bytes, like a disk filling up.
@@ -451,17 +594,13 @@ mod tests {
     fn a_failing_destination_stops_every_reader() {
         let (src, _) = source(100_000);
         let read = AtomicU64::new(0);
-        let options = CopyOptions {
-            streams: 4,
-            chunk: Some(1000),
-        };
         let result = copy_file(
             src.as_file(),
             &mut FullAfter(5000),
             100_000,
-            options,
+            plan(4, 1000, false),
             &read,
-            false,
+            BOTH,
             |_| {},
         );
         assert!(matches!(result, Err(CopyError::Write(e)) if e.raw_os_error() == Some(28)));
@@ -476,18 +615,15 @@ mod tests {
             src.as_file(),
             &mut out,
             5000,
-            CopyOptions {
-                streams: 3,
-                chunk: Some(300),
-            },
+            plan(3, 300, false),
             &read,
-            false,
+            BOTH,
             |_| {},
         )
         .map_err(|e| format!("{e:?}"))
         .expect("copy");
-        assert_eq!(copied.bytes, 1000);
         assert_eq!(read.load(Ordering::Relaxed), 1000);
         assert_eq!(out, data);
+        assert_digests(&copied, &data, "short source");
     }
 }
