@@ -9,13 +9,17 @@
 # Each round measures, in this order and with the page cache dropped before each:
 #   - cp + sync of the file to the cache disk (the baseline);
 #   - staging it with the core alone (`readbench stage`, no mount), as an HF blob
-#     (blake3 and sha256) and as a path-keyed file (blake3 only), timed until the copy
+#     (checked against its sha256) and as a path-keyed file (blake3), timed until the copy
 #     is committed (synced, renamed into place, journaled): the issue's staging speed;
 #   - open() of each through a fresh mount: what a program waits for, which returns
 #     once the copy is whole, verified and committed;
 #   - a cold 4 x 256 MiB model load (readbench cold-open) straight from the tmpfs,
 #     then through a fresh mount without prefetch (each shard staged on its open) and
-#     with prefetch (the default: opening one shard stages the others).
+#     with prefetch (the default: opening one shard stages the others);
+#   - the same load from a copy of the model on the cache's disk (BENCH_TMPDIR): a
+#     fast disk read cold, as in a loader reading a local NVMe. The tmpfs load is
+#     never cold (dropping the page cache does not empty a tmpfs), so it compares a
+#     staged load with a memory copy; this one compares it with a disk read.
 # It prints medians, ratios against the baseline of the same run, the CPU seconds
 # (user + system of the measured process; the kernel's own writeback threads are not
 # counted, for cp nor for stagefs) and the load average when each round started. It
@@ -58,14 +62,20 @@ cp "$T/src/weights.bin" "$T/src/$BLOB"
 "$B" gen-demo --repo bench/model --shards 4 --shard-size 256M "$T/src" >"$T/model.json"
 SNAP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["snapshot"])' "$T/model.json")
 SHARDS=("$SNAP"/model-*.safetensors)
+mkdir -p "$T/disk"
+cp -a "$T/src/models--bench--model" "$T/disk/"
+DISK_SHARDS=("${SHARDS[@]/#"$T/src/"/"$T/disk/"}")
 
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 now() { date +%s.%N; }
 load1() { cut -d' ' -f1 /proc/loadavg; }
 open_time() { python3 -c "import os,sys,time;t=time.time();os.open(sys.argv[1],os.O_RDONLY);print(f'{time.time()-t:.3f}')" "$1"; }
+# mount_fresh SOURCE [FLAGS...]: a mount of SOURCE at $T/mnt with an empty cache.
 mount_fresh() {
+    local source=$1
+    shift
     rm -rf "$T/cache"
-    "$B" mount "$T/src" "$T/mnt" --cache-dir "$T/cache" --min-free 1G --foreground "$@" >/dev/null 2>>"$T/log" &
+    "$B" mount "$source" "$T/mnt" --cache-dir "$T/cache" --min-free 1G --foreground "$@" >/dev/null 2>>"$T/log" &
     for _ in $(seq 100); do mountpoint -q "$T/mnt" && return; sleep 0.05; done
     echo "fast-source.sh: the mount did not come up" >&2
     exit 1
@@ -86,7 +96,26 @@ core_stage() {
     rm -rf "$T/core"
 }
 
-declare -a CP CP_CPU LFS LFS_CPU PATHKEY PATH_CPU OPEN_LFS OPEN_PATH DIRECT MOUNTED PREFETCHED LOADS
+# load_each NAME SOURCE SHARDS...: a cold load of SHARDS straight from SOURCE, then
+# through fresh mounts of it without and with prefetch, appended to the arrays
+# NAME_DIRECT, NAME_MOUNTED and NAME_PREFETCHED.
+load_each() {
+    local -n direct=$1_DIRECT mounted=$1_MOUNTED prefetched=$1_PREFETCHED
+    local source=$2 through=() s
+    shift 2
+    for s in "$@"; do through+=("$T/mnt/${s#"$source/"}"); done
+    drop
+    direct+=("$(load_s "$@")")
+    drop; mount_fresh "$source" --no-prefetch
+    mounted+=("$(load_s "${through[@]}")")
+    unmount
+    drop; mount_fresh "$source"
+    prefetched+=("$(load_s "${through[@]}")")
+    unmount
+}
+
+declare -a CP CP_CPU LFS LFS_CPU PATHKEY PATH_CPU OPEN_LFS OPEN_PATH LOADS
+declare -a TMPFS_DIRECT TMPFS_MOUNTED TMPFS_PREFETCHED DISK_DIRECT DISK_MOUNTED DISK_PREFETCHED
 for round in $(seq "$ROUNDS"); do
     LOADS+=("$(load1)")
     drop
@@ -99,38 +128,41 @@ for round in $(seq "$ROUNDS"); do
     read -r wall cpu <<<"$(core_stage weights.bin)"
     PATHKEY+=("$wall") PATH_CPU+=("$cpu")
 
-    drop; mount_fresh --no-prefetch
+    drop; mount_fresh "$T/src" --no-prefetch
     OPEN_LFS+=("$(open_time "$T/mnt/$BLOB")")
     drop
     OPEN_PATH+=("$(open_time "$T/mnt/weights.bin")")
     unmount
 
-    mounted=()
-    for s in "${SHARDS[@]}"; do mounted+=("$T/mnt/${s#"$T/src/"}"); done
-    drop
-    DIRECT+=("$(load_s "${SHARDS[@]}")")
-    drop; mount_fresh --no-prefetch
-    MOUNTED+=("$(load_s "${mounted[@]}")")
-    unmount
-    drop; mount_fresh
-    PREFETCHED+=("$(load_s "${mounted[@]}")")
-    unmount
+    load_each TMPFS "$T/src" "${SHARDS[@]}"
+    load_each DISK "$T/disk" "${DISK_SHARDS[@]}"
     echo "round $round (load ${LOADS[-1]}): cp+sync ${CP[-1]} s (${CP_CPU[-1]} CPU-s)," \
         "stage blob ${LFS[-1]} s (${LFS_CPU[-1]}), path-keyed ${PATHKEY[-1]} s (${PATH_CPU[-1]})," \
         "open blob ${OPEN_LFS[-1]} s, open path-keyed ${OPEN_PATH[-1]} s," \
-        "load direct ${DIRECT[-1]} s, through stagefs ${MOUNTED[-1]} s, with prefetch ${PREFETCHED[-1]} s" >&2
+        "load from tmpfs ${TMPFS_DIRECT[-1]} s, through stagefs ${TMPFS_MOUNTED[-1]} s, with prefetch ${TMPFS_PREFETCHED[-1]} s," \
+        "from disk ${DISK_DIRECT[-1]} s, through stagefs ${DISK_MOUNTED[-1]} s, with prefetch ${DISK_PREFETCHED[-1]} s" >&2
 done
 
 median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$1" "$2"; }
+# load_table NAME WHERE: the medians of load_each NAME's rounds, as a table.
+load_table() {
+    local -n direct=$1_DIRECT mounted=$1_MOUNTED prefetched=$1_PREFETCHED
+    local d m p
+    d=$(median "${direct[@]}") m=$(median "${mounted[@]}") p=$(median "${prefetched[@]}")
+    cat <<TABLE
+| cold 4 x 256 MiB model load, source on $2 | seconds | vs direct |
+| --- | ---: | ---: |
+| straight from the source (baseline) | $d | 1.00 |
+| through stagefs, --no-prefetch (each shard staged on its open) | $m | $(ratio "$m" "$d") |
+| through stagefs, default prefetch | $p | $(ratio "$p" "$d") |
+TABLE
+}
 m_cp=$(median "${CP[@]}")
 m_lfs=$(median "${LFS[@]}")
 m_path=$(median "${PATHKEY[@]}")
 m_open_lfs=$(median "${OPEN_LFS[@]}")
 m_open_path=$(median "${OPEN_PATH[@]}")
-m_direct=$(median "${DIRECT[@]}")
-m_mounted=$(median "${MOUNTED[@]}")
-m_prefetched=$(median "${PREFETCHED[@]}")
 cat <<EOF
 
 Fast source (tmpfs) -> cache on $(df --output=source,fstype "$BENCH_TMPDIR" | tail -1 | tr -s ' '), ${SIZE} MiB file, median of $ROUNDS rounds, $(nproc) cores.
@@ -139,14 +171,12 @@ Command: \`SIZE=$SIZE ROUNDS=$ROUNDS bash bench/fast-source.sh\`; load average (
 | staging | seconds | CPU-s | speed vs cp + sync |
 | --- | ---: | ---: | ---: |
 | cp + sync (baseline) | $m_cp | $(median "${CP_CPU[@]}") | 1.00 |
-| stage an HF blob (blake3 + sha256), until committed | $m_lfs | $(median "${LFS_CPU[@]}") | $(ratio "$m_cp" "$m_lfs") |
+| stage an HF blob (sha256), until committed | $m_lfs | $(median "${LFS_CPU[@]}") | $(ratio "$m_cp" "$m_lfs") |
 | stage a path-keyed file (blake3), until committed | $m_path | $(median "${PATH_CPU[@]}") | $(ratio "$m_cp" "$m_path") |
 | open() of the blob through a mount | $m_open_lfs | | $(ratio "$m_cp" "$m_open_lfs") |
 | open() of the path-keyed file through a mount | $m_open_path | | $(ratio "$m_cp" "$m_open_path") |
 
-| cold 4 x 256 MiB model load | seconds | vs direct |
-| --- | ---: | ---: |
-| straight from the fast source (baseline) | $m_direct | 1.00 |
-| through stagefs, --no-prefetch (each shard staged on its open) | $m_mounted | $(ratio "$m_mounted" "$m_direct") |
-| through stagefs, default prefetch | $m_prefetched | $(ratio "$m_prefetched" "$m_direct") |
+$(load_table TMPFS "tmpfs (never cold: a memory copy)")
+
+$(load_table DISK "the cache's disk, page cache dropped")
 EOF
