@@ -29,7 +29,8 @@ const HASH_QUEUE: usize = 128;
 
 /// Copies the first `size` bytes of `src` to `dst`, from `dst`'s current position
 /// (the start of a new file), `chunk` bytes at a time, at most 1 MiB: `bytes_read` and
-/// `on_bytes` advance together, after each.
+/// `on_bytes` advance together, after each. None, having written nothing, when this
+/// kernel or these filesystems cannot copy that way.
 pub(super) fn copy(
     src: &File,
     dst: &mut File,
@@ -38,7 +39,7 @@ pub(super) fn copy(
     bytes_read: &AtomicU64,
     digests: Digests,
     on_bytes: &mut impl FnMut(u64),
-) -> Result<Copied, CopyError> {
+) -> Result<Option<Copied>, CopyError> {
     let copy = map_copy(dst, size)?;
     let step = chunk.clamp(1, PIECE) as u64;
     std::thread::scope(|scope| {
@@ -46,7 +47,10 @@ pub(super) fn copy(
         let mut copied = 0u64;
         while copied < size {
             let want = step.min(size - copied) as usize;
-            let n = send(src, dst, copied, want)?;
+            let n = match send(src, dst, copied, want) {
+                Err(CopyError::Read(e)) if copied == 0 && unsupported(&e) => return Ok(None),
+                sent => sent?,
+            };
             if n == 0 {
                 break; // the source is shorter than it said: the caller sees `bytes`
             }
@@ -61,8 +65,17 @@ pub(super) fn copy(
             copied += n as u64;
             on_bytes(n as u64);
         }
-        hashers.finish(copied)
+        hashers.finish(copied).map(Some)
     })
+}
+
+/// Whether a first `sendfile` failed because it cannot copy between these two files
+/// at all (a filesystem without the support it needs, an old kernel).
+fn unsupported(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+    )
 }
 
 /// A read-only mapping of the whole copy-to-be, `size` bytes, none of them written

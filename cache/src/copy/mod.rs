@@ -204,7 +204,7 @@ pub fn copy_to_file(
 ) -> Result<Copied, CopyError> {
     #[cfg(target_os = "linux")]
     if let Some(file) = src.as_file().filter(|_| plan.local_source) {
-        return in_kernel::copy(
+        let copied = in_kernel::copy(
             file,
             dst,
             size,
@@ -212,7 +212,10 @@ pub fn copy_to_file(
             bytes_read,
             digests,
             &mut on_bytes,
-        );
+        )?;
+        if let Some(copied) = copied {
+            return Ok(copied);
+        }
     }
     copy_file(src, dst, size, plan, bytes_read, digests, on_bytes)
 }
@@ -533,6 +536,20 @@ mod tests {
             assert_eq!((read, written), (len as u64, len as u64), "{what}");
             assert_digests(&copied, &data, &what);
         }
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_file_the_kernel_cannot_copy_is_copied_the_other_way() {
+        // sendfile refuses a directory (EINVAL); read_at, tried next, says EISDIR.
+        let dir = tempfile::tempdir().expect("dir");
+        let src = std::fs::File::open(dir.path()).expect("open dir");
+        let (copied, held, _, _) = copy_to_new_file(&src, 10, plan(1, 5, true));
+        assert!(
+            matches!(&copied, Err(CopyError::Read(e)) if e.raw_os_error() == Some(libc::EISDIR)),
+            "{copied:?}"
+        );
+        assert!(held.is_empty());
     }
 
     #[test]
