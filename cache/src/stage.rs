@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use serde::{Deserialize, Serialize};
 
-use crate::copy::{CopyError, CopyOptions, CopyPlan, Digests, copy_to_file};
+use crate::copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
 use crate::error::{SourceError, StageError, StoreError};
 use crate::index::{CopyId, Entry};
 use crate::key::Key;
@@ -523,30 +523,27 @@ impl Inner {
         let expected_sha256 = Key::for_source_path(rel)
             .content_sha256()
             .map(str::to_string);
-        let digests = Digests::for_copy(expected_sha256.is_some());
         let writeback = crate::sys::Writeback::of(tmp.as_file());
         let mut started = 0u64;
-        let outcome = copy_to_file(
-            src.as_ref(),
-            tmp.as_file_mut(),
-            expected.size,
-            self.copy_plan(),
-            &progress.read,
-            digests,
-            |n| {
-                copied += n;
-                progress.copied.store(copied, Ordering::Relaxed);
-                if count_bytes {
-                    self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
-                }
-                // The disk writes while the copy goes on, so the final sync has
-                // little left to do (it was most of a fast copy's time).
-                if copied - started >= WRITEBACK_STEP {
-                    writeback.start(started, copied - started);
-                    started = copied;
-                }
-            },
-        )
+        let job = CopyJob {
+            size: expected.size,
+            plan: self.copy_plan(),
+            digests: Digests::for_copy(expected_sha256.is_some()),
+            bytes_read: &progress.read,
+        };
+        let outcome = copy_to_file(src.as_ref(), tmp.as_file_mut(), job, |n| {
+            copied += n;
+            progress.copied.store(copied, Ordering::Relaxed);
+            if count_bytes {
+                self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
+            }
+            // The disk writes while the copy goes on, so the final sync has
+            // little left to do (it was most of a fast copy's time).
+            if copied - started >= WRITEBACK_STEP {
+                writeback.start(started, copied - started);
+                started = copied;
+            }
+        })
         .map_err(|e| match e {
             CopyError::Read(e) => StageError::from(SourceError::io(rel, e)),
             CopyError::Write(e) => StoreError::io(&tmp_path, e).into(),

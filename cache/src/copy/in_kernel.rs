@@ -13,12 +13,12 @@ use std::io;
 use std::ops::Deref;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use memmap2::{Mmap, MmapOptions};
 
 use super::hashers::Hashers;
-use super::{Copied, CopyError, Digests, PIECE};
+use super::{Copied, CopyError, CopyJob, PIECE};
 
 /// Pieces a hasher may fall behind the copy. They are ranges of the copy, which is in
 /// the page cache anyway, so a long queue costs no memory; it lets sha256, which takes
@@ -27,23 +27,21 @@ use super::{Copied, CopyError, Digests, PIECE};
 /// 0.87 s.
 const HASH_QUEUE: usize = 128;
 
-/// Copies the first `size` bytes of `src` to `dst`, from `dst`'s current position
-/// (the start of a new file), `chunk` bytes at a time, at most 1 MiB: `bytes_read` and
-/// `on_bytes` advance together, after each. None, having written nothing, when this
-/// kernel or these filesystems cannot copy that way.
+/// Copies `job` from `src` to `dst`, from `dst`'s current position (the start of a new
+/// file), a chunk at a time, at most 1 MiB: `job.bytes_read` and `on_bytes` advance
+/// together, after each. None, having written nothing, when this kernel or these
+/// filesystems cannot copy that way.
 pub(super) fn copy(
     src: &File,
     dst: &mut File,
-    size: u64,
-    chunk: usize,
-    bytes_read: &AtomicU64,
-    digests: Digests,
+    job: CopyJob<'_>,
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<Option<Copied>, CopyError> {
+    let size = job.size;
     let copy = map_copy(dst, size)?;
-    let step = chunk.clamp(1, PIECE) as u64;
+    let step = job.plan.chunk.clamp(1, PIECE) as u64;
     std::thread::scope(|scope| {
-        let hashers = Hashers::spawn(scope, digests, HASH_QUEUE);
+        let hashers = Hashers::spawn(scope, job.digests, HASH_QUEUE);
         let mut copied = 0u64;
         while copied < size {
             let want = step.min(size - copied) as usize;
@@ -54,7 +52,7 @@ pub(super) fn copy(
             if n == 0 {
                 break; // the source is shorter than it said: the caller sees `bytes`
             }
-            bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+            job.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
             if let Some(map) = &copy {
                 hashers.feed(&Piece {
                     map: Arc::clone(map),

@@ -190,49 +190,53 @@ impl Drop for Buffer {
     }
 }
 
-/// Copies the first `size` bytes of `src` into the file `dst`, the way `plan` says:
-/// inside the kernel when the source is a plain file on a local disk and the system
-/// allows it, else as [`copy_file`] does.
+/// One copy: the first `size` bytes of a source, the way `plan` says, computing
+/// `digests`. `bytes_read` counts bytes as they arrive, in any order and in pieces of
+/// at most 1 MiB, so a watcher can tell a slow source from a dead one.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyJob<'a> {
+    /// Bytes to copy (fewer are copied if the source ends first).
+    pub size: u64,
+    /// How.
+    pub plan: CopyPlan,
+    /// Digests of the copied bytes to compute.
+    pub digests: Digests,
+    /// Bytes read so far.
+    pub bytes_read: &'a AtomicU64,
+}
+
+/// Copies `job` from `src` into the file `dst`, calling `on_bytes` with each written
+/// amount: inside the kernel when the source is a plain file on a local disk and the
+/// system allows it, else as [`copy_file`] does.
 pub fn copy_to_file(
     src: &dyn ReadAt,
     dst: &mut File,
-    size: u64,
-    plan: CopyPlan,
-    bytes_read: &AtomicU64,
-    digests: Digests,
+    job: CopyJob<'_>,
     mut on_bytes: impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
     #[cfg(target_os = "linux")]
-    if let Some(file) = src.as_file().filter(|_| plan.local_source) {
-        let copied = in_kernel::copy(
-            file,
-            dst,
-            size,
-            plan.chunk,
-            bytes_read,
-            digests,
-            &mut on_bytes,
-        )?;
-        if let Some(copied) = copied {
-            return Ok(copied);
-        }
+    if let Some(file) = src.as_file().filter(|_| job.plan.local_source)
+        && let Some(copied) = in_kernel::copy(file, dst, job, &mut on_bytes)?
+    {
+        return Ok(copied);
     }
-    copy_file(src, dst, size, plan, bytes_read, digests, on_bytes)
+    copy_file(src, dst, job, on_bytes)
 }
 
-/// Copies the first `size` bytes of `src` into `dst` in order, with `plan.streams`
-/// reads in flight, calling `on_bytes` with each written amount. `bytes_read` counts
-/// bytes as they arrive, in any order and in pieces of at most 1 MiB, so a watcher can
-/// tell a slow source from a dead one.
+/// Copies `job` from `src` into `dst` in order, with `job.plan.streams` reads in
+/// flight, calling `on_bytes` with each written amount.
 pub fn copy_file(
     src: &dyn ReadAt,
     dst: &mut impl Write,
-    size: u64,
-    plan: CopyPlan,
-    bytes_read: &AtomicU64,
-    digests: Digests,
+    job: CopyJob<'_>,
     mut on_bytes: impl FnMut(u64),
 ) -> Result<Copied, CopyError> {
+    let CopyJob {
+        size,
+        plan,
+        digests,
+        bytes_read,
+    } = job;
     let chunk = plan.chunk as u64;
     let chunks = size.div_ceil(chunk);
     let next = AtomicU64::new(0);
@@ -432,6 +436,16 @@ mod tests {
         }
     }
 
+    /// A job copying `size` bytes the way `plan` says, with both digests.
+    fn job(size: u64, plan: CopyPlan, bytes_read: &AtomicU64) -> CopyJob<'_> {
+        CopyJob {
+            size,
+            plan,
+            digests: BOTH,
+            bytes_read,
+        }
+    }
+
     fn assert_digests(copied: &Copied, data: &[u8], what: &str) {
         assert_eq!(copied.bytes, data.len() as u64, "{what}");
         let blake3 = blake3::hash(data).to_hex().to_string();
@@ -483,17 +497,11 @@ mod tests {
             let (src, data) = source(len);
             let mut out = Vec::new();
             let mut reported = 0;
-            let copied = copy_file(
-                src.as_file(),
-                &mut out,
-                len as u64,
-                plan(streams, chunk, false),
-                &AtomicU64::new(0),
-                BOTH,
-                |n| reported += n,
-            )
-            .map_err(|e| format!("{e:?}"))
-            .expect("copy");
+            let read = AtomicU64::new(0);
+            let job = job(len as u64, plan(streams, chunk, false), &read);
+            let copied = copy_file(src.as_file(), &mut out, job, |n| reported += n)
+                .map_err(|e| format!("{e:?}"))
+                .expect("copy");
             let what = format!("len {len} streams {streams} chunk {chunk}");
             assert_eq!(out, data, "{what}");
             assert_eq!(reported, len as u64, "{what}");
@@ -511,7 +519,7 @@ mod tests {
         let mut dst = tempfile::tempfile().expect("temp");
         let read = AtomicU64::new(0);
         let mut written = 0;
-        let result = copy_to_file(src, &mut dst, len, plan, &read, BOTH, |n| written += n);
+        let result = copy_to_file(src, &mut dst, job(len, plan, &read), |n| written += n);
         let mut held = Vec::new();
         dst.rewind().expect("rewind");
         dst.read_to_end(&mut held).expect("read back");
@@ -611,15 +619,8 @@ mod tests {
     fn a_failing_destination_stops_every_reader() {
         let (src, _) = source(100_000);
         let read = AtomicU64::new(0);
-        let result = copy_file(
-            src.as_file(),
-            &mut FullAfter(5000),
-            100_000,
-            plan(4, 1000, false),
-            &read,
-            BOTH,
-            |_| {},
-        );
+        let job = job(100_000, plan(4, 1000, false), &read);
+        let result = copy_file(src.as_file(), &mut FullAfter(5000), job, |_| {});
         assert!(matches!(result, Err(CopyError::Write(e)) if e.raw_os_error() == Some(28)));
     }
 
@@ -631,10 +632,7 @@ mod tests {
         let copied = copy_file(
             src.as_file(),
             &mut out,
-            5000,
-            plan(3, 300, false),
-            &read,
-            BOTH,
+            job(5000, plan(3, 300, false), &read),
             |_| {},
         )
         .map_err(|e| format!("{e:?}"))
