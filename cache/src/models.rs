@@ -310,7 +310,8 @@ pub fn model_of_file(source: &SourceTree, rel: &Path) -> Option<ModelRef> {
         .or_else(|| lone_file(source, rel))
 }
 
-fn repo_containing(path: &Path) -> Option<ModelRef> {
+/// The repository a path lies in, named by its directory as `path` names it.
+pub fn repo_containing(path: &Path) -> Option<ModelRef> {
     let repo = hf::repo_of(path)?;
     let id = hf::id_of_repo_dir(repo.file_name()?.to_str()?)?;
     Some(ModelRef {

@@ -72,14 +72,12 @@ fn contents(catalog: &Catalog) -> String {
     let kinds = [ModelKind::HfRepo, ModelKind::Folder, ModelKind::File];
     let parts: Vec<String> = kinds
         .into_iter()
-        .map(|kind| match (kind, catalog.count(kind)) {
-            (_, 0) => String::new(),
-            (ModelKind::HfRepo, 1) => "1 HF repository".to_string(),
-            (ModelKind::HfRepo, n) => format!("{n} HF repositories"),
-            (kind, 1) => format!("1 {}", kind.describe()),
-            (kind, n) => format!("{n} {}s", kind.describe()),
+        .filter_map(|kind| match (kind, catalog.count(kind)) {
+            (_, 0) => None,
+            (ModelKind::HfRepo, n @ 2..) => Some(format!("{n} HF repositories")),
+            (kind, 1) => Some(format!("1 {}", kind.describe())),
+            (kind, n) => Some(format!("{n} {}s", kind.describe())),
         })
-        .filter(|part| !part.is_empty())
         .collect();
     match parts.is_empty() {
         true => "no model yet".to_string(),

@@ -120,11 +120,8 @@ fn render(checks: &[Check]) -> String {
     let line = |check: &Check| {
         let verdict = format!("{:?}", check.verdict).to_lowercase();
         let advice = check.advice.as_ref().map(|a| format!("{:19}{a}\n", ""));
-        let (name, summary) = (check.name, &check.summary);
-        format!(
-            "{verdict:<6}{name:<13}{summary}\n{}",
-            advice.unwrap_or_default()
-        )
+        let (name, summary, advice) = (check.name, &check.summary, advice.unwrap_or_default());
+        format!("{verdict:<6}{name:<13}{summary}\n{advice}")
     };
     checks.iter().map(line).collect()
 }
@@ -193,10 +190,9 @@ fn environment_target(
     mountpoint: Option<&Path>,
 ) -> (Option<PathBuf>, Option<Shape>) {
     let shape = found.survey.as_ref().map(|s| s.shape);
-    let report = found.report.as_ref();
-    match report {
+    match found.report.as_ref() {
         Some(report) if report.is_mount() => (Some(report.fs.mount_point.clone()), shape),
-        _ => {
+        report => {
             let configured = report.is_some_and(|r| r.configured);
             (mountpoint.map(Into::into), shape.filter(|_| configured))
         }

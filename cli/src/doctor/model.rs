@@ -55,20 +55,17 @@ pub(crate) fn find(root: &Path, id: &str, model_dirs: &[PathBuf]) -> anyhow::Res
 /// snapshot it is in, else the repository's main or newest), a model folder or a
 /// file in it (or in its subdirectory), a GGUF file.
 pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
-    if let Some(repo) = hf::repo_of(path) {
-        let (Some(hub), Some(name)) = (repo.parent(), repo.file_name()) else {
+    if let Some(repo) = models::repo_containing(path) {
+        let (Some(hub), Some(name)) = (repo.path.parent(), repo.path.file_name()) else {
             return Ok(None);
         };
-        let Some(id) = name.to_str().and_then(hf::id_of_repo_dir) else {
-            return Ok(None);
-        };
-        let (kind, in_snapshots) = (ModelKind::HfRepo, path.strip_prefix(repo.join("snapshots")));
+        let in_snapshots = path.strip_prefix(repo.path.join("snapshots"));
         let commit = in_snapshots.ok().and_then(|c| c.iter().next());
         let snapshot = commit.map(|commit| Path::new(name).join("snapshots").join(commit));
+        // Described from the hub it lies in, so its path is its directory's name there.
         let model = ModelRef {
-            id,
-            kind,
             path: name.into(),
+            ..repo
         };
         return Ok(describe(&SourceTree::new(hub)?, &model, snapshot));
     }
@@ -154,12 +151,10 @@ fn scan(dir: &Path, depth: usize, budget: &mut usize, best: &mut Option<(PathBuf
         if !spend(budget) {
             return;
         }
-        let Ok(kind) = entry.file_type() else {
-            continue;
-        };
-        if kind.is_dir() && depth > 0 {
+        let kind = entry.file_type().ok();
+        if kind.is_some_and(|k| k.is_dir()) && depth > 0 {
             scan(&entry.path(), depth - 1, budget, best);
-        } else if kind.is_file() {
+        } else if kind.is_some_and(|k| k.is_file()) {
             let size = entry.metadata().map_or(0, |m| m.len());
             if best.as_ref().is_none_or(|(_, largest)| size > *largest) {
                 *best = Some((entry.path(), size));
@@ -215,14 +210,11 @@ pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
     }
     // A tiny local file can read in less than a clock tick; never divide by zero.
     let seconds = start.elapsed().as_secs_f64().max(1e-6);
-    let latency_ms = times[times.len() / 2].as_secs_f64() * 1000.0;
-    let throughput_bytes_per_sec = bytes_read as f64 / seconds;
-    let file = path.to_path_buf();
     Ok(Probe {
-        file,
+        file: path.to_path_buf(),
         file_size,
-        latency_ms,
-        throughput_bytes_per_sec,
+        latency_ms: times[times.len() / 2].as_secs_f64() * 1000.0,
+        throughput_bytes_per_sec: bytes_read as f64 / seconds,
         bytes_read,
         seconds,
     })

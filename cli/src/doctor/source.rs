@@ -116,12 +116,10 @@ pub(crate) struct Located {
 /// Resolves `path` (in the worker).
 pub(crate) fn locate(path: &Path) -> io::Result<Located> {
     let canonical = std::fs::canonicalize(path)?;
-    let is_file = std::fs::metadata(&canonical)?.is_file();
-    let fs = filesystem_of(&canonical)?;
     Ok(Located {
+        is_file: std::fs::metadata(&canonical)?.is_file(),
+        fs: filesystem_of(&canonical)?,
         canonical,
-        fs,
-        is_file,
     })
 }
 
@@ -158,8 +156,8 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     let model = match model_id {
         Some(id) => model::find(&readable, id, &dirs),
         None => model::containing(&readable),
-    };
-    let model = model.map_err(StepError::of);
+    }
+    .map_err(StepError::of);
     send(Line::Model(model.clone()));
     let model = model.ok().flatten();
     if model_id.is_some() && model.is_none() {

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use stagefs_cache::fskind::FsInfo;
 use stagefs_cache::models::Survey;
+// Why a probe has no answer: the words `mount` uses for a source that does not answer.
+use stagefs_mount::bounded::Unanswered;
 
 use super::model::{Model, Probe};
 use super::source::{self, Located, Target};
@@ -83,16 +85,6 @@ impl StepError {
         let (not_found, message) = (kind == Some(io::ErrorKind::NotFound), format!("{e:#}"));
         StepError { not_found, message }
     }
-}
-
-/// Why a probe has no answer: it did not finish before the deadline, or the worker
-/// could not be run or ended without answering.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Unanswered {
-    #[error("did not answer within {}s", .0.as_secs())]
-    Late(Duration),
-    #[error("could not be examined ({0})")]
-    Broken(String),
 }
 
 /// The lines a worker printed in time, and why any other probe has no answer.
