@@ -1,8 +1,10 @@
 //! Copying from a file on a local disk inside the kernel (Linux). There the copy is
 //! bound by the CPU, and what costs is moving the bytes through this process: read
 //! into a buffer, written out, each a full copy. `sendfile` moves them from the
-//! source's page cache into the copy's in one, and the hashers read them back from a
-//! mapping of the copy, which copies nothing.
+//! source's page cache into the copy's in one, and the hashers read them back from
+//! mappings of the copy, which copy nothing. The copy is mapped a window at a time and
+//! each window unmapped once hashed: a mapping of a whole 50 GB shard would count as
+//! 50 GB of the daemon's resident memory.
 //!
 //! Hashing the copy rather than the source also means the digests describe exactly
 //! the bytes that will be served. (`copy_file_range` would do the same, but refuses
@@ -20,12 +22,15 @@ use memmap2::{Mmap, MmapOptions};
 use super::hashers::Hashers;
 use super::{Copied, CopyError, CopyJob, PIECE};
 
-/// Pieces a hasher may fall behind the copy. They are ranges of the copy, which is in
-/// the page cache anyway, so a long queue costs no memory; it lets sha256, which takes
-/// as long as the whole copy, run without ever waiting for it. With 2 pieces it
-/// waited: a 1.2 GiB blob from a tmpfs took 0.96 to 1.02 s instead of 0.83 to
-/// 0.87 s.
-const HASH_QUEUE: usize = 128;
+/// Bytes a hasher may fall behind the copy. They are ranges of the copy, which is in
+/// the page cache anyway, so a long queue costs no memory of its own; it lets sha256,
+/// which takes as long as the whole copy, run without ever waiting for it. With 2
+/// pieces (512 KiB) it waited: a 1.2 GiB blob from a tmpfs took 0.96 to 1.02 s
+/// instead of 0.83 to 0.87 s.
+const HASH_AHEAD: u64 = 32 << 20;
+
+/// Bytes of the copy mapped at once, a multiple of any page size.
+const WINDOW: u64 = 4 << 20;
 
 /// Copies `job` from `src` to `dst`, from `dst`'s current position (the start of a new
 /// file), a chunk at a time, at most 1 MiB: `job.bytes_read` and `on_bytes` advance
@@ -38,10 +43,12 @@ pub(super) fn copy(
     on_bytes: &mut impl FnMut(u64),
 ) -> Result<Option<Copied>, CopyError> {
     let size = job.size;
-    let copy = map_copy(dst, size)?;
     let step = job.plan.chunk.clamp(1, PIECE) as u64;
+    // A piece can be split in two at a window's edge.
+    let queue = usize::try_from(2 * HASH_AHEAD / step).unwrap_or(usize::MAX);
+    let mut windows = Windows::of(dst, size);
     std::thread::scope(|scope| {
-        let hashers = Hashers::spawn(scope, job.digests, HASH_QUEUE);
+        let hashers = Hashers::spawn(scope, job.digests, queue);
         let mut copied = 0u64;
         while copied < size {
             let want = step.min(size - copied) as usize;
@@ -53,12 +60,8 @@ pub(super) fn copy(
                 break; // the source is shorter than it said: the caller sees `bytes`
             }
             job.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-            if let Some(map) = &copy {
-                hashers.feed(&Piece {
-                    map: Arc::clone(map),
-                    start: copied as usize,
-                    end: (copied + n as u64) as usize,
-                })?;
+            for piece in windows.pieces(copied, copied + n as u64)? {
+                hashers.feed(&piece)?;
             }
             copied += n as u64;
             on_bytes(n as u64);
@@ -76,20 +79,61 @@ fn unsupported(error: &io::Error) -> bool {
     )
 }
 
-/// A read-only mapping of the whole copy-to-be, `size` bytes, none of them written
-/// yet (None for an empty file, which cannot be mapped).
-fn map_copy(dst: &File, size: u64) -> Result<Option<Arc<Mmap>>, CopyError> {
-    if size == 0 {
-        return Ok(None);
+/// The copy-to-be, `size` bytes, mapped a [`WINDOW`] at a time as the copy reaches it.
+struct Windows<'f> {
+    file: &'f File,
+    size: u64,
+    /// The window mapped last, and where in the file it starts. Pieces hold the
+    /// windows they lie in; a window is unmapped when its last piece is hashed.
+    current: Option<(u64, Arc<Mmap>)>,
+}
+
+impl<'f> Windows<'f> {
+    fn of(file: &'f File, size: u64) -> Self {
+        Windows {
+            file,
+            size,
+            current: None,
+        }
     }
-    let len =
-        usize::try_from(size).map_err(|_| CopyError::Write(io::ErrorKind::FileTooLarge.into()))?;
-    // SAFETY: the file is this copy's own temporary file, which nothing else writes
-    // or truncates while the copy runs, and the hashers touch only the bytes already
-    // written to it (below its end, so no access faults). The mapping may reach past
-    // the file's current end; Linux allows that, and those pages are never touched.
-    let map = unsafe { MmapOptions::new().len(len).map(dst) };
-    map.map(|m| Some(Arc::new(m))).map_err(CopyError::Write)
+
+    /// Bytes `start..end` of the copy, just written, as pieces for the hashers (two
+    /// when they cross a window's edge).
+    fn pieces(&mut self, start: u64, end: u64) -> Result<Vec<Piece>, CopyError> {
+        let mut pieces = Vec::with_capacity(2);
+        let mut at = start;
+        while at < end {
+            let (base, map) = self.window_at(at)?;
+            let stop = end.min(base + map.len() as u64);
+            pieces.push(Piece {
+                map,
+                start: (at - base) as usize,
+                end: (stop - base) as usize,
+            });
+            at = stop;
+        }
+        Ok(pieces)
+    }
+
+    /// The window holding byte `at`, mapped if it is not yet.
+    fn window_at(&mut self, at: u64) -> Result<(u64, Arc<Mmap>), CopyError> {
+        let base = at - at % WINDOW;
+        if let Some((start, map)) = &self.current
+            && *start == base
+        {
+            return Ok((base, Arc::clone(map)));
+        }
+        let len = usize::try_from(WINDOW.min(self.size - base)).unwrap_or(usize::MAX);
+        // SAFETY: the file is this copy's own temporary file, which nothing else
+        // writes or truncates while the copy runs, and the hashers touch only bytes
+        // already written to it (below its end, so no access faults). The window may
+        // reach past the file's current end; Linux allows that, and those pages are
+        // touched only once written.
+        let map = unsafe { MmapOptions::new().offset(base).len(len).map(self.file) };
+        let map = Arc::new(map.map_err(CopyError::Write)?);
+        self.current = Some((base, Arc::clone(&map)));
+        Ok((base, map))
+    }
 }
 
 /// Moves up to `len` bytes from `src` at `offset` to the end of what `dst` holds.
@@ -152,5 +196,27 @@ mod tests {
         let path = dir.path().join("w");
         let write_only = File::create(&path).expect("create");
         assert!(matches!(blame(&write_only, 0, full()), CopyError::Read(_)));
+    }
+
+    #[test]
+    fn a_range_across_a_windows_edge_is_two_pieces_of_the_right_bytes() -> io::Result<()> {
+        let size = WINDOW + 100;
+        let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::tempfile()?;
+        std::io::Write::write_all(&mut file, &bytes)?;
+        let mut windows = Windows::of(&file, size);
+        let (start, end) = (WINDOW - 10, WINDOW + 30);
+        let pieces = windows
+            .pieces(start, end)
+            .map_err(|e| io::Error::other(format!("{e:?}")))?;
+        assert_eq!(pieces.len(), 2);
+        let joined: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
+        assert_eq!(joined, bytes[start as usize..end as usize]);
+        let within = windows
+            .pieces(5, 50)
+            .map_err(|e| io::Error::other(format!("{e:?}")))?;
+        assert_eq!(within.len(), 1);
+        assert_eq!(&within[0][..], &bytes[5..50]);
+        Ok(())
     }
 }
