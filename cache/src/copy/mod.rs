@@ -220,7 +220,7 @@ pub fn copy_to_file(
     {
         return Ok(copied);
     }
-    copy_file(src, dst, job, on_bytes)
+    copy_file(src, dst, job, &mut on_bytes)
 }
 
 /// Copies `job` from `src` into `dst` in order, with `job.plan.streams` reads in
