@@ -35,7 +35,7 @@ const WINDOW: u64 = 4 << 20;
 /// Copies `job` from `src` to `dst`, from `dst`'s current position (the start of a new
 /// file), a chunk at a time, at most 1 MiB: `job.bytes_read` and `on_bytes` advance
 /// together, after each. None, having written nothing, when this kernel or these
-/// filesystems cannot copy that way.
+/// filesystems cannot copy that way, or `dst` cannot be mapped.
 pub(super) fn copy(
     src: &File,
     dst: &mut File,
@@ -47,6 +47,11 @@ pub(super) fn copy(
     // A piece can be split in two at a window's edge.
     let queue = usize::try_from(2 * HASH_AHEAD / step).unwrap_or(usize::MAX);
     let mut windows = Windows::of(dst, size);
+    // A copy on a filesystem that cannot be mapped (a FUSE one without mmap) is
+    // copied the other way; asked before anything is written.
+    if size > 0 && windows.window_at(0).is_err() {
+        return Ok(None);
+    }
     std::thread::scope(|scope| {
         let hashers = Hashers::spawn(scope, job.digests, queue);
         let mut copied = 0u64;

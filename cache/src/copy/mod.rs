@@ -561,6 +561,30 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
+    fn a_destination_that_cannot_be_mapped_is_written_the_other_way() {
+        // /dev/null takes sendfile's bytes but refuses a mapping (ENODEV).
+        let (src, data) = source(5000);
+        let mut dst = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .expect("open /dev/null");
+        let read = AtomicU64::new(0);
+        let copied = copy_to_file(
+            src.as_file(),
+            &mut dst,
+            job(5000, plan(2, 1000, true), &read),
+            |_| {},
+        );
+        assert_digests(
+            &copied.map_err(|e| format!("{e:?}")).expect("copy"),
+            &data,
+            "/dev/null",
+        );
+    }
+
+    #[test]
     fn a_local_file_shorter_than_expected_copies_what_exists() {
         let (src, data) = source(1000);
         let (copied, held, read, _) = copy_to_new_file(src.as_file(), 5000, plan(1, 300, true));
