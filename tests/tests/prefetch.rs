@@ -251,7 +251,9 @@ fn staging_a_file_much_larger_than_any_buffer_keeps_memory_bounded() {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .expect("VmHWM");
-    // Copy buffers are bounded at (streams + 2) x 2 MiB = 12 MiB per copy by default.
+    // A copy holds the chunks being read or written, (streams + 2) x 2 MiB = 12 MiB by
+    // default, and what the hasher has yet to hash: at most 32 MiB, in buffers or (from
+    // a local disk, as here) in mapped windows of the copy.
     assert!(
         peak_kib < 96 * 1024,
         "daemon peak RSS {peak_kib} KiB while staging 512 MiB"

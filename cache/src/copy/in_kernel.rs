@@ -22,13 +22,6 @@ use memmap2::{Mmap, MmapOptions};
 use super::hashers::Hashers;
 use super::{Copied, CopyError, CopyJob, PIECE};
 
-/// Bytes a hasher may fall behind the copy. They are ranges of the copy, which is in
-/// the page cache anyway, so a long queue costs no memory of its own; it lets sha256,
-/// which takes as long as the whole copy, run without ever waiting for it. With 2
-/// pieces (512 KiB) it waited: a 1.2 GiB blob from a tmpfs took 0.96 to 1.02 s
-/// instead of 0.83 to 0.87 s.
-const HASH_AHEAD: u64 = 32 << 20;
-
 /// Bytes of the copy mapped at once, a multiple of any page size.
 const WINDOW: u64 = 4 << 20;
 
@@ -44,8 +37,6 @@ pub(super) fn copy(
 ) -> Result<Option<Copied>, CopyError> {
     let size = job.size;
     let step = job.plan.chunk.clamp(1, PIECE) as u64;
-    // A piece can be split in two at a window's edge.
-    let queue = usize::try_from(2 * HASH_AHEAD / step).unwrap_or(usize::MAX);
     let mut windows = Windows::of(dst, size);
     // A copy on a filesystem that cannot be mapped (a FUSE one without mmap) is
     // copied the other way; asked before anything is written.
@@ -53,7 +44,7 @@ pub(super) fn copy(
         return Ok(None);
     }
     std::thread::scope(|scope| {
-        let hashers = Hashers::spawn(scope, job.digests, queue);
+        let hashers = Hashers::spawn(scope, job.digests, step as usize);
         let mut copied = 0u64;
         while copied < size {
             let want = step.min(size - copied) as usize;
