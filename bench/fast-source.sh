@@ -92,13 +92,19 @@ cp_sync() {
     awk '{ printf "%.3f %.2f\n", $1, $2 + $3 }' "$T/time"
     rm "$T/cp.bin"
 }
-# "committed_s cpu" of staging $1 with the core alone.
+# "committed_s cpu user+sys steal" of staging $1 with the core alone; steal is the
+# CPU time the hypervisor gave to others meanwhile (1/100 s), which shows as a slow round.
 core_stage() {
+    local before after
     rm -rf "$T/core"
-    "$READBENCH" stage "$T/src" "$T/core" "$1" |
-        python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.3f %.2f" % (d["committed_s"], d["user_s"] + d["sys_s"]))'
+    before=$(steal)
+    "$READBENCH" stage "$T/src" "$T/core" "$1" >"$T/stage.json"
+    after=$(steal)
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.3f %.2f %.2f+%.2f" % (d["committed_s"], d["user_s"] + d["sys_s"], d["user_s"], d["sys_s"]), end=" ")' "$T/stage.json"
+    echo "$((after - before))"
     rm -rf "$T/core"
 }
+steal() { awk '/^cpu /{ print $9 }' /proc/stat; }
 
 # load_each NAME SOURCE SHARDS...: a cold load of SHARDS straight from SOURCE, then
 # through fresh mounts of it without and with prefetch, then straight again, appended
@@ -132,11 +138,13 @@ for round in $(seq "$ROUNDS"); do
     read -r wall cpu <<<"$(cp_sync)"
     CP+=("$wall") CP_CPU+=("$cpu")
     drop
-    read -r wall cpu <<<"$(core_stage "$BLOB")"
+    read -r wall cpu split blob_steal <<<"$(core_stage "$BLOB")"
     LFS+=("$wall") LFS_CPU+=("$cpu")
+    blob_split=$split
     drop
-    read -r wall cpu <<<"$(core_stage weights.bin)"
+    read -r wall cpu split path_steal <<<"$(core_stage weights.bin)"
     PATHKEY+=("$wall") PATH_CPU+=("$cpu")
+    echo "  user+sys CPU-s and steal: blob $blob_split, $blob_steal; path-keyed $split, $path_steal" >&2
 
     drop; mount_fresh "$T/src" --no-prefetch
     OPEN_LFS+=("$(open_time "$T/mnt/$BLOB")")
