@@ -103,25 +103,23 @@ fn open_files_are_never_evicted_and_the_least_recent_closed_one_goes() {
         !ok && err.contains("in use"),
         "evicting an open file must be refused: {err}"
     );
-    let (_, out, _) = run_stagefs(&[
-        &"evict",
-        &mount.path(&shards[0]),
-        &"--cache-dir",
-        &s.cache,
-        &"--dry-run",
-    ]);
-    assert!(out.contains("in use, kept"), "{out}");
-    drop(first);
-    // close() does not wait for FUSE's release: the daemon unpins a moment later.
-    wait_for("the daemon to see the handle closed", || {
-        let (_, out, _) = run_stagefs(&[
+    // What `evict --dry-run` says of the first shard.
+    let dry_run = || {
+        run_stagefs(&[
             &"evict",
             &mount.path(&shards[0]),
             &"--cache-dir",
             &s.cache,
             &"--dry-run",
-        ]);
-        !out.contains("in use, kept")
+        ])
+        .1
+    };
+    let out = dry_run();
+    assert!(out.contains("in use, kept"), "{out}");
+    drop(first);
+    // close() does not wait for FUSE's release: the daemon unpins a moment later.
+    wait_for("the daemon to see the handle closed", || {
+        !dry_run().contains("in use, kept")
     });
     let (ok, out, err) =
         run_stagefs(&[&"evict", &mount.path(&shards[0]), &"--cache-dir", &s.cache]);
