@@ -6,13 +6,11 @@
 //! cache directory.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
-use std::io::{self, Read};
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
+use crate::copy::{Digests, digest_file};
 use crate::error::StoreError;
 use crate::hf;
 use crate::key::Key;
@@ -364,43 +362,28 @@ pub fn verify(
     Ok(report)
 }
 
+/// Why a copy does not hold what was staged, if it does not. Hashes only what can be
+/// checked: the blake3 recorded, the sha256 a blob's name carries.
 fn mismatch(store: &Store, key: &Key, info: &EntryInfo) -> Option<String> {
-    let (blake3, sha256) = match hash_both(&store.data_path(key)) {
-        Ok(hashes) => hashes,
+    let (recorded, named) = (info.entry.blake3.as_deref(), key.content_sha256());
+    let digests = Digests {
+        blake3: recorded.is_some(),
+        sha256: named.is_some(),
+    };
+    let found = match digest_file(&store.data_path(key), digests) {
+        Ok(found) => found,
         Err(e) => return Some(format!("unreadable: {e}")),
     };
-    if info
-        .entry
-        .blake3
-        .as_ref()
-        .is_some_and(|recorded| *recorded != blake3)
-    {
+    if recorded.is_some() && found.blake3.as_deref() != recorded {
         return Some("blake3 differs from the one recorded when it was staged".into());
     }
-    match key.content_sha256() {
-        None if info.entry.blake3.is_none() => Some("no digest was recorded for it".into()),
-        Some(expected) if expected != sha256 => Some(
+    match named {
+        None if recorded.is_none() => Some("no digest was recorded for it".into()),
+        Some(expected) if found.sha256.as_deref() != Some(expected) => Some(
             "sha256 differs from the blob's name (the source blob itself may be corrupt)".into(),
         ),
         _ => None,
     }
-}
-
-fn hash_both(path: &Path) -> io::Result<(String, String)> {
-    let mut file = File::open(path)?;
-    let mut blake3 = blake3::Hasher::new();
-    let mut sha256 = Sha256::new();
-    let mut buf = vec![0u8; 4 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        blake3.update(&buf[..n]);
-        sha256.update(&buf[..n]);
-    }
-    let sha = format!("{:x}", sha256.finalize());
-    Ok((blake3.finalize().to_hex().to_string(), sha))
 }
 
 /// A model id (`org/name`, or a folder's or file's path in the source); refuses

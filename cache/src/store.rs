@@ -41,6 +41,7 @@ use tempfile::NamedTempFile;
 use tracing::{info, warn};
 
 use crate::budget::{Budget, VolumeSpace, volume_space};
+use crate::copy::{Digests, digest_file};
 use crate::error::StoreError;
 use crate::index::{CopyId, Entry, Index, Journal};
 use crate::key::Key;
@@ -744,28 +745,18 @@ impl Drop for Reservation {
 }
 
 /// Whether the file at `path` holds the bytes `entry` recorded for `key`: its blake3,
-/// or, for an LFS blob (no blake3 recorded), the sha256 that names it. Read through a
-/// buffer rather than mapped, so hashing a 50 GB shard does not show up as 50 GB of
-/// resident memory.
+/// or, for an LFS blob (no blake3 recorded), the sha256 that names it.
 fn holds_recorded_bytes(path: &Path, key: &Key, entry: &Entry) -> io::Result<bool> {
-    use sha2::Digest as _;
-    let file = File::open(path)?;
-    match (&entry.blake3, key.content_sha256()) {
-        (Some(recorded), _) => {
-            let mut hasher = blake3::Hasher::new();
-            hasher.update_reader(file)?;
-            Ok(hasher.finalize().to_hex().as_str() == recorded)
-        }
-        (None, Some(name)) => {
-            let mut hasher = sha2::Sha256::new();
-            io::copy(
-                &mut io::BufReader::with_capacity(1 << 20, file),
-                &mut hasher,
-            )?;
-            Ok(format!("{:x}", hasher.finalize()) == name)
-        }
-        (None, None) => Ok(false),
-    }
+    let (recorded, named) = (entry.blake3.as_deref(), key.content_sha256());
+    let digests = Digests {
+        blake3: recorded.is_some(),
+        sha256: recorded.is_none() && named.is_some(),
+    };
+    let found = digest_file(path, digests)?;
+    Ok(match recorded {
+        Some(recorded) => found.blake3.as_deref() == Some(recorded),
+        None => named.is_some() && found.sha256.as_deref() == named,
+    })
 }
 
 /// Drops entries whose data is missing or the wrong size, and data files the index

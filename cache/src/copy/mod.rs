@@ -77,7 +77,7 @@ impl Digests {
 pub const NETWORK_CHUNK: usize = 2 << 20;
 
 /// Chunk from a local disk: small enough that a chunk is still in the CPU's cache
-/// when the writer and both hashers read it. From a tmpfs, 2 MiB chunks spent about
+/// when the writer and the hasher read it. From a tmpfs, 2 MiB chunks spent about
 /// twice the system time of 256 KiB ones copying into the page cache.
 pub const LOCAL_CHUNK: usize = 256 << 10;
 
@@ -107,6 +107,13 @@ impl CopyOptions {
             local_source: on_local_disk,
         }
     }
+}
+
+/// `digests` of the whole file at `path`, read on this thread (`bytes` is what was
+/// read: 0 when no digest was asked for). The file is opened either way, so a missing
+/// or unreadable one is an error.
+pub fn digest_file(path: &std::path::Path, digests: Digests) -> io::Result<Copied> {
+    hashers::of_file(path, digests)
 }
 
 /// Which side of a copy failed.
@@ -248,7 +255,7 @@ pub fn copy_file(
     let (chunks_tx, chunks_rx) = sync_channel::<Chunk>(plan.window());
     let buffers = Arc::new(BufferPool::default());
     std::thread::scope(|scope| {
-        for _ in 0..plan.streams {
+        for _ in 0..plan.streams.max(1) {
             let chunks_tx = chunks_tx.clone();
             let (next, tokens_rx) = (&next, &tokens_rx);
             let reader = Reader {
@@ -466,6 +473,26 @@ mod tests {
                 blake3: true,
                 sha256: false
             }
+        );
+    }
+
+    #[test]
+    fn a_file_is_hashed_with_the_digests_asked_for_and_opened_even_for_none() {
+        let (src, data) = source(3 << 20);
+        assert_digests(&digest_file(src.path(), BOTH).expect("hash"), &data, "file");
+        let none = Digests {
+            blake3: false,
+            sha256: false,
+        };
+        let unread = digest_file(src.path(), none).expect("opened");
+        assert_eq!(
+            (unread.bytes, unread.blake3, unread.sha256),
+            (0, None, None)
+        );
+        let missing = src.path().with_extension("missing");
+        assert!(
+            digest_file(&missing, none).is_err(),
+            "a missing file is an error"
         );
     }
 
