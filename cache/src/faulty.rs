@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -39,6 +39,8 @@ struct Rewrite {
 pub struct FaultySource {
     dir: LocalDir,
     faults: Arc<Faults>,
+    /// Whether it says it is on a local disk; otherwise it stands for a network share.
+    local_disk: AtomicBool,
 }
 
 /// The behaviour, shared with the files opened from the source.
@@ -73,7 +75,18 @@ impl FaultySource {
             changed: Condvar::new(),
             calls: AtomicUsize::new(0),
         });
-        Ok(Arc::new(FaultySource { dir, faults }))
+        let local_disk = AtomicBool::new(false);
+        Ok(Arc::new(FaultySource {
+            dir,
+            faults,
+            local_disk,
+        }))
+    }
+
+    /// From now on, says it is on a local disk, as a USB disk or an internal one does
+    /// (the copy and prefetch rules differ by the source's kind).
+    pub fn present_as_local_disk(&self) {
+        self.local_disk.store(true, Ordering::Relaxed);
     }
 
     /// Changes how every operation from now on (and every hung one) behaves.
@@ -178,6 +191,10 @@ impl Source for FaultySource {
     fn statfs(&self) -> io::Result<libc::statvfs> {
         self.faults.enter()?;
         self.dir.statfs()
+    }
+
+    fn on_local_disk(&self) -> bool {
+        self.local_disk.load(Ordering::Relaxed)
     }
 }
 

@@ -294,7 +294,8 @@ impl Job {
 #[derive(Debug)]
 pub struct Prefetcher {
     stager: Stager,
-    parallel: usize,
+    /// Files copied at a time; None: by the source's kind.
+    parallel: Option<usize>,
     min_size: u64,
     active: Mutex<HashSet<PathBuf>>,
     /// Snapshots fully staged by an earlier prefetch of this mount.
@@ -302,8 +303,9 @@ pub struct Prefetcher {
 }
 
 impl Prefetcher {
-    /// Prefetches with `parallel` copies at a time, files of at least `min_size` bytes.
-    pub fn new(stager: Stager, parallel: usize, min_size: u64) -> Arc<Prefetcher> {
+    /// Prefetches with `parallel` copies at a time (None: as many as suit the source's
+    /// kind, [`Stager::prefetch_width`]), files of at least `min_size` bytes.
+    pub fn new(stager: Stager, parallel: Option<usize>, min_size: u64) -> Arc<Prefetcher> {
         Arc::new(Prefetcher {
             stager,
             parallel,
@@ -327,15 +329,18 @@ impl Prefetcher {
             }
             let (source, scanner) = (this.stager.source().clone(), Arc::clone(&this));
             let scan = pool.run(move || {
-                models::siblings_to_prefetch(&source, &rel)
+                let snapshots = models::siblings_to_prefetch(&source, &rel)
                     .into_iter()
                     .filter(|(s, _)| !scanner.started(s))
                     .map(|(s, files)| (s, sized(&source, files, scanner.min_size)))
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>();
+                (snapshots, scanner.stager.prefetch_width(scanner.parallel))
             });
-            let Ok(snapshots) = scan.await else { return };
+            let Ok((snapshots, width)) = scan.await else {
+                return;
+            };
             for (snapshot, files) in snapshots {
-                this.prefetch_snapshot(snapshot, files).await;
+                this.prefetch_snapshot(snapshot, files, width).await;
             }
         });
     }
@@ -345,13 +350,18 @@ impl Prefetcher {
         lock(&self.done).contains(snapshot) || lock(&self.active).contains(snapshot)
     }
 
-    async fn prefetch_snapshot(self: &Arc<Self>, snapshot: PathBuf, files: Vec<(PathBuf, u64)>) {
+    async fn prefetch_snapshot(
+        self: &Arc<Self>,
+        snapshot: PathBuf,
+        files: Vec<(PathBuf, u64)>,
+        width: usize,
+    ) {
         if lock(&self.done).contains(&snapshot) || !lock(&self.active).insert(snapshot.clone()) {
             return;
         }
         debug!(snapshot = %snapshot.display(), files = files.len(), "prefetching");
         let job = Job::new(self.stager.clone(), files);
-        Arc::clone(&job).run(self.parallel, false).await;
+        Arc::clone(&job).run(width, false).await;
         let progress = job.progress();
         let staged = progress
             .iter()

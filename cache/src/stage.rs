@@ -29,6 +29,7 @@ use tracing::{info, warn};
 use serde::{Deserialize, Serialize};
 
 use crate::copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
+use crate::defaults;
 use crate::error::{SourceError, StageError, StoreError};
 use crate::index::{CopyId, Entry};
 use crate::key::Key;
@@ -152,8 +153,8 @@ struct Inner {
     /// `copy` settled for the source's kind, once known.
     settled_copy: std::sync::OnceLock<CopyPlan>,
     inflight: Mutex<HashMap<Key, Flight>>,
-    /// Copies started for opens and not finished: prefetch copies wait for zero, so
-    /// the file a loader is blocked on gets the whole link.
+    /// Copies started for opens and not finished: prefetch copies from a network
+    /// source wait for zero, so the file a loader is blocked on gets the whole link.
     urgent_copies: Arc<AtomicUsize>,
 }
 
@@ -209,6 +210,14 @@ impl Stager {
     /// The executor every source operation runs on, and the source's health.
     pub fn source_pool(&self) -> &SourcePool {
         &self.inner.pool
+    }
+
+    /// Files a background prefetch copies at once: `configured`, else by the source's
+    /// kind ([`defaults::prefetch_parallel`]). May ask the source: call it on the
+    /// source pool.
+    pub fn prefetch_width(&self, configured: Option<usize>) -> usize {
+        let by_kind = || defaults::prefetch_parallel(self.inner.copy_plan_on_pool().local_source);
+        configured.unwrap_or_else(by_kind).max(1)
     }
 
     /// The local store.
@@ -423,7 +432,10 @@ impl Inner {
             progress.copied.store(stamp.size, Ordering::Relaxed);
             return Ok(staged(hit, stamp, false));
         }
-        if purpose != Purpose::Open {
+        // A prefetch from a network source would split the link with the file a loader
+        // waits for. From a local disk a copy is bound by hashing on one core, and
+        // waiting would leave the other cores idle.
+        if purpose != Purpose::Open && !self.copy_plan().local_source {
             self.yield_to_opens(progress);
         }
         let may_evict = purpose == Purpose::Open;
@@ -485,17 +497,30 @@ impl Inner {
         }
         let source = self.source.clone();
         match self.pool.run_blocking(move || source.on_local_disk()) {
-            Ok(local) => *self.settled_copy.get_or_init(|| {
-                let settled = self.copy.for_source(local);
-                info!(
-                    local_disk = local,
-                    chunk = settled.chunk,
-                    "copy settled for the source"
-                );
-                settled
-            }),
+            Ok(local) => self.settle_copy(local),
             Err(_) => self.copy.for_source(false),
         }
+    }
+
+    /// The copy plan, asking the source here if it is not settled yet: only for a
+    /// caller already on the source pool, which may block on the source.
+    fn copy_plan_on_pool(&self) -> CopyPlan {
+        match self.settled_copy.get() {
+            Some(settled) => *settled,
+            None => self.settle_copy(self.source.on_local_disk()),
+        }
+    }
+
+    fn settle_copy(&self, on_local_disk: bool) -> CopyPlan {
+        *self.settled_copy.get_or_init(|| {
+            let settled = self.copy.for_source(on_local_disk);
+            info!(
+                local_disk = on_local_disk,
+                chunk = settled.chunk,
+                "copy settled for the source"
+            );
+            settled
+        })
     }
 
     /// Waits while opens wait for other copies, unless an open waits for this one.
@@ -836,6 +861,83 @@ mod tests {
             "{result:?}"
         );
         assert!(inner.store.entries().is_empty());
+    }
+
+    /// Stages `rel` as a prefetch on another thread; its result arrives on the channel.
+    fn prefetch_in_background(
+        inner: &Arc<Inner>,
+        rel: &'static str,
+    ) -> std::sync::mpsc::Receiver<StageResult> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let inner = Arc::clone(inner);
+        std::thread::spawn(move || {
+            let (path, key) = (Path::new(rel), Key::for_source_path(Path::new(rel)));
+            let _ = tx.send(inner.stage_now(path, &key, &Progress::default(), Purpose::Prefetch));
+        });
+        rx
+    }
+
+    #[test]
+    fn a_prefetch_from_a_network_source_waits_for_opens_and_one_from_a_local_disk_does_not() {
+        use std::sync::mpsc::RecvTimeoutError;
+        use std::time::Duration;
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let src = tempfile::tempdir().expect("tempdir");
+        fs::write(src.path().join("w.bin"), vec![3u8; 1 << 20]).expect("write");
+        for local in [false, true] {
+            let cache = tempfile::tempdir().expect("tempdir");
+            let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
+            if local {
+                faulty.present_as_local_disk();
+            }
+            let inner = Arc::new(inner_for(
+                SourceTree::from_backend(faulty),
+                cache.path(),
+                &rt,
+            ));
+            // An open is waiting for a copy of another file.
+            let open_waiting = UrgentGuard::new(&inner.urgent_copies);
+            let prefetched = prefetch_in_background(&inner, "w.bin");
+            if local {
+                let result = prefetched.recv_timeout(Duration::from_secs(60));
+                assert!(result.expect("finished").expect("staged").copied);
+                continue;
+            }
+            // Still waiting a while later (a wrong rule would have copied 1 MiB by then).
+            let early = prefetched.recv_timeout(Duration::from_millis(300));
+            assert_eq!(early.err(), Some(RecvTimeoutError::Timeout));
+            drop(open_waiting);
+            let result = prefetched.recv_timeout(Duration::from_secs(60));
+            assert!(result.expect("finished").expect("staged").copied);
+        }
+    }
+
+    #[test]
+    fn a_prefetch_copies_as_many_files_at_once_as_configured_or_as_suit_the_source() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let src = tempfile::tempdir().expect("tempdir");
+        let stager_over = |local: bool| {
+            let cache = tempfile::tempdir().expect("tempdir");
+            let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
+            if local {
+                faulty.present_as_local_disk();
+            }
+            let store = Store::open(cache.path(), Budget::default()).expect("store");
+            let source = SourceTree::from_backend(faulty);
+            (
+                Stager::new(source, store, Arc::default(), rt.handle().clone()),
+                cache,
+            )
+        };
+        let (network, _cache) = stager_over(false);
+        assert_eq!(network.prefetch_width(None), defaults::PREFETCH_PARALLEL);
+        assert_eq!(network.prefetch_width(Some(3)), 3);
+        assert_eq!(network.prefetch_width(Some(0)), 1);
+        let (local, _cache) = stager_over(true);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let expected = cores.min(defaults::LOCAL_PREFETCH_PARALLEL_MAX);
+        assert_eq!(local.prefetch_width(None), expected);
+        assert_eq!(defaults::prefetch_parallel(false), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,7 +36,14 @@ pub(crate) fn mount_defaults() -> [(&'static str, String); 8] {
             ),
         ),
         ("on_full", on_full.name().into()),
-        ("prefetch_parallel", defaults::PREFETCH_PARALLEL.to_string()),
+        (
+            "prefetch_parallel",
+            format!(
+                "{} from a network source, one per core (at most {}) from a local disk",
+                defaults::PREFETCH_PARALLEL,
+                defaults::LOCAL_PREFETCH_PARALLEL_MAX
+            ),
+        ),
         ("copy_streams", defaults::COPY_STREAMS.to_string()),
         ("source_timeout", format_duration(defaults::SOURCE_TIMEOUT)),
     ]
@@ -160,8 +167,8 @@ pub(crate) struct MountOptions {
     /// Do not stage a snapshot's other weight files when one of its files is opened.
     #[arg(long, conflicts_with = "prefetch_parallel")]
     pub(crate) no_prefetch: bool,
-    /// Files a prefetch copies at a time; one already keeps --copy-streams reads in
-    /// flight.
+    /// Files a prefetch copies at a time. From a network source one already keeps
+    /// --copy-streams reads in flight; from a local disk each copy hashes on a core.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) prefetch_parallel: Option<u16>,
     /// Reads in flight while copying one file.

@@ -148,8 +148,8 @@ impl Config {
             passthrough: !flags.no_passthrough && file.passthrough.unwrap_or(defaults::PASSTHROUGH),
             redirect: !flags.no_redirect && file.redirect.unwrap_or(defaults::REDIRECT),
             on_full: on_full.unwrap_or_default(),
-            prefetch: prefetch
-                .then(|| prefetch_parallel.map_or(defaults::PREFETCH_PARALLEL, usize::from)),
+            prefetch,
+            prefetch_parallel: prefetch_parallel.map(usize::from),
             allow_other: flags.allow_other || file.allow_other.unwrap_or(defaults::ALLOW_OTHER),
             source_timeout: source_timeout.map_or(defaults::SOURCE_TIMEOUT, |secs| {
                 Duration::from_secs(secs.max(1))
@@ -436,7 +436,8 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
             .expect("spec");
         assert_eq!(spec.fs.min_stage_size, defaults::MIN_STAGE_SIZE);
         assert_eq!(spec.fs.source_timeout, defaults::SOURCE_TIMEOUT);
-        assert_eq!(spec.fs.prefetch, Some(defaults::PREFETCH_PARALLEL));
+        assert_eq!(spec.fs.prefetch, defaults::PREFETCH);
+        assert_eq!(spec.fs.prefetch_parallel, None, "by the source's kind");
         assert_eq!(spec.fs.passthrough, defaults::PASSTHROUGH);
         assert_eq!(spec.fs.redirect, defaults::REDIRECT);
         assert_eq!(spec.fs.allow_other, defaults::ALLOW_OTHER);

@@ -155,9 +155,10 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
     let optional = [
         spec.max_size.map(|n| format!("--max-size={n}")),
         spec.min_free.map(|n| format!("--min-free={n}")),
-        match fs.prefetch {
-            Some(parallel) => Some(format!("--prefetch-parallel={parallel}")),
-            None => Some("--no-prefetch".into()),
+        match (fs.prefetch, fs.prefetch_parallel) {
+            (false, _) => Some("--no-prefetch".into()),
+            (true, Some(parallel)) => Some(format!("--prefetch-parallel={parallel}")),
+            (true, None) => None,
         },
         (!fs.passthrough).then(|| "--no-passthrough".into()),
         (!fs.redirect).then(|| "--no-redirect".into()),

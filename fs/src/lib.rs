@@ -41,8 +41,11 @@ pub struct FsConfig {
     pub fs_name: String,
     /// What to do with a file the cache cannot make room for.
     pub on_full: OnFull,
-    /// Copies at a time when prefetching a snapshot's weights on open; None: no prefetch.
-    pub prefetch: Option<usize>,
+    /// Opening a file prefetches its snapshot's other weight files.
+    pub prefetch: bool,
+    /// Copies at a time when prefetching; None: by the source's kind (one from a
+    /// network, one per core from a local disk; `defaults::prefetch_parallel`).
+    pub prefetch_parallel: Option<usize>,
     /// Let users other than the mounting one in.
     pub allow_other: bool,
     /// How long a source operation (or a copy that stopped making progress) may take
@@ -74,7 +77,8 @@ impl Default for FsConfig {
             attr_ttl: Duration::from_secs(1),
             fs_name: "stagefs".into(),
             on_full: OnFull::default(),
-            prefetch: defaults::PREFETCH.then_some(defaults::PREFETCH_PARALLEL),
+            prefetch: defaults::PREFETCH,
+            prefetch_parallel: None,
             allow_other: defaults::ALLOW_OTHER,
             source_timeout: defaults::SOURCE_TIMEOUT,
             hint: None,

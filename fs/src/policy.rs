@@ -98,9 +98,13 @@ impl Opened {
 
 impl Policy {
     pub(crate) fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
-        let prefetcher = config
-            .prefetch
-            .map(|parallel| Prefetcher::new(stager.clone(), parallel, config.min_stage_size));
+        let prefetcher = config.prefetch.then(|| {
+            Prefetcher::new(
+                stager.clone(),
+                config.prefetch_parallel,
+                config.min_stage_size,
+            )
+        });
         Policy {
             prefetcher,
             redirect: RedirectPolicy::new(&config),
@@ -840,7 +844,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn a_small_file_is_read_from_the_source_and_a_copy_kept() {
         // (Opening config.json next to weights.bin would prefetch that plain folder.)
-        let f = fixture(|c, _, _| c.prefetch = None);
+        let f = fixture(|c, _, _| c.prefetch = false);
         let opened = f.open("config.json").await.expect("open");
         assert!(matches!(opened.reader, Reader::Source(_)));
         assert!(opened.pin.is_none());
@@ -855,7 +859,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_large_file_is_whole_in_the_cache_when_its_open_returns() {
-        let f = fixture(|c, _, _| c.prefetch = None);
+        let f = fixture(|c, _, _| c.prefetch = false);
         let opened = f.open("weights.bin").await.expect("open");
         assert!(matches!(opened.reader, Reader::Copy(_)));
         assert!(opened.pin.is_some());
@@ -970,7 +974,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_file_changing_mid_copy_is_refused_and_never_stored() {
-        let f = fixture(|c, _, _| c.prefetch = None);
+        let f = fixture(|c, _, _| c.prefetch = false);
         f.source
             .rewrite_after("weights.bin", MIB as u64, bytes(2 * MIB, 7));
         assert_eq!(errno(f.open("weights.bin").await), fuser::Errno::EIO);
@@ -982,7 +986,7 @@ mod tests {
         // (A prefetch scan on open would ask the source about the snapshot.)
         let f = fixture(|c, _, _| {
             c.redirect = false;
-            c.prefetch = None;
+            c.prefetch = false;
         });
         let blob = f.lookup(&f.blob).await.expect("lookup");
         drop(f.policy.open(blob.ino.0).await.expect("stage"));
@@ -1102,7 +1106,7 @@ mod tests {
     async fn a_file_never_staged_fails_with_eio_while_the_source_hangs() {
         let f = fixture(|c, _, _| {
             c.source_timeout = Duration::from_millis(300);
-            c.prefetch = None;
+            c.prefetch = false;
         });
         let attr = f.lookup("weights.bin").await.expect("lookup");
         f.source.set(Behaviour::Hang);

@@ -25,7 +25,8 @@ pub(crate) struct ControlServer {
     stager: Stager,
     mountpoint: PathBuf,
     min_stage_size: u64,
-    prefetch_parallel: usize,
+    /// Files a prefetch copies at a time; None: by the source's kind.
+    prefetch_parallel: Option<usize>,
     model_dirs: Arc<[PathBuf]>,
 }
 
@@ -46,7 +47,7 @@ pub(crate) async fn bind(
         stager,
         mountpoint: spec.mountpoint.clone(),
         min_stage_size: spec.fs.min_stage_size,
-        prefetch_parallel: spec.fs.prefetch.unwrap_or(1),
+        prefetch_parallel: spec.fs.prefetch_parallel,
         model_dirs: spec.model_dirs.clone().into(),
     })
 }
@@ -101,6 +102,7 @@ impl ControlServer {
         let source = self.stager.source().clone();
         let min_size = self.min_stage_size;
         let model_dirs = Arc::clone(&self.model_dirs);
+        let (stager, parallel) = (self.stager.clone(), self.prefetch_parallel);
         let resolved = match self.source_suspect() {
             true => Err("the source is not answering; nothing can be staged from it now".into()),
             false => self
@@ -111,18 +113,19 @@ impl ControlServer {
                         tree: &source,
                         model_dirs: &model_dirs,
                     };
-                    prefetch::resolve(source, &targets, min_size)
+                    let files = prefetch::resolve(source, &targets, min_size);
+                    files.map(|files| (files, stager.prefetch_width(parallel)))
                 })
                 .await
                 .map_err(|why| format!("the source did not answer ({why})"))
                 .and_then(|resolved| resolved.map_err(|e| e.to_string())),
         };
-        let files = match resolved {
-            Ok(files) => files,
+        let (files, width) = match resolved {
+            Ok(planned) => planned,
             Err(message) => return send(write, &Response::Error { message }).await,
         };
         let job = Job::new(self.stager.clone(), files);
-        let running = tokio::spawn(Arc::clone(&job).run(self.prefetch_parallel, true));
+        let running = tokio::spawn(Arc::clone(&job).run(width, true));
         while !running.is_finished() {
             send(
                 write,

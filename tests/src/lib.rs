@@ -453,7 +453,7 @@ impl Scratch {
     }
 
     /// Mounts `hub` at `mnt` in this process through the library, with `adjust`
-    /// applied to [`Scratch::spec`] (e.g. `|s| s.fs.prefetch = None` for
+    /// applied to [`Scratch::spec`] (e.g. `|s| s.fs.prefetch = false` for
     /// `--no-prefetch`).
     pub fn mount_in_process(&self, adjust: impl FnOnce(&mut MountSpec)) -> LibMount {
         let mut spec = self.spec();

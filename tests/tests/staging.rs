@@ -167,14 +167,14 @@ fn a_remount_reuses_staged_copies_after_a_stat() {
     let model = generate(&s.hub, "acme/again", 2, "2M");
     let shards = model.shards();
     // --no-prefetch
-    let first = s.mount_in_process(|spec| spec.fs.prefetch = None);
+    let first = s.mount_in_process(|spec| spec.fs.prefetch = false);
     for shard in &shards {
         fs::read(first.path(shard)).expect("read");
     }
     assert_eq!(first.metrics().stage_copies, 2);
     first.stop().expect("stopping the first mount");
 
-    let second = s.mount_in_process(|spec| spec.fs.prefetch = None);
+    let second = s.mount_in_process(|spec| spec.fs.prefetch = false);
     for shard in &shards {
         assert!(
             fs::read(second.path(shard)).expect("read")
@@ -194,7 +194,7 @@ fn small_files_are_read_from_the_source_and_a_copy_is_kept_in_the_background() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/small", 1, "2M");
     // --no-prefetch
-    let mount = s.mount_in_process(|spec| spec.fs.prefetch = None);
+    let mount = s.mount_in_process(|spec| spec.fs.prefetch = false);
     let config = model.snapshot_rel.join("config.json");
     let expected = fs::read(s.hub.join(&config)).expect("src");
     assert!(fs::read(mount.path(&config)).expect("read") == expected);
