@@ -14,8 +14,9 @@
 #   - open() of each through a fresh mount: what a program waits for, which returns
 #     once the copy is whole, verified and committed;
 #   - a cold 4 x 256 MiB model load (readbench cold-open) straight from the tmpfs,
-#     then through a fresh mount without prefetch (each shard staged on its open) and
-#     with prefetch (the default: opening one shard stages the others);
+#     then through a fresh mount without prefetch (each shard staged on its open),
+#     with prefetch one file at a time (--prefetch-parallel 1), and with the default
+#     prefetch (from a local disk, one file per core, at most 4);
 #   - the same load from a copy of the model on the cache's disk (BENCH_TMPDIR): a
 #     fast disk read cold, as in a loader reading a local NVMe. The tmpfs load is
 #     never cold (dropping the page cache does not empty a tmpfs), so it compares a
@@ -107,12 +108,13 @@ core_stage() {
 steal() { awk '/^cpu /{ print $9 }' /proc/stat; }
 
 # load_each NAME SOURCE SHARDS...: a cold load of SHARDS straight from SOURCE, then
-# through fresh mounts of it without and with prefetch, then straight again, appended
-# to the arrays NAME_DIRECT, NAME_MOUNTED and NAME_PREFETCHED. The direct load is the
+# through fresh mounts of it without prefetch, with one prefetch copy at a time and
+# with the default, then straight again, appended to the arrays NAME_DIRECT,
+# NAME_MOUNTED, NAME_SERIAL and NAME_PREFETCHED. The direct load is the
 # faster of the two: a virtual disk's host may cache what was read before, which
 # would otherwise favour the loads that come later.
 load_each() {
-    local -n direct=$1_DIRECT mounted=$1_MOUNTED prefetched=$1_PREFETCHED
+    local -n direct=$1_DIRECT mounted=$1_MOUNTED serial=$1_SERIAL prefetched=$1_PREFETCHED
     local name=$1 source=$2 through=() s first last
     shift 2
     for s in "$@"; do through+=("$T/mnt/${s#"$source/"}"); done
@@ -120,6 +122,9 @@ load_each() {
     first=$(load_s "$@")
     drop; mount_fresh "$source" --no-prefetch
     mounted+=("$(load_s "${through[@]}")")
+    unmount
+    drop; mount_fresh "$source" --prefetch-parallel 1
+    serial+=("$(load_s "${through[@]}")")
     unmount
     drop; mount_fresh "$source"
     prefetched+=("$(load_s "${through[@]}")")
@@ -131,7 +136,8 @@ load_each() {
 }
 
 declare -a CP CP_CPU LFS LFS_CPU PATHKEY PATH_CPU OPEN_LFS OPEN_PATH LOADS
-declare -a TMPFS_DIRECT TMPFS_MOUNTED TMPFS_PREFETCHED DISK_DIRECT DISK_MOUNTED DISK_PREFETCHED
+declare -a TMPFS_DIRECT TMPFS_MOUNTED TMPFS_SERIAL TMPFS_PREFETCHED
+declare -a DISK_DIRECT DISK_MOUNTED DISK_SERIAL DISK_PREFETCHED
 for round in $(seq "$ROUNDS"); do
     LOADS+=("$(load1)")
     drop
@@ -157,23 +163,27 @@ for round in $(seq "$ROUNDS"); do
     echo "round $round (load ${LOADS[-1]}): cp+sync ${CP[-1]} s (${CP_CPU[-1]} CPU-s)," \
         "stage blob ${LFS[-1]} s (${LFS_CPU[-1]}), path-keyed ${PATHKEY[-1]} s (${PATH_CPU[-1]})," \
         "open blob ${OPEN_LFS[-1]} s, open path-keyed ${OPEN_PATH[-1]} s," \
-        "load from tmpfs ${TMPFS_DIRECT[-1]} s, through stagefs ${TMPFS_MOUNTED[-1]} s, with prefetch ${TMPFS_PREFETCHED[-1]} s," \
-        "from disk ${DISK_DIRECT[-1]} s, through stagefs ${DISK_MOUNTED[-1]} s, with prefetch ${DISK_PREFETCHED[-1]} s" >&2
+        "load from tmpfs ${TMPFS_DIRECT[-1]} s, through stagefs ${TMPFS_MOUNTED[-1]} s," \
+        "prefetching 1 at a time ${TMPFS_SERIAL[-1]} s, by default ${TMPFS_PREFETCHED[-1]} s," \
+        "from disk ${DISK_DIRECT[-1]} s, through stagefs ${DISK_MOUNTED[-1]} s," \
+        "prefetching 1 at a time ${DISK_SERIAL[-1]} s, by default ${DISK_PREFETCHED[-1]} s" >&2
 done
 
 median() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$1" "$2"; }
 # load_table NAME WHERE: the medians of load_each NAME's rounds, as a table.
 load_table() {
-    local -n direct=$1_DIRECT mounted=$1_MOUNTED prefetched=$1_PREFETCHED
-    local d m p
-    d=$(median "${direct[@]}") m=$(median "${mounted[@]}") p=$(median "${prefetched[@]}")
+    local -n direct=$1_DIRECT mounted=$1_MOUNTED serial=$1_SERIAL prefetched=$1_PREFETCHED
+    local d m s p
+    d=$(median "${direct[@]}") m=$(median "${mounted[@]}") s=$(median "${serial[@]}")
+    p=$(median "${prefetched[@]}")
     cat <<TABLE
 | cold 4 x 256 MiB model load, source on $2 | seconds | vs direct |
 | --- | ---: | ---: |
 | straight from the source (baseline) | $d | 1.00 |
 | through stagefs, --no-prefetch (each shard staged on its open) | $m | $(ratio "$m" "$d") |
-| through stagefs, default prefetch | $p | $(ratio "$p" "$d") |
+| through stagefs, prefetch one file at a time (--prefetch-parallel 1) | $s | $(ratio "$s" "$d") |
+| through stagefs, default prefetch ($(nproc) cores: $(( $(nproc) < 4 ? $(nproc) : 4 )) at a time) | $p | $(ratio "$p" "$d") |
 TABLE
 }
 m_cp=$(median "${CP[@]}")
