@@ -114,9 +114,8 @@ fn effective_hub_cache(var: impl Fn(&str) -> Option<OsString>) -> Option<(PathBu
     ];
     places.into_iter().find_map(|(name, rest)| {
         // Joined part by part: joining "" would add a trailing slash.
-        let path = rest
-            .iter()
-            .fold(set(&var, name)?, |path, part| path.join(part));
+        let base = set(&var, name)?;
+        let path = rest.iter().fold(base, |path, part| path.join(part));
         Some((path, if name == "HOME" { "default" } else { name }))
     })
 }
@@ -138,11 +137,11 @@ fn env(name: &str) -> Option<OsString> {
 
 /// The paths the `hub-cache` check compares, for the worker to resolve: the hub
 /// cache, `HF_HOME`, and the places in the mount it may be.
-pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> Vec<PathBuf> {
+pub(crate) fn paths_to_resolve(mountpoint: Option<&Path>) -> impl Iterator<Item = PathBuf> {
     let hub_cache = effective_hub_cache(env).map(|(path, _)| path);
     let in_mount = mountpoint.map(|m| [m.to_path_buf(), m.join("hub")]);
     let paths = [hub_cache, set(&env, "HF_HOME")].into_iter().flatten();
-    paths.chain(in_mount.into_iter().flatten()).collect()
+    paths.chain(in_mount.into_iter().flatten())
 }
 
 /// The `hub-cache` check against the mount at `mountpoint` of a source of `shape`

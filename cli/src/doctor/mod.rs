@@ -131,9 +131,7 @@ fn examine(arg: Option<&str>, cache_dir: &Path, config: &Config) -> anyhow::Resu
     let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
     let source = Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs);
     let cache = Task::Cache(cache_dir.to_path_buf(), mountpoint.map(Into::into));
-    let resolve = hub::paths_to_resolve(mountpoint)
-        .into_iter()
-        .map(Task::Resolve);
+    let resolve = hub::paths_to_resolve(mountpoint).map(Task::Resolve);
     let tasks = [source, cache].into_iter().chain(resolve).collect();
     judge(&worker::gather(tasks, DEADLINE), arg, cache_dir, config)
 }
@@ -238,11 +236,9 @@ mod tests {
     fn a_source_and_cache_that_do_not_answer_fail() -> anyhow::Result<()> {
         let late = Gathered::late(Vec::new());
         let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &Config::default())?;
-        let failed = report.checks.iter().filter(|c| c.verdict == Verdict::Fail);
-        assert_eq!(
-            failed.map(|c| c.name).collect::<Vec<_>>(),
-            ["source", "cache"]
-        );
+        let fails = report.checks.iter().filter(|c| c.verdict == Verdict::Fail);
+        let failed: Vec<_> = fails.map(|c| c.name).collect();
+        assert_eq!(failed, ["source", "cache"]);
         assert!(report.failed);
         let summary = &report.checks[1].summary;
         let expected = "the source /nas/hub did not answer within 15s";

@@ -35,7 +35,6 @@ pub(crate) struct Model {
     pub(crate) largest_weight: Option<PathBuf>,
     /// Seconds to stage it at the measured rate (one stream; a mount copies with
     /// several, so this is an upper estimate).
-    #[serde(default)]
     pub(crate) staging_seconds: Option<f64>,
 }
 

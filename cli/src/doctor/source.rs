@@ -47,9 +47,8 @@ impl Target {
             return Ok(source.map_or(Target::Nothing, |s| path(s.into(), true)));
         };
         if hf::repo_dir_for(arg).is_none() || exists(Path::new(arg)) {
-            return std::path::absolute(arg)
-                .map(|p| path(p, false))
-                .map_err(|e| e.to_string());
+            let absolute = std::path::absolute(arg).map_err(|e| e.to_string());
+            return absolute.map(|p| path(p, false));
         }
         let hub = source.ok_or_else(|| format!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine"))?;
         let (id, hub) = (arg.into(), hub.into());
