@@ -16,7 +16,8 @@
 #   - a cold 4 x 256 MiB model load (readbench cold-open) straight from the tmpfs,
 #     then through a fresh mount without prefetch (each shard staged on its open),
 #     with prefetch one file at a time (--prefetch-parallel 1), and with the default
-#     prefetch (from a local disk, one file per core, at most 4);
+#     prefetch (from a local disk, one file per core, at most 4), the three mounts
+#     taking turns at going first;
 #   - the same load from a copy of the model on the cache's disk (BENCH_TMPDIR): a
 #     fast disk read cold, as in a loader reading a local NVMe. The tmpfs load is
 #     never cold (dropping the page cache does not empty a tmpfs), so it compares a
@@ -108,31 +109,38 @@ core_stage() {
 steal() { awk '/^cpu /{ print $9 }' /proc/stat; }
 
 # load_each NAME SOURCE SHARDS...: a cold load of SHARDS straight from SOURCE, then
-# through fresh mounts of it without prefetch, with one prefetch copy at a time and
-# with the default, then straight again, appended to the arrays NAME_DIRECT,
-# NAME_MOUNTED, NAME_SERIAL and NAME_PREFETCHED. The direct load is the
-# faster of the two: a virtual disk's host may cache what was read before, which
-# would otherwise favour the loads that come later.
+# through fresh mounts of it without prefetch (NAME_MOUNTED), with one prefetch copy
+# at a time (NAME_SERIAL) and with the default (NAME_PREFETCHED), then straight again
+# (NAME_DIRECT: the faster of the two). A virtual disk's host may cache what was read
+# before, or still be writing what was written: a load right after heavy writes took
+# twice as long as the same load a few seconds later. So the mounted loads take turns
+# at going first, and the direct load is taken before and after them.
 load_each() {
-    local -n direct=$1_DIRECT mounted=$1_MOUNTED serial=$1_SERIAL prefetched=$1_PREFETCHED
-    local name=$1 source=$2 through=() s first last
+    local name=$1 source=$2 through=() s first last i variant
+    local -n direct=$1_DIRECT
     shift 2
     for s in "$@"; do through+=("$T/mnt/${s#"$source/"}"); done
+    local variants=(MOUNTED SERIAL PREFETCHED)
+    local -A flags=([MOUNTED]=--no-prefetch [SERIAL]="--prefetch-parallel 1" [PREFETCHED]="")
     drop
     first=$(load_s "$@")
-    drop; mount_fresh "$source" --no-prefetch
-    mounted+=("$(load_s "${through[@]}")")
-    unmount
-    drop; mount_fresh "$source" --prefetch-parallel 1
-    serial+=("$(load_s "${through[@]}")")
-    unmount
-    drop; mount_fresh "$source"
-    prefetched+=("$(load_s "${through[@]}")")
-    unmount
+    for i in 0 1 2; do
+        variant=${variants[(i + round) % 3]}
+        drop
+        # shellcheck disable=SC2086 # the flags split into words on purpose
+        mount_fresh "$source" ${flags[$variant]}
+        append "${name}_$variant" "$(load_s "${through[@]}")"
+        unmount
+    done
     drop
     last=$(load_s "$@")
     direct+=("$(printf '%s\n' "$first" "$last" | sort -n | head -1)")
     echo "  $name: direct loads $first s before and $last s after" >&2
+}
+# append ARRAY VALUE
+append() {
+    local -n array=$1
+    array+=("$2")
 }
 
 declare -a CP CP_CPU LFS LFS_CPU PATHKEY PATH_CPU OPEN_LFS OPEN_PATH LOADS
