@@ -70,9 +70,14 @@ fn the_config_file_drives_mount_and_unmount_and_flags_override_it() {
     let shard = &model.shards()[0];
     fs::read(s.mnt.join(shard)).expect("read through the mount");
 
-    // The flag's cache got the copy, and the file's min_stage_size (64K, not the
-    // 1M default) is what made a 256K shard stage at all.
-    assert_eq!(staged_files(&other_cache).len(), 1);
+    // The flag's cache got the copy (and perhaps the other shard, which opening one
+    // prefetches), and the file's min_stage_size (64K, not the 1M default) is what
+    // made a 256K shard stage at all.
+    let staged = staged_files(&other_cache).len();
+    assert!(
+        (1..=2).contains(&staged),
+        "{staged} copies in the flag's cache"
+    );
     assert!(staged_files(&s.cache).is_empty(), "config cache_dir unused");
     let record: serde_json::Value =
         serde_json::from_slice(&fs::read(other_cache.join("mount.json")).expect("mount.json"))
