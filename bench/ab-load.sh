@@ -7,13 +7,15 @@
 # SOURCE_DIR (default: a new directory under BENCH_TMPDIR, so on the cache's disk,
 # removed afterwards) gets a 4 x 256 MiB demo model unless it has one. Each round loads the model straight from
 # the source, then through a fresh mount of each build (which one goes first
-# alternates), each with the page cache dropped, using `readbench cold-open` (open and
-# read each shard in turn). It prints every load: its time, the first open's time, and
-# the whole machine's busy and idle CPU-s meanwhile (/proc/stat); then the medians.
-# It never passes or fails on a number.
+# alternates), each with the page cache dropped. PATTERN=cold-open (the default) opens
+# and reads each shard in turn (`readbench cold-open`); PATTERN=mlx opens every shard,
+# then reads them all with 8 threads of 32 MiB preads, as MLX does (`readbench pread`).
+# It prints every load: its time, the time spent in open() (the first open for
+# cold-open, all of them for mlx), and the whole machine's busy and idle CPU-s
+# meanwhile (/proc/stat); then the medians. It never passes or fails on a number.
 #
-# Environment: ROUNDS (default 7), BENCH_TMPDIR (default /var/tmp), READBENCH (a built
-# readbench; default: build it), CARGO_TARGET_DIR.
+# Environment: ROUNDS (default 7), PATTERN, BENCH_TMPDIR (default /var/tmp), READBENCH
+# (a built readbench; default: build it), CARGO_TARGET_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +23,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 (($# >= 2)) || { echo "usage: ab-load.sh OLD_STAGEFS NEW_STAGEFS [SOURCE_DIR]" >&2; exit 2; }
 OLD=$(realpath "$1") NEW=$(realpath "$2")
 ROUNDS=${ROUNDS:-7}
+PATTERN=${PATTERN:-cold-open}
+case $PATTERN in
+cold-open) READ=(cold-open) ;;
+mlx) READ=(pread --threads 8 --chunk 32M) ;;
+*) echo "ab-load.sh: PATTERN is cold-open or mlx, not $PATTERN" >&2; exit 2 ;;
+esac
 BENCH_TMPDIR=${BENCH_TMPDIR:-/var/tmp}
 if [[ -z ${READBENCH:-} ]]; then
     cargo build --release -q -p stagefs-bench --manifest-path "$ROOT/Cargo.toml"
@@ -45,22 +53,26 @@ THROUGH=("${SHARDS[@]/#"$SOURCE/"/"$T/mnt/"}")
 
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 cpu() { head -1 /proc/stat; }
-# load NAME FILES...: one cold load, printed as "NAME seconds first_open busy idle".
+# load NAME FILES...: one cold load, printed as "NAME seconds opens busy idle".
 load() {
     local name=$1 before after
     shift
     drop
     before=$(cpu)
-    "$READBENCH" cold-open "$@" >"$T/load.json"
+    "$READBENCH" "${READ[@]}" "$@" >"$T/load.json"
     after=$(cpu)
     python3 - "$name" "$T/load.json" "$before" "$after" <<'PY'
 import json, sys
 name, path, before, after = sys.argv[1:]
 load = json.load(open(path))
+if load["pattern"] == "cold-open":
+    seconds, opens = load["total_s"], load["files"][0]["open_s"]
+else:  # pread: all the opens, then the reads
+    seconds, opens = load["open_seconds"] + load["seconds"], load["open_seconds"]
 ticks = [int(b) - int(a) for a, b in zip(before.split()[1:], after.split()[1:])]
 idle = (ticks[3] + ticks[4]) / 100  # idle + iowait
 busy = sum(ticks) / 100 - idle
-print(f"{name} {load['total_s']:.3f} {load['files'][0]['open_s']:.3f} {busy:.2f} {idle:.2f}")
+print(f"{name} {seconds:.3f} {opens:.3f} {busy:.2f} {idle:.2f}")
 PY
 }
 # through BINARY NAME: the load through a fresh mount of SOURCE by BINARY.
@@ -74,7 +86,7 @@ through() {
     sleep 0.3
 }
 
-echo "# load seconds first_open_s busy_cpu_s idle_cpu_s; old=$OLD new=$NEW" >&2
+echo "# $PATTERN: load seconds open_s busy_cpu_s idle_cpu_s; old=$OLD new=$NEW" >&2
 for round in $(seq "$ROUNDS"); do
     load direct "${SHARDS[@]}"
     if ((round % 2)); then
@@ -91,5 +103,5 @@ for name in direct old new; do
     m=$(awk -v n="$name" '$1 == n { print $2 }' "$T/loads" | median)
     o=$(awk -v n="$name" '$1 == n { print $3 }' "$T/loads" | median)
     i=$(awk -v n="$name" '$1 == n { print $5 }' "$T/loads" | median)
-    echo "$name: median $m s, first open $o s, idle $i CPU-s ($ROUNDS rounds, $(nproc) cores)"
+    echo "$name: median $m s, in open() $o s, idle $i CPU-s ($PATTERN, $ROUNDS rounds, $(nproc) cores)"
 done
