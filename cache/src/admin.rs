@@ -10,7 +10,6 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::copy::{Digests, digest_file};
 use crate::error::StoreError;
 use crate::hf;
 use crate::key::Key;
@@ -19,7 +18,7 @@ use crate::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource}
 use crate::source::SourceTree;
 use crate::source_pool::SourceHealth;
 use crate::stage::InFlight;
-use crate::store::{EntryInfo, Store, Usage};
+use crate::store::{CopyCheck, EntryInfo, Store, Usage, compare_with_record};
 
 /// What a running mount adds to the cache's own state.
 #[derive(Debug, Clone, Default)]
@@ -362,28 +361,18 @@ pub fn verify(
     Ok(report)
 }
 
-/// Why a copy does not hold what was staged, if it does not. Hashes only what can be
-/// checked: the blake3 recorded, the sha256 a blob's name carries.
+/// Why a copy does not hold what was staged, if it does not.
 fn mismatch(store: &Store, key: &Key, info: &EntryInfo) -> Option<String> {
-    let (recorded, named) = (info.entry.blake3.as_deref(), key.content_sha256());
-    let digests = Digests {
-        blake3: recorded.is_some(),
-        sha256: named.is_some(),
-    };
-    let found = match digest_file(&store.data_path(key), digests) {
-        Ok(found) => found,
+    let reason = match compare_with_record(&store.data_path(key), key, &info.entry) {
         Err(e) => return Some(format!("unreadable: {e}")),
+        Ok(CopyCheck::Matches) => return None,
+        Ok(CopyCheck::Blake3Differs) => "blake3 differs from the one recorded when it was staged",
+        Ok(CopyCheck::Sha256Differs) => {
+            "sha256 differs from the blob's name (the source blob itself may be corrupt)"
+        }
+        Ok(CopyCheck::Unrecorded) => "no digest was recorded for it",
     };
-    if recorded.is_some() && found.blake3.as_deref() != recorded {
-        return Some("blake3 differs from the one recorded when it was staged".into());
-    }
-    match named {
-        None if recorded.is_none() => Some("no digest was recorded for it".into()),
-        Some(expected) if found.sha256.as_deref() != Some(expected) => Some(
-            "sha256 differs from the blob's name (the source blob itself may be corrupt)".into(),
-        ),
-        _ => None,
-    }
+    Some(reason.into())
 }
 
 /// A model id (`org/name`, or a folder's or file's path in the source); refuses

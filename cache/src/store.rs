@@ -316,7 +316,8 @@ impl Store {
         if now == entry.copy {
             return Ok((file, None));
         }
-        if !holds_recorded_bytes(path, key, entry).map_err(|_| "the copy is unreadable")? {
+        let compared = compare_with_record(path, key, entry);
+        if compared.map_err(|_| "the copy is unreadable")? != CopyCheck::Matches {
             return Err("the copy's digest does not match the index");
         }
         Ok((file, Some(now)))
@@ -744,19 +745,39 @@ impl Drop for Reservation {
     }
 }
 
-/// Whether the file at `path` holds the bytes `entry` recorded for `key`: its blake3,
-/// or, for an LFS blob (no blake3 recorded), the sha256 that names it.
-fn holds_recorded_bytes(path: &Path, key: &Key, entry: &Entry) -> io::Result<bool> {
+/// How a copy's bytes compare with what its entry says they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyCheck {
+    /// Every digest that can be checked matches.
+    Matches,
+    /// The blake3 recorded when it was staged differs.
+    Blake3Differs,
+    /// The sha256 an LFS blob's name carries differs.
+    Sha256Differs,
+    /// Nothing to check it against: no blake3 recorded, and no blob name.
+    Unrecorded,
+}
+
+/// Hashes the file at `path`, the copy for `key`, with what can be checked: the
+/// blake3 `entry` recorded, the sha256 a blob's name carries. Shared by the re-check
+/// of a touched copy and by `verify`.
+pub(crate) fn compare_with_record(path: &Path, key: &Key, entry: &Entry) -> io::Result<CopyCheck> {
     let (recorded, named) = (entry.blake3.as_deref(), key.content_sha256());
     let digests = Digests {
         blake3: recorded.is_some(),
-        sha256: recorded.is_none() && named.is_some(),
+        sha256: named.is_some(),
     };
     let found = digest_file(path, digests)?;
-    Ok(match recorded {
-        Some(recorded) => found.blake3.as_deref() == Some(recorded),
-        None => named.is_some() && found.sha256.as_deref() == named,
-    })
+    let check = if recorded.is_some() && found.blake3.as_deref() != recorded {
+        CopyCheck::Blake3Differs
+    } else if named.is_some() && found.sha256.as_deref() != named {
+        CopyCheck::Sha256Differs
+    } else if recorded.is_none() && named.is_none() {
+        CopyCheck::Unrecorded
+    } else {
+        CopyCheck::Matches
+    };
+    Ok(check)
 }
 
 /// Drops entries whose data is missing or the wrong size, and data files the index
