@@ -432,10 +432,11 @@ impl Inner {
             progress.copied.store(stamp.size, Ordering::Relaxed);
             return Ok(staged(hit, stamp, false));
         }
+        let plan = self.copy_plan();
         // A prefetch from a network source would split the link with the file a loader
         // waits for. From a local disk a copy is bound by hashing on one core, and
         // waiting would leave the other cores idle.
-        if purpose != Purpose::Open && !self.copy_plan().local_source {
+        if purpose != Purpose::Open && !plan.local_source {
             self.yield_to_opens(progress);
         }
         let may_evict = purpose == Purpose::Open;
@@ -448,9 +449,11 @@ impl Inner {
         });
         let started = Instant::now();
         info!(path = %rel.display(), bytes = stamp.size, "staging");
-        let (tmp, blake3) = self.copy(rel, stamp, progress, !kept).inspect_err(|e| {
-            warn!(path = %rel.display(), error = %e, "staging failed");
-        })?;
+        let (tmp, blake3) = self
+            .copy(rel, stamp, plan, progress, !kept)
+            .inspect_err(|e| {
+                warn!(path = %rel.display(), error = %e, "staging failed");
+            })?;
         let entry = Entry {
             source: rel.to_path_buf(),
             stamp,
@@ -532,12 +535,13 @@ impl Inner {
         }
     }
 
-    /// Copies `rel` into a temp file (not yet synced), hashing as it goes, and checks
-    /// that the source did not change underneath.
+    /// Copies `rel` into a temp file (not yet synced) the way `plan` says, hashing as
+    /// it goes, and checks that the source did not change underneath.
     fn copy(
         &self,
         rel: &Path,
         expected: Stamp,
+        plan: CopyPlan,
         progress: &Progress,
         count_bytes: bool,
     ) -> Result<(NamedTempFile, Option<String>), StageError> {
@@ -552,7 +556,7 @@ impl Inner {
         let mut started = 0u64;
         let job = CopyJob {
             size: expected.size,
-            plan: self.copy_plan(),
+            plan,
             digests: Digests::for_copy(expected_sha256.is_some()),
             bytes_read: &progress.read,
         };
@@ -752,7 +756,13 @@ mod tests {
             mtime_ns: 1,
         };
         assert!(matches!(
-            inner.copy(Path::new("f"), stale, &Progress::default(), true),
+            inner.copy(
+                Path::new("f"),
+                stale,
+                inner.copy_plan(),
+                &Progress::default(),
+                true
+            ),
             Err(StageError::SourceChanged { .. })
         ));
         assert_eq!(
