@@ -510,9 +510,7 @@ mod tests {
             let mut reported = 0;
             let read = AtomicU64::new(0);
             let job = job(len as u64, plan(streams, chunk, false), &read);
-            let copied = copy_file(src.as_file(), &mut out, job, |n| reported += n)
-                .map_err(|e| format!("{e:?}"))
-                .expect("copy");
+            let copied = copy_file(src.as_file(), &mut out, job, |n| reported += n).expect("copy");
             let what = format!("len {len} streams {streams} chunk {chunk}");
             assert_eq!(out, data, "{what}");
             assert_eq!(reported, len as u64, "{what}");
@@ -550,7 +548,7 @@ mod tests {
             let (copied, held, read, written) =
                 copy_to_new_file(src.as_file(), len as u64, plan(4, chunk, true));
             let what = format!("len {len} chunk {chunk}");
-            let copied = copied.map_err(|e| format!("{e:?}")).expect("copy");
+            let copied = copied.expect("copy");
             assert_eq!(held, data, "{what}");
             assert_eq!((read, written), (len as u64, len as u64), "{what}");
             assert_digests(&copied, &data, &what);
@@ -588,18 +586,14 @@ mod tests {
             job(5000, plan(2, 1000, true), &read),
             |_| {},
         );
-        assert_digests(
-            &copied.map_err(|e| format!("{e:?}")).expect("copy"),
-            &data,
-            "/dev/null",
-        );
+        assert_digests(&copied.expect("copy"), &data, "/dev/null");
     }
 
     #[test]
     fn a_local_file_shorter_than_expected_copies_what_exists() {
         let (src, data) = source(1000);
         let (copied, held, read, _) = copy_to_new_file(src.as_file(), 5000, plan(1, 300, true));
-        let copied = copied.map_err(|e| format!("{e:?}")).expect("copy");
+        let copied = copied.expect("copy");
         assert_eq!(held, data);
         assert_eq!(read, 1000);
         assert_digests(&copied, &data, "short source");
@@ -621,11 +615,7 @@ mod tests {
         let (src, data) = source(10_000);
         let counted = Counted(src.reopen().expect("reopen"), AtomicU64::new(0));
         let (copied, held, _, _) = copy_to_new_file(&counted, 10_000, plan(2, 1000, true));
-        assert_digests(
-            &copied.map_err(|e| format!("{e:?}")).expect("copy"),
-            &data,
-            "counted",
-        );
+        assert_digests(&copied.expect("copy"), &data, "counted");
         assert_eq!(held, data);
         assert!(
             counted.1.load(Ordering::Relaxed) >= 10,
@@ -670,7 +660,6 @@ mod tests {
             job(5000, plan(3, 300, false), &read),
             |_| {},
         )
-        .map_err(|e| format!("{e:?}"))
         .expect("copy");
         assert_eq!(read.load(Ordering::Relaxed), 1000);
         assert_eq!(out, data);
