@@ -5,7 +5,7 @@ use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use stagefs_cache::Remedy;
 use stagefs_cache::defaults;
 use stagefs_cache::units::format_duration;
-use stagefs_fs::OnFull;
+use stagefs_policy::OnFull;
 use std::path::PathBuf;
 
 use crate::units::{format_bytes, parse_duration, parse_size, parse_source_dir};

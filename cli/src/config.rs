@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::defaults;
-use stagefs_fs::FsConfig;
 use stagefs_mount::MountSpec;
+use stagefs_policy::FsConfig;
 
 use crate::args::{CacheDirArg, MountOptions, OnFullArg};
 use crate::units::{parse_duration, parse_size, parse_source_dir};
@@ -441,7 +441,7 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         assert_eq!(spec.fs.passthrough, defaults::PASSTHROUGH);
         assert_eq!(spec.fs.redirect, defaults::REDIRECT);
         assert_eq!(spec.fs.allow_other, defaults::ALLOW_OTHER);
-        assert_eq!(spec.fs.on_full, stagefs_fs::OnFull::Fail);
+        assert_eq!(spec.fs.on_full, stagefs_policy::OnFull::Fail);
         assert_eq!(spec.copy.streams, defaults::COPY_STREAMS);
         assert_eq!(spec.redirect_grace, defaults::REDIRECT_GRACE);
         assert_eq!((spec.max_size, spec.min_free), (None, None));
@@ -468,10 +468,10 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         };
         let new = in_file("read-source");
         assert_eq!(new.file.on_full, Some(OnFullArg::ReadSource));
-        assert_eq!(spec(&new, None), stagefs_fs::OnFull::ReadSource);
+        assert_eq!(spec(&new, None), stagefs_policy::OnFull::ReadSource);
         assert_eq!(new.on_full_deprecation(None), None);
         let old = in_file("passthrough");
-        assert_eq!(spec(&old, None), stagefs_fs::OnFull::ReadSource);
+        assert_eq!(spec(&old, None), stagefs_policy::OnFull::ReadSource);
         let warning = old.on_full_deprecation(None).expect("warns");
         assert_eq!(
             warning,
@@ -479,7 +479,10 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         );
         // A flag overrides the file, and only a deprecated flag warns.
         assert_eq!(old.on_full_deprecation(Some(OnFullArg::Fail)), None);
-        assert_eq!(spec(&old, Some(OnFullArg::Fail)), stagefs_fs::OnFull::Fail);
+        assert_eq!(
+            spec(&old, Some(OnFullArg::Fail)),
+            stagefs_policy::OnFull::Fail
+        );
         let warning = new.on_full_deprecation(Some(OnFullArg::Passthrough));
         assert_eq!(
             warning.as_deref(),

@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use stagefs_fs::OnFull;
 use stagefs_mount::{MountError, MountSpec, Running, UnmountError};
+use stagefs_policy::OnFull;
 
 /// The library's error with what to try: the flag or command that helps.
 pub(crate) fn explain(e: MountError) -> anyhow::Error {

@@ -21,7 +21,7 @@ use clap::FromArgMatches as _;
 use stagefs_cache::Remedy;
 use stagefs_cache::models::ModelError;
 use stagefs_cache::{StageError, StoreError};
-use stagefs_fs::FsError;
+use stagefs_policy::FsError;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command, GenDemoArgs, MountArgs};
@@ -85,7 +85,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
         Command::Mount(_) => {
-            "warn,fuser=error,stagefs=info,stagefs_cache=info,stagefs_fs=info,stagefs_mount=info"
+            "warn,fuser=error,stagefs=info,stagefs_cache=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
         }
         _ => "warn,fuser=error",
     }

@@ -21,7 +21,7 @@
 //! Errors are typed ([`MountError`], [`CacheDirError`], [`UnmountError`]) and
 //! describe the condition; a caller with flags to offer (the CLI) adds what to try.
 //!
-//! Dependencies flow one way: `stagefs-cache` <- `stagefs-fs` <- this crate <- `stagefs`.
+//! Dependencies flow one way: `stagefs-cache` <- `stagefs-policy` <- `stagefs-fuse`, `stagefs-nfs` <- this crate <- `stagefs`.
 
 pub mod bounded;
 pub mod cache_dir;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fuser::SessionUnmounter;
 use stagefs_cache::control::MountRecord;
 use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, StagerOptions, Store, StoreError};
-use stagefs_fs::StageFs;
+use stagefs_fuse::StageFs;
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -47,11 +47,12 @@ impl Running {
             .map_err(|e| MountError::io("starting the worker runtime", e))?;
         let stager = open_stager(spec, &runtime)?;
         let fs = StageFs::new(stager.clone(), spec.fs.clone(), runtime.handle().clone());
-        let mut session =
-            fuser::Session::new(fs, &spec.mountpoint, &spec.fs.session_config(&spec.source))
-                .map_err(|e| {
-                    MountError::io(format!("mounting at {}", spec.mountpoint.display()), e)
-                })?;
+        let mut session = fuser::Session::new(
+            fs,
+            &spec.mountpoint,
+            &stagefs_fuse::session_config(&spec.fs, &spec.source),
+        )
+        .map_err(|e| MountError::io(format!("mounting at {}", spec.mountpoint.display()), e))?;
         let unmounter = session.unmount_callable();
         let (done_tx, done) = oneshot::channel();
         std::thread::Builder::new()

@@ -7,7 +7,7 @@ use stagefs_cache::Budget;
 use stagefs_cache::budget::volume_space;
 use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
-use stagefs_fs::FsConfig;
+use stagefs_policy::FsConfig;
 
 use crate::MountError;
 

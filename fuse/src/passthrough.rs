@@ -28,7 +28,8 @@ mod linux {
     /// Backing ids shared per inode, and whether the kernel accepted passthrough.
     #[derive(Debug)]
     pub(crate) struct Passthrough {
-        active: AtomicBool,
+        /// Shared with the policy, which keeps files regular while it is set.
+        active: Arc<AtomicBool>,
         by_inode: Mutex<HashMap<u64, Weak<BackingId>>>,
     }
 
@@ -36,9 +37,11 @@ mod linux {
     const MAX_STACK_DEPTH: u32 = 2;
 
     impl Passthrough {
-        pub(crate) fn new() -> Self {
+        /// Passthrough state kept in `active`, the policy's flag.
+        pub(crate) fn new(active: Arc<AtomicBool>) -> Self {
+            active.store(false, Ordering::Relaxed);
             Passthrough {
-                active: AtomicBool::new(false),
+                active,
                 by_inode: Mutex::default(),
             }
         }
@@ -57,12 +60,6 @@ mod linux {
                 info!("this kernel does not offer FUSE passthrough");
             }
             self.active.store(accepted, Ordering::Relaxed);
-        }
-
-        /// Whether staged files are served by kernel passthrough (until an open finds
-        /// that registering backing files is not allowed).
-        pub(crate) fn active(&self) -> bool {
-            self.active.load(Ordering::Relaxed)
         }
 
         /// The backing id for `ino`'s staged copy `file`, or None to serve reads from the daemon.
@@ -95,6 +92,8 @@ mod linux {
 #[cfg(not(target_os = "linux"))]
 mod other {
     use std::fs::File;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
 
     use fuser::{KernelConfig, ReplyOpen};
 
@@ -105,15 +104,12 @@ mod other {
     pub(crate) struct Passthrough;
 
     impl Passthrough {
-        pub(crate) fn new() -> Self {
+        /// The policy's flag stays unset: the kernel never reads copies itself here.
+        pub(crate) fn new(_active: Arc<AtomicBool>) -> Self {
             Passthrough
         }
 
         pub(crate) fn negotiate(&self, _wanted: bool, _config: &mut KernelConfig) {}
-
-        pub(crate) fn active(&self) -> bool {
-            false
-        }
 
         pub(crate) fn backing(
             &self,

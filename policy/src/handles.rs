@@ -6,12 +6,14 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use fuser::FileType;
-
 use stagefs_cache::SourceFile;
 use stagefs_cache::store::Pin;
 
-use crate::passthrough::Backing;
+use crate::attr::Attr;
+
+/// Something an adapter keeps alive as long as a handle is open (FUSE: the kernel's
+/// passthrough backing id).
+pub type Keepalive = Arc<dyn std::any::Any + Send + Sync>;
 
 /// Where a handle's reads come from.
 #[derive(Debug, Clone)]
@@ -27,18 +29,19 @@ pub(crate) enum Reader {
 pub(crate) struct OpenFile {
     /// Where its reads come from.
     pub(crate) reader: Reader,
-    /// Keeps the kernel's passthrough backing id alive while this handle is open.
-    pub(crate) _backing: Option<Backing>,
+    /// Keeps the adapter's state for this handle (a passthrough backing id) alive.
+    pub(crate) _keep: Option<Keepalive>,
     /// Keeps the staged copy from being evicted while this handle is open.
     pub(crate) _pin: Option<Arc<Pin>>,
 }
 
-/// One entry of a directory listing snapshot.
+/// One entry of a directory listing snapshot, with the attributes it is presented with.
 #[derive(Debug, Clone)]
-pub(crate) struct DirEntry {
-    pub(crate) ino: u64,
-    pub(crate) kind: FileType,
-    pub(crate) name: OsString,
+pub struct DirEntry {
+    /// The entry's attributes (its inode, kind, size...).
+    pub attr: Attr,
+    /// Its name in the directory.
+    pub name: OsString,
 }
 
 /// A table of handles of type `T`, keyed by the numbers handed to the kernel.

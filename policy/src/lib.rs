@@ -1,29 +1,30 @@
-//! The FUSE adapter of stagefs: a read-only mirror of a source tree whose large files
-//! are staged into the local cache when opened.
+//! What a stagefs mount answers, in no kernel protocol's terms: the [`Policy`] decides
+//! every lookup, attribute, listing, open and read, and how each behaves while the
+//! source is slow or gone. The FUSE adapter (`stagefs-fuse`) and the NFS adapter
+//! (`stagefs-nfs`) only translate their protocol to its calls and its answers back;
+//! errors become errno in one place ([`FsError::errno`]).
 //!
-//! Handlers never do I/O on the request loop: source operations run on the runtime's
-//! blocking pool and opens await the stager, so a long copy never stalls `ls`, `stat`
-//! or reads of other files (macFUSE runs a single request loop and kills volumes whose
-//! requests outlive `daemon_timeout`).
+//! Invariant (the staging contract): no byte of a file of at least
+//! [`FsConfig::min_stage_size`] reaches a reader before a whole, verified copy of
+//! exactly the version looked up is committed in the cache.
 
 mod attr;
 mod error;
-mod fuse;
+pub mod finder;
 mod handles;
 mod inodes;
-mod passthrough;
-mod platform;
 mod policy;
 mod redirect;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use fuser::{Config, MountOption, SessionACL};
 use stagefs_cache::{Remedy, defaults};
 
+pub use attr::Attr;
 pub use error::FsError;
-pub use fuse::StageFs;
+pub use handles::{DirEntry, Keepalive};
+pub use inodes::ROOT_INO;
+pub use policy::{Listing, Opened, Policy, backing_file};
 
 /// How a mount behaves; built by the CLI from its flags.
 #[derive(Debug, Clone)]
@@ -54,6 +55,9 @@ pub struct FsConfig {
     /// How the front end tells a user to avoid an error the mount logs (the CLI
     /// names the flag to try); None: the core's description of the condition alone.
     pub hint: Option<fn(Remedy) -> &'static str>,
+    /// Refuse the names the macOS Finder and Spotlight probe for (`._*`,
+    /// `.DS_Store`...) without asking the source, and leave them out of listings.
+    pub hide_finder_files: bool,
 }
 
 /// What an open does when the cache budget cannot make room for the file.
@@ -82,34 +86,7 @@ impl Default for FsConfig {
             allow_other: defaults::ALLOW_OTHER,
             source_timeout: defaults::SOURCE_TIMEOUT,
             hint: None,
+            hide_finder_files: cfg!(target_os = "macos"),
         }
     }
-}
-
-impl FsConfig {
-    /// The fuser session configuration for a mount of `source`.
-    pub fn session_config(&self, source: &std::path::Path) -> Config {
-        let mut mount_options = vec![
-            MountOption::RO,
-            MountOption::FSName(fs_name_for(&self.fs_name, source)),
-            MountOption::Subtype("stagefs".into()),
-            MountOption::DefaultPermissions,
-            MountOption::NoAtime,
-        ];
-        mount_options.extend(platform::mount_options());
-        let mut config = Config::default();
-        config.mount_options = mount_options;
-        config.acl = if self.allow_other {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
-        };
-        config
-    }
-}
-
-fn fs_name_for(name: &str, source: &std::path::Path) -> String {
-    // Commas would split the mount option string.
-    let source: PathBuf = source.into();
-    format!("{name}:{}", source.display()).replace(',', "_")
 }

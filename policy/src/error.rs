@@ -1,11 +1,11 @@
-//! The adapter's error type and the one place where errors become errno values.
+//! The policy's error type and the one place where errors become errno values; each
+//! adapter passes the errno on (FUSE) or turns it into its protocol's status (NFS).
 //!
 //! The matches below are exhaustive on purpose: a new core error variant does not
 //! compile until someone decides what the kernel should see for it.
 
 use std::io;
 
-use fuser::Errno;
 use stagefs_cache::{Remedy, SourceError, StageError, StoreError};
 use thiserror::Error;
 
@@ -49,15 +49,15 @@ pub enum FsError {
 
 impl FsError {
     /// The errno the kernel passes on to the caller.
-    pub fn errno(&self) -> Errno {
+    pub fn errno(&self) -> i32 {
         match self {
             FsError::Source(e) => source_errno(e),
             FsError::Stage(e) => stage_errno(e),
             FsError::Read(e) => io_errno(e),
-            FsError::UnknownInode(_) | FsError::UnknownHandle(_) | FsError::Stale => Errno::ESTALE,
-            FsError::ReadOnly => Errno::EROFS,
-            FsError::NotADirectory => Errno::ENOTDIR,
-            FsError::SourceTimeout { .. } => Errno::EIO,
+            FsError::UnknownInode(_) | FsError::UnknownHandle(_) | FsError::Stale => libc::ESTALE,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::NotADirectory => libc::ENOTDIR,
+            FsError::SourceTimeout { .. } => libc::EIO,
         }
     }
 
@@ -88,32 +88,32 @@ impl FsError {
     }
 }
 
-fn source_errno(e: &SourceError) -> Errno {
+fn source_errno(e: &SourceError) -> i32 {
     match e {
-        SourceError::NotFound { .. } => Errno::ENOENT,
-        SourceError::OutsideRoot { .. } => Errno::EINVAL,
-        SourceError::Unanswered { .. } => Errno::EIO,
+        SourceError::NotFound { .. } => libc::ENOENT,
+        SourceError::OutsideRoot { .. } => libc::EINVAL,
+        SourceError::Unanswered { .. } => libc::EIO,
         SourceError::Io { source, .. } => io_errno(source),
     }
 }
 
-fn stage_errno(e: &StageError) -> Errno {
+fn stage_errno(e: &StageError) -> i32 {
     match e {
         StageError::Source(e) => source_errno(e),
-        StageError::Store(StoreError::NoSpace { .. } | StoreError::NoRoom { .. }) => Errno::ENOSPC,
-        StageError::Store(StoreError::InUse { .. }) => Errno::EBUSY,
+        StageError::Store(StoreError::NoSpace { .. } | StoreError::NoRoom { .. }) => libc::ENOSPC,
+        StageError::Store(StoreError::InUse { .. }) => libc::EBUSY,
         // Whatever went wrong in our own cache directory, the caller sees an I/O error.
-        StageError::Store(StoreError::Io { .. } | StoreError::Locked { .. }) => Errno::EIO,
+        StageError::Store(StoreError::Io { .. } | StoreError::Locked { .. }) => libc::EIO,
         StageError::SourceChanged { .. }
         | StageError::ContentMismatch { .. }
-        | StageError::Worker { .. } => Errno::EIO,
-        StageError::NotAFile { .. } => Errno::EISDIR,
+        | StageError::Worker { .. } => libc::EIO,
+        StageError::NotAFile { .. } => libc::EISDIR,
     }
 }
 
 // Source errors keep their errno (EACCES stays EACCES); anything without one is EIO.
-fn io_errno(e: &io::Error) -> Errno {
-    e.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
+fn io_errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
 }
 
 #[cfg(test)]
@@ -128,22 +128,22 @@ mod tests {
         let nf = FsError::Source(SourceError::NotFound {
             path: PathBuf::from("x"),
         });
-        assert_eq!(nf.errno(), Errno::ENOENT);
+        assert_eq!(nf.errno(), libc::ENOENT);
         assert!(nf.is_expected());
         let acces = FsError::Source(SourceError::Io {
             path: PathBuf::from("x"),
             source: Arc::new(io::Error::from_raw_os_error(libc::EACCES)),
         });
-        assert_eq!(acces.errno(), Errno::EACCES);
+        assert_eq!(acces.errno(), libc::EACCES);
         let changed = FsError::Stage(StageError::SourceChanged {
             path: PathBuf::from("x"),
         });
-        assert_eq!(changed.errno(), Errno::EIO);
+        assert_eq!(changed.errno(), libc::EIO);
         let full = FsError::Stage(StageError::Store(StoreError::NoSpace {
             path: PathBuf::from("x"),
         }));
-        assert_eq!(full.errno(), Errno::ENOSPC);
-        assert_eq!(FsError::ReadOnly.errno(), Errno::EROFS);
+        assert_eq!(full.errno(), libc::ENOSPC);
+        assert_eq!(FsError::ReadOnly.errno(), libc::EROFS);
     }
 
     #[test]

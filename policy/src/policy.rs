@@ -1,8 +1,9 @@
 //! What the filesystem answers, apart from the kernel: lookups, attributes, links,
 //! listings, opens and reads, and how each behaves while the source is slow or gone.
-//! `fuse.rs` only turns fuser calls into these and their results into replies, so
-//! every rule here is tested without `/dev/fuse` (the tests at the bottom), through a
-//! fault-injecting source.
+//! The FUSE adapter (`stagefs-fuse`) and the NFS adapter (`stagefs-nfs`) only turn
+//! their protocol's requests into these and the results into replies, so every rule
+//! here holds for both and is tested once, without a kernel (the tests at the
+//! bottom), through a fault-injecting source.
 //!
 //! Rules while the source does not answer:
 //! - every source operation runs on the stager's [`SourcePool`]: at most its threads
@@ -19,16 +20,16 @@
 //!   clients cannot answer from a cache), and a request never skips the source just
 //!   because it was marked down: a source that came back serves the next request.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::future::Future;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fuser::{FileAttr, FileType};
 use stagefs_cache::copy::read_at_most;
 use stagefs_cache::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
@@ -39,33 +40,47 @@ use stagefs_cache::{
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
-use crate::attr::{attr_of, kind_of, link_attr};
+use crate::attr::{Attr, attr_of, link_attr};
 use crate::error::FsError;
-use crate::handles::{DirEntry, Handles, OpenFile, Reader};
+use crate::finder;
+use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Node, ROOT_INO};
-use crate::passthrough::{Backing, Passthrough};
 use crate::redirect::{Presented, RedirectPolicy};
 use crate::{FsConfig, OnFull};
 
 /// The filesystem's state and decisions.
 #[derive(Debug)]
-pub(crate) struct Policy {
+pub struct Policy {
     stager: Stager,
     config: FsConfig,
     runtime: Handle,
     inodes: Inodes,
     files: Handles<OpenFile>,
-    dirs: Handles<Vec<DirEntry>>,
-    passthrough: Passthrough,
+    dirs: Handles<Listing>,
+    /// Set by an adapter whose kernel currently reads staged copies itself (FUSE
+    /// passthrough): files then stay regular files, never links.
+    kernel_passthrough: Arc<AtomicBool>,
     redirect: RedirectPolicy,
     prefetcher: Option<Arc<Prefetcher>>,
 }
 
+/// A directory listing held open by a handle.
+#[derive(Debug)]
+pub struct Listing {
+    /// The directory listed.
+    pub dir: u64,
+    /// The directory holding it.
+    pub parent: u64,
+    /// Its entries, without "." and "..".
+    pub entries: Vec<DirEntry>,
+}
+
 /// An open file ready to be handed to the kernel.
 #[derive(Debug)]
-pub(crate) struct Opened {
+pub struct Opened {
     pub(crate) reader: Reader,
-    pub(crate) stamp: Stamp,
+    /// The version opened.
+    pub stamp: Stamp,
     /// Present for staged copies, absent for files read from the source.
     pub(crate) pin: Option<Arc<Pin>>,
 }
@@ -97,7 +112,28 @@ impl Opened {
 }
 
 impl Policy {
-    pub(crate) fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
+    /// The policy of a mount of `stager`'s source, doing its work on `runtime`.
+    pub fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
+        Self::with_inodes(stager, config, runtime, Inodes::new())
+    }
+
+    /// Like [`Policy::new`], with inode numbers that last across restarts of the
+    /// server, kept in `journal` (NFS clients keep file handles across restarts).
+    pub fn with_inode_journal(
+        stager: Stager,
+        config: FsConfig,
+        runtime: Handle,
+        journal: &Path,
+    ) -> io::Result<Self> {
+        Ok(Self::with_inodes(
+            stager,
+            config,
+            runtime,
+            Inodes::with_journal(journal)?,
+        ))
+    }
+
+    fn with_inodes(stager: Stager, config: FsConfig, runtime: Handle, inodes: Inodes) -> Self {
         let prefetcher = config.prefetch.then(|| {
             Prefetcher::new(
                 stager.clone(),
@@ -111,23 +147,46 @@ impl Policy {
             stager,
             config,
             runtime,
-            inodes: Inodes::new(),
+            inodes,
             files: Handles::new(),
             dirs: Handles::new(),
-            passthrough: Passthrough::new(),
+            kernel_passthrough: Arc::default(),
         }
     }
 
-    pub(crate) fn config(&self) -> &FsConfig {
+    /// The mount's configuration.
+    pub fn config(&self) -> &FsConfig {
         &self.config
     }
 
-    pub(crate) fn passthrough(&self) -> &Passthrough {
-        &self.passthrough
+    /// The stager behind the mount.
+    pub fn stager(&self) -> &Stager {
+        &self.stager
     }
 
-    pub(crate) fn redirects_enabled(&self) -> bool {
+    /// The flag an adapter sets while its kernel reads staged copies itself.
+    pub fn kernel_passthrough(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.kernel_passthrough)
+    }
+
+    /// Whether staged files may be presented as links to their copies on this mount.
+    pub fn redirects_enabled(&self) -> bool {
         self.redirect.enabled()
+    }
+
+    /// The generation of this mount's inode numbers (0 unless they are journaled).
+    pub fn inode_generation(&self) -> u64 {
+        self.inodes.generation()
+    }
+
+    /// Whether `ino` is an inode this mount handed out.
+    pub fn knows(&self, ino: u64) -> bool {
+        self.inodes.get(ino).is_some()
+    }
+
+    /// The path inode `ino` stands for, relative to the source root.
+    pub fn path_of(&self, ino: u64) -> Option<PathBuf> {
+        self.inodes.get(ino).map(|node| node.path)
     }
 
     fn pool(&self) -> &SourcePool {
@@ -247,11 +306,13 @@ impl Policy {
 
     // ------------------------------------------------------------ names and attributes
 
-    pub(crate) async fn lookup(
-        self: &Arc<Self>,
-        parent: u64,
-        name: &OsStr,
-    ) -> Result<FileAttr, FsError> {
+    /// The attributes of `name` in directory `parent`. Stages nothing.
+    pub async fn lookup(self: &Arc<Self>, parent: u64, name: &OsStr) -> Result<Attr, FsError> {
+        if self.config.hide_finder_files && finder::is_finder_file(name) {
+            return Err(FsError::Source(SourceError::NotFound {
+                path: self.node(parent)?.path.join(name),
+            }));
+        }
         let path = self.node(parent)?.path.join(name);
         let known_path = path.clone();
         let work_path = path.clone();
@@ -270,7 +331,7 @@ impl Policy {
 
     /// The inode and attributes `path` is presented with: a staged file as a link to
     /// its copy where redirects are on, anything else as the source has it.
-    fn entry_attr(&self, path: &Path, meta: &SourceMeta) -> FileAttr {
+    fn entry_attr(&self, path: &Path, meta: &SourceMeta) -> Attr {
         if meta.is_file() {
             let version = Stamp::of(meta);
             if let Presented::Link(copy) = self.presented(path, version) {
@@ -284,13 +345,28 @@ impl Policy {
 
     /// How version `version` of file `path` is presented; asks the store, not the source.
     fn presented(&self, path: &Path, version: Stamp) -> Presented {
-        self.redirect
-            .present(version, self.passthrough.active(), || {
-                self.stager.present_target(path, version)
-            })
+        let passthrough = self.kernel_passthrough.load(Ordering::Relaxed);
+        self.redirect.present(version, passthrough, || {
+            self.stager.present_target(path, version)
+        })
     }
 
-    pub(crate) async fn getattr(self: &Arc<Self>, ino: u64) -> Result<FileAttr, FsError> {
+    /// The attributes of `ino`, from memory if the source gave them less than `age`
+    /// ago (an NFS client asks before every read; the kernel's FUSE client caches).
+    pub async fn getattr_within(
+        self: &Arc<Self>,
+        ino: u64,
+        age: Duration,
+    ) -> Result<Attr, FsError> {
+        match self.inodes.recent_attr(ino, age) {
+            Some(attr) => Ok(attr),
+            None => self.getattr(ino).await,
+        }
+    }
+
+    /// The attributes of `ino` as the source has them now (a file inode keeps its
+    /// version's size and mtime). Stages nothing.
+    pub async fn getattr(self: &Arc<Self>, ino: u64) -> Result<Attr, FsError> {
         let node = self.node(ino)?;
         // A redirect stands for one version; what it is does not depend on the source.
         if node.redirect
@@ -312,7 +388,8 @@ impl Policy {
         .await
     }
 
-    pub(crate) async fn readlink(self: &Arc<Self>, ino: u64) -> Result<Vec<u8>, FsError> {
+    /// The target of link `ino`: the source's verbatim, or a redirect's copy.
+    pub async fn readlink(self: &Arc<Self>, ino: u64) -> Result<Vec<u8>, FsError> {
         let node = self.node(ino)?;
         if node.redirect {
             // Needs only the store, never the source: answered even while it is away.
@@ -352,54 +429,70 @@ impl Policy {
     // ------------------------------------------------------------ directories
 
     /// Lists directory `ino` and returns a handle to the listing.
-    pub(crate) async fn opendir(self: &Arc<Self>, ino: u64) -> Result<u64, FsError> {
+    pub async fn opendir(self: &Arc<Self>, ino: u64) -> Result<u64, FsError> {
+        let entries = self.list(ino).await?;
+        let parent = self.parent_of(ino)?;
+        Ok(self.dirs.insert(Listing {
+            dir: ino,
+            parent,
+            entries,
+        }))
+    }
+
+    /// The inode of the directory holding `ino` (the root's is the root).
+    pub fn parent_of(&self, ino: u64) -> Result<u64, FsError> {
+        let node = self.node(ino)?;
+        Ok(node
+            .path
+            .parent()
+            .and_then(|p| self.inodes.dir_ino(p))
+            .unwrap_or(ROOT_INO))
+    }
+
+    /// The entries of directory `ino` ("." and ".." are the adapter's to add), with
+    /// their attributes. Stages nothing.
+    pub async fn list(self: &Arc<Self>, ino: u64) -> Result<Vec<DirEntry>, FsError> {
         let node = self.node(ino)?;
         if node.stamp.is_some() {
             return Err(FsError::NotADirectory);
         }
         let path = node.path.clone();
-        let entries = self
-            .ask(
-                &path,
-                move |p| p.list_dir(ino, &node),
-                move |p| p.inodes.known_listing(ino),
-            )
-            .await?;
-        Ok(self.dirs.insert(entries))
+        self.ask(
+            &path,
+            move |p| p.list_dir(ino, &node),
+            move |p| p.inodes.known_listing(ino),
+        )
+        .await
     }
 
     fn list_dir(&self, ino: u64, node: &Node) -> Result<Vec<DirEntry>, FsError> {
-        let parent_ino = node
-            .path
-            .parent()
-            .and_then(|p| self.inodes.dir_ino(p))
-            .unwrap_or(ROOT_INO);
-        let mut entries = vec![dot_entry(ino, "."), dot_entry(parent_ino, "..")];
+        let mut entries = Vec::new();
         for (name, meta) in self.stager.source().read_dir(&node.path)? {
-            let attr = self.entry_attr(&node.path.join(&name), &meta);
-            if attr.kind != kind_of(&meta) {
-                // A redirect: a lookup of it may be answered from memory later.
-                self.inodes.remember_attr(attr);
+            if self.config.hide_finder_files && finder::is_finder_file(&name) {
+                continue;
             }
-            entries.push(DirEntry {
-                ino: attr.ino.0,
-                kind: attr.kind,
-                name,
-            });
+            let attr = self.entry_attr(&node.path.join(&name), &meta);
+            // A later lookup or getattr (or one while the source is away) may be
+            // answered from what the listing said.
+            self.inodes.remember_attr(attr);
+            entries.push(DirEntry { attr, name });
         }
         self.inodes.remember_listing(ino, &entries);
         Ok(entries)
     }
 
-    pub(crate) fn listing(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>, FsError> {
+    /// The listing behind handle `fh`.
+    pub fn listing(&self, fh: u64) -> Result<Arc<Listing>, FsError> {
         self.dirs.get(fh).ok_or(FsError::UnknownHandle(fh))
     }
 
-    pub(crate) fn releasedir(&self, fh: u64) {
+    /// Forgets listing handle `fh`.
+    pub fn releasedir(&self, fh: u64) {
         self.dirs.remove(fh);
     }
 
-    pub(crate) async fn statfs(self: &Arc<Self>) -> Result<libc::statvfs, FsError> {
+    /// The source's filesystem statistics.
+    pub async fn statfs(self: &Arc<Self>) -> Result<libc::statvfs, FsError> {
         let root = self.stager.source().root().to_path_buf();
         self.ask(
             &root,
@@ -414,7 +507,7 @@ impl Policy {
     /// Opens `ino` for reading: small files straight from the source, large ones from
     /// a complete staged copy (waiting for the copy if there is none yet). Opening any
     /// file of a snapshot starts a prefetch of its other weight files.
-    pub(crate) async fn open(self: &Arc<Self>, ino: u64) -> Result<Opened, FsError> {
+    pub async fn open(self: &Arc<Self>, ino: u64) -> Result<Opened, FsError> {
         let node = self.node(ino)?;
         if let Some(prefetcher) = &self.prefetcher {
             prefetcher.on_open(&node.path, &self.runtime);
@@ -564,8 +657,9 @@ impl Policy {
         opened.await.map_err(|_| self.timeout_error(path))?
     }
 
-    /// Makes a handle for `opened`, counting which path serves its reads.
-    pub(crate) fn register(&self, opened: Opened, backing: Option<Backing>) -> u64 {
+    /// Makes a handle for `opened`, counting which path serves its reads; `backing`
+    /// is the adapter's passthrough state for it, kept while the handle is open.
+    pub fn register(&self, opened: Opened, backing: Option<Keepalive>) -> u64 {
         let metrics = self.stager.metrics();
         let counter = match (&backing, opened.pin.is_some()) {
             (Some(_), _) => &metrics.passthrough_opens,
@@ -575,14 +669,14 @@ impl Policy {
         Metrics::bump(counter);
         self.files.insert(OpenFile {
             reader: opened.reader,
-            _backing: backing,
+            _keep: backing,
             _pin: opened.pin,
         })
     }
 
     /// Reads of a staged copy are local and run on the runtime's blocking pool;
     /// reads of a file open on the source run on the source pool, under its timeout.
-    pub(crate) async fn read(
+    pub async fn read(
         self: &Arc<Self>,
         fh: u64,
         offset: u64,
@@ -621,7 +715,7 @@ impl Policy {
 
     /// Closes handle `fh` off the request loop: unpinning a copy takes the store's
     /// lock, and closing a file open on a dead NAS may block.
-    pub(crate) fn release(&self, fh: u64) {
+    pub fn release(&self, fh: u64) {
         if let Some(open) = self.files.remove(fh) {
             self.runtime.spawn_blocking(move || drop(open));
         }
@@ -649,16 +743,9 @@ async fn stalled(stager: &Stager, path: &Path, limit: Duration) {
     }
 }
 
-fn dot_entry(ino: u64, name: &str) -> DirEntry {
-    DirEntry {
-        ino,
-        kind: FileType::Directory,
-        name: OsString::from(name),
-    }
-}
-
-/// A staged copy the kernel may use as a passthrough backing file.
-pub(crate) fn backing_file(opened: &Opened) -> Option<&Arc<File>> {
+/// The staged copy behind `opened`, which the kernel may read directly (a FUSE
+/// passthrough backing file); None for a file read from the source.
+pub fn backing_file(opened: &Opened) -> Option<&Arc<File>> {
     match (&opened.reader, &opened.pin) {
         (Reader::Copy(file), Some(_)) => Some(file),
         _ => None,
@@ -672,11 +759,12 @@ mod tests {
     //! (an answer from memory within seconds where the source timeout is minutes),
     //! never measurements.
 
+    use std::ffi::OsString;
     use std::fs;
     use std::time::Instant;
 
-    use fuser::FileType;
     use sha2::{Digest, Sha256};
+    use stagefs_cache::EntryKind;
     use stagefs_cache::faulty::{Behaviour, FaultySource};
     use stagefs_cache::{Budget, Key, SourceTree, StagerOptions, Store};
     use tempfile::TempDir;
@@ -752,19 +840,19 @@ mod tests {
 
     impl Fixture {
         /// Looks `rel` up component by component, as the kernel does.
-        async fn lookup(&self, rel: impl AsRef<Path>) -> Result<FileAttr, FsError> {
+        async fn lookup(&self, rel: impl AsRef<Path>) -> Result<Attr, FsError> {
             let mut parent = ROOT_INO;
             let mut attr = None;
             for name in rel.as_ref().iter() {
                 let found = self.policy.lookup(parent, name).await?;
-                parent = found.ino.0;
+                parent = found.ino;
                 attr = Some(found);
             }
             attr.ok_or(FsError::NotADirectory)
         }
 
         /// Looks `rel` up within a deadline no rule may come near.
-        async fn lookup_promptly(&self, rel: impl AsRef<Path>) -> Result<FileAttr, FsError> {
+        async fn lookup_promptly(&self, rel: impl AsRef<Path>) -> Result<Attr, FsError> {
             tokio::time::timeout(PROMPTLY, self.lookup(rel))
                 .await
                 .expect("answered promptly, not after the source timeout")
@@ -772,7 +860,7 @@ mod tests {
 
         async fn open(&self, rel: impl AsRef<Path>) -> Result<Opened, FsError> {
             let attr = self.lookup(rel).await?;
-            self.policy.open(attr.ino.0).await
+            self.policy.open(attr.ino).await
         }
 
         /// Opens `rel` and reads it whole through a handle, then waits for a copy the
@@ -819,7 +907,7 @@ mod tests {
         }
     }
 
-    fn errno(result: Result<impl std::fmt::Debug, FsError>) -> fuser::Errno {
+    fn errno(result: Result<impl std::fmt::Debug, FsError>) -> i32 {
         result.expect_err("an error").errno()
     }
 
@@ -829,16 +917,16 @@ mod tests {
     async fn a_lookup_mirrors_the_source() {
         let f = healthy();
         let attr = f.lookup("weights.bin").await.expect("lookup");
-        assert_eq!(attr.kind, FileType::RegularFile);
+        assert_eq!(attr.kind, EntryKind::File);
         assert_eq!(attr.size, 2 * MIB as u64);
         let dir = f.lookup("models--acme--m").await.expect("lookup");
-        assert_eq!(dir.kind, FileType::Directory);
+        assert_eq!(dir.kind, EntryKind::Dir);
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_missing_name_is_enoent() {
         let f = healthy();
-        assert_eq!(errno(f.lookup("absent").await), fuser::Errno::ENOENT);
+        assert_eq!(errno(f.lookup("absent").await), libc::ENOENT);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -878,8 +966,8 @@ mod tests {
         let f = healthy();
         f.read_all("weights.bin").await.expect("stage");
         let attr = f.lookup("weights.bin").await.expect("lookup");
-        assert_eq!(attr.kind, FileType::Symlink);
-        let target = f.policy.readlink(attr.ino.0).await.expect("readlink");
+        assert_eq!(attr.kind, EntryKind::Symlink);
+        let target = f.policy.readlink(attr.ino).await.expect("readlink");
         let target = PathBuf::from(OsString::from_vec(target));
         assert!(target.is_absolute(), "{}", target.display());
         assert_eq!(
@@ -890,8 +978,8 @@ mod tests {
         // Attributes of the link need nothing from the source.
         f.source.set(Behaviour::Eio);
         assert_eq!(
-            f.policy.getattr(attr.ino.0).await.expect("getattr").kind,
-            FileType::Symlink
+            f.policy.getattr(attr.ino).await.expect("getattr").kind,
+            EntryKind::Symlink
         );
     }
 
@@ -903,19 +991,21 @@ mod tests {
             .policy
             .listing(root)
             .expect("listing")
+            .entries
             .iter()
-            .map(|e| e.kind)
+            .map(|e| e.attr.kind)
             .collect();
-        assert!(!kinds.contains(&FileType::Symlink));
+        assert!(!kinds.contains(&EntryKind::Symlink));
         assert_eq!(f.metrics().stage_copies, 0, "listing stages nothing");
         f.read_all("weights.bin").await.expect("stage");
         let again = f.policy.opendir(ROOT_INO).await.expect("opendir");
         let listing = f.policy.listing(again).expect("listing");
         let weights = listing
+            .entries
             .iter()
             .find(|e| e.name == "weights.bin")
             .expect("listed");
-        assert_eq!(weights.kind, FileType::Symlink);
+        assert_eq!(weights.attr.kind, EntryKind::Symlink);
         f.policy.releasedir(again);
         assert!(f.policy.listing(again).is_err());
     }
@@ -926,7 +1016,7 @@ mod tests {
         f.read_all("weights.bin").await.expect("stage");
         assert_eq!(
             f.lookup("weights.bin").await.expect("lookup").kind,
-            FileType::RegularFile
+            EntryKind::File
         );
     }
 
@@ -944,14 +1034,11 @@ mod tests {
                 .is_ok()
         })
         .await;
-        assert_eq!(
-            errno(f.policy.readlink(link.ino.0).await),
-            fuser::Errno::ESTALE
-        );
+        assert_eq!(errno(f.policy.readlink(link.ino).await), libc::ESTALE);
         // Looked up again, it is the file, whose open stages it anew.
         assert_eq!(
             f.lookup("weights.bin").await.expect("lookup").kind,
-            FileType::RegularFile
+            EntryKind::File
         );
         assert_eq!(
             f.read_all("weights.bin").await.expect("read"),
@@ -965,7 +1052,7 @@ mod tests {
         let old = f.lookup("weights.bin").await.expect("lookup");
         std::thread::sleep(Duration::from_millis(10));
         fs::write(f.src.join("weights.bin"), bytes(3 * MIB, 9)).expect("rewrite");
-        assert_eq!(errno(f.policy.open(old.ino.0).await), fuser::Errno::ESTALE);
+        assert_eq!(errno(f.policy.open(old.ino).await), libc::ESTALE);
         assert_eq!(
             f.read_all("weights.bin").await.expect("read"),
             f.source_bytes("weights.bin")
@@ -977,7 +1064,7 @@ mod tests {
         let f = fixture(|c, _, _| c.prefetch = false);
         f.source
             .rewrite_after("weights.bin", MIB as u64, bytes(2 * MIB, 7));
-        assert_eq!(errno(f.open("weights.bin").await), fuser::Errno::EIO);
+        assert_eq!(errno(f.open("weights.bin").await), libc::EIO);
         assert!(!f.stored("weights.bin"));
     }
 
@@ -989,9 +1076,9 @@ mod tests {
             c.prefetch = false;
         });
         let blob = f.lookup(&f.blob).await.expect("lookup");
-        drop(f.policy.open(blob.ino.0).await.expect("stage"));
+        drop(f.policy.open(blob.ino).await.expect("stage"));
         let before = f.source.calls();
-        let opened = f.policy.open(blob.ino.0).await.expect("open");
+        let opened = f.policy.open(blob.ino).await.expect("open");
         assert_eq!(f.source.calls(), before, "the source was asked");
         assert!(matches!(opened.reader, Reader::Copy(_)));
     }
@@ -1000,13 +1087,13 @@ mod tests {
     async fn an_unreadable_source_passes_its_errno_on() {
         let f = healthy();
         f.source.set(Behaviour::Eio);
-        assert_eq!(errno(f.lookup("weights.bin").await), fuser::Errno::EIO);
+        assert_eq!(errno(f.lookup("weights.bin").await), libc::EIO);
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_file_the_budget_cannot_hold_fails_with_enospc() {
         let f = fixture(|_, _, b| b.max_size = Some(MIB as u64));
-        assert_eq!(errno(f.open("weights.bin").await), fuser::Errno::ENOSPC);
+        assert_eq!(errno(f.open("weights.bin").await), libc::ENOSPC);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -1037,20 +1124,17 @@ mod tests {
             f.policy.stager.store().remove(&key).is_ok()
         })
         .await;
-        assert_eq!(errno(f.policy.read(fh, 0, 1).await), fuser::Errno::ESTALE);
+        assert_eq!(errno(f.policy.read(fh, 0, 1).await), libc::ESTALE);
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn directory_operations_on_files_and_file_operations_on_directories_fail() {
         let f = healthy();
         let file = f.lookup("config.json").await.expect("lookup");
-        assert_eq!(
-            errno(f.policy.opendir(file.ino.0).await),
-            fuser::Errno::ENOTDIR
-        );
+        assert_eq!(errno(f.policy.opendir(file.ino).await), libc::ENOTDIR);
         let dir = f.lookup("models--acme--m").await.expect("lookup");
-        assert_eq!(errno(f.policy.open(dir.ino.0).await), fuser::Errno::ENOTDIR);
-        assert_eq!(errno(f.policy.getattr(9_999).await), fuser::Errno::ESTALE);
+        assert_eq!(errno(f.policy.open(dir.ino).await), libc::ENOTDIR);
+        assert_eq!(errno(f.policy.getattr(9_999).await), libc::ESTALE);
     }
 
     // ------------------------------------------------------------ a source that stops answering
@@ -1083,8 +1167,8 @@ mod tests {
         f.lookup("weights.bin").await.expect("lookup");
         f.source.set(Behaviour::Hang);
         let link = f.lookup_promptly("weights.bin").await.expect("from memory");
-        assert_eq!(link.kind, FileType::Symlink);
-        let target = tokio::time::timeout(PROMPTLY, f.policy.readlink(link.ino.0))
+        assert_eq!(link.kind, EntryKind::Symlink);
+        let target = tokio::time::timeout(PROMPTLY, f.policy.readlink(link.ino))
             .await
             .expect("readlink needs no source");
         assert!(target.is_ok());
@@ -1096,7 +1180,7 @@ mod tests {
         let f = fixture(|c, _, _| c.source_timeout = Duration::from_millis(300));
         f.source.set(Behaviour::Hang);
         let started = Instant::now();
-        assert_eq!(errno(f.lookup("weights.bin").await), fuser::Errno::EIO);
+        assert_eq!(errno(f.lookup("weights.bin").await), libc::EIO);
         assert!(started.elapsed() < PROMPTLY);
         assert!(f.policy.pool().is_unresponsive());
         f.source.set(Behaviour::Healthy);
@@ -1110,7 +1194,7 @@ mod tests {
         });
         let attr = f.lookup("weights.bin").await.expect("lookup");
         f.source.set(Behaviour::Hang);
-        assert_eq!(errno(f.policy.open(attr.ino.0).await), fuser::Errno::EIO);
+        assert_eq!(errno(f.policy.open(attr.ino).await), libc::EIO);
         f.source.set(Behaviour::Healthy);
     }
 
@@ -1122,13 +1206,13 @@ mod tests {
         });
         f.source.set(Behaviour::Hang);
         for name in ["a", "b"] {
-            assert_eq!(errno(f.lookup(name).await), fuser::Errno::EIO);
+            assert_eq!(errno(f.lookup(name).await), libc::EIO);
         }
         wait_until("both threads to be stuck", || {
             f.policy.pool().health().stuck == 2
         })
         .await;
-        assert_eq!(errno(f.lookup("c").await), fuser::Errno::EIO);
+        assert_eq!(errno(f.lookup("c").await), libc::EIO);
         assert_eq!(
             f.policy.pool().health().running,
             2,
@@ -1142,7 +1226,7 @@ mod tests {
         let f = fixture(|c, _, _| c.source_timeout = Duration::from_millis(300));
         f.lookup("config.json").await.expect("lookup");
         f.source.set(Behaviour::Hang);
-        assert_eq!(errno(f.lookup("weights.bin").await), fuser::Errno::EIO);
+        assert_eq!(errno(f.lookup("weights.bin").await), libc::EIO);
         assert!(f.policy.pool().is_unresponsive());
         f.source.set(Behaviour::Healthy);
         // A name never seen goes to the source even while it is marked down.
@@ -1165,13 +1249,16 @@ mod tests {
     async fn a_listing_is_recalled_while_the_source_hangs() {
         let f = healthy();
         let fh = f.policy.opendir(ROOT_INO).await.expect("opendir");
-        let names = f.policy.listing(fh).expect("listing").len();
+        let names = f.policy.listing(fh).expect("listing").entries.len();
         f.source.set(Behaviour::Hang);
         let again = tokio::time::timeout(PROMPTLY, f.policy.opendir(ROOT_INO))
             .await
             .expect("from memory")
             .expect("listing");
-        assert_eq!(f.policy.listing(again).expect("listing").len(), names);
+        assert_eq!(
+            f.policy.listing(again).expect("listing").entries.len(),
+            names
+        );
         f.source.set(Behaviour::Healthy);
     }
 
@@ -1180,7 +1267,7 @@ mod tests {
         let f = fixture(|c, _, _| c.source_timeout = Duration::from_millis(200));
         assert!(f.policy.statfs().await.is_ok());
         f.source.set(Behaviour::Hang);
-        assert_eq!(errno(f.policy.statfs().await), fuser::Errno::EIO);
+        assert_eq!(errno(f.policy.statfs().await), libc::EIO);
         f.source.set(Behaviour::Healthy);
     }
 }

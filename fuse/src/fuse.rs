@@ -8,31 +8,34 @@ use std::io;
 use std::sync::Arc;
 
 use fuser::{
-    Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig,
-    LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
 };
 use stagefs_cache::{Remedy, Stager};
+use stagefs_policy::{FsConfig, FsError, Keepalive, Policy, backing_file};
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
-use crate::FsConfig;
-use crate::error::FsError;
+use crate::attr::{file_attr, file_type};
+use crate::passthrough::Passthrough;
 use crate::platform;
-use crate::policy::{Policy, backing_file};
 
 /// A mounted mirror of the stager's source.
 #[derive(Debug)]
 pub struct StageFs {
     policy: Arc<Policy>,
+    passthrough: Arc<Passthrough>,
     runtime: Handle,
 }
 
 impl StageFs {
     /// A filesystem serving `stager`'s source; its work runs on `runtime`.
     pub fn new(stager: Stager, config: FsConfig, runtime: Handle) -> Self {
+        let policy = Arc::new(Policy::new(stager, config, runtime.clone()));
         StageFs {
-            policy: Arc::new(Policy::new(stager, config, runtime.clone())),
+            passthrough: Arc::new(Passthrough::new(policy.kernel_passthrough())),
+            policy,
             runtime,
         }
     }
@@ -59,7 +62,7 @@ fn errno_logged(op: &'static str, e: &FsError, hint: Option<fn(Remedy) -> &'stat
     } else {
         warn!(op, error = %e.described(hint));
     }
-    e.errno()
+    Errno::from_i32(e.errno())
 }
 
 // The statvfs field types differ per platform (u32 block counts on macOS).
@@ -80,8 +83,7 @@ fn reply_statfs(reply: ReplyStatfs, st: &libc::statvfs) {
 impl Filesystem for StageFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let policy = &self.policy;
-        policy
-            .passthrough()
+        self.passthrough
             .negotiate(policy.config().passthrough, config);
         if policy.redirects_enabled() {
             info!(
@@ -99,7 +101,7 @@ impl Filesystem for StageFs {
             "lookup",
             |p| async move { p.lookup(parent.0, &name).await },
             move |r| match r {
-                Ok(attr) => reply.entry(&ttl, &attr, Generation(0)),
+                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
                 Err(e) => reply.error(e),
             },
         );
@@ -111,7 +113,7 @@ impl Filesystem for StageFs {
             "getattr",
             |p| async move { p.getattr(ino.0).await },
             move |r| match r {
-                Ok(attr) => reply.attr(&ttl, &attr),
+                Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
                 Err(e) => reply.error(e),
             },
         );
@@ -134,6 +136,7 @@ impl Filesystem for StageFs {
             return;
         }
         let policy = Arc::clone(&self.policy);
+        let passthrough = Arc::clone(&self.passthrough);
         self.runtime.spawn(async move {
             let opened = match policy.open(ino.0).await {
                 Ok(opened) => opened,
@@ -141,8 +144,9 @@ impl Filesystem for StageFs {
             };
             let backing = backing_file(&opened)
                 .filter(|_| policy.config().passthrough)
-                .and_then(|file| policy.passthrough().backing(ino.0, file, &reply));
-            let fh = FileHandle(policy.register(opened, backing.clone()));
+                .and_then(|file| passthrough.backing(ino.0, file, &reply));
+            let keep = backing.clone().map(|id| id as Keepalive);
+            let fh = FileHandle(policy.register(opened, keep));
             match backing {
                 // The kernel refuses any other open flag with passthrough (the page
                 // cache is the backing file's own, kept across opens anyway).
@@ -235,13 +239,19 @@ impl Filesystem for StageFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.policy.listing(fh.0) {
-            Ok(entries) => entries,
+        let listing = match self.policy.listing(fh.0) {
+            Ok(listing) => listing,
             Err(e) => return reply.error(errno_logged("readdir", &e, self.policy.config().hint)),
         };
+        let dots = [(listing.dir, "."), (listing.parent, "..")]
+            .map(|(ino, name)| (ino, FileType::Directory, OsStr::new(name)));
+        let entries = listing
+            .entries
+            .iter()
+            .map(|e| (e.attr.ino, file_type(e.attr.kind), e.name.as_os_str()));
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        for (i, entry) in entries.iter().enumerate().skip(start) {
-            if reply.add(INodeNo(entry.ino), i as u64 + 1, entry.kind, &entry.name) {
+        for (i, (ino, kind, name)) in dots.into_iter().chain(entries).enumerate().skip(start) {
+            if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
                 break;
             }
         }
