@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, as root: FUSE, sshfs and an
 # sshd (the network source), iproute2 (its network namespace), systemd (systemd-analyze
-# checks the login unit), and a .venv with huggingface_hub, safetensors and numpy.
+# checks the login unit), libnfs-utils (user-space NFS clients for the NFS backend), and a .venv with huggingface_hub, safetensors and numpy.
 # The tests themselves create their unprivileged test user. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq fuse3 sshfs openssh-server openssh-client iproute2 systemd >/dev/null
+apt-get install -y -qq fuse3 sshfs openssh-server openssh-client iproute2 systemd libnfs-utils >/dev/null
 python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt

@@ -31,6 +31,8 @@ pub struct Live {
     pub mountpoint: Option<PathBuf>,
     /// How the source answers the mount.
     pub source_health: Option<SourceHealth>,
+    /// How the mount reaches the kernel, and an NFS export's URL.
+    pub backend: Option<(crate::control::Backend, Option<String>)>,
 }
 
 /// Everything `stagefs status` shows.
@@ -53,6 +55,12 @@ pub struct StatusReport {
     /// How the source answers the mount (running mounts only).
     #[serde(default)]
     pub source_health: Option<SourceHealth>,
+    /// How the mount reaches the kernel (running mounts only).
+    #[serde(default)]
+    pub backend: Option<crate::control::Backend>,
+    /// The NFS export's libnfs URL (running NFS mounts only).
+    #[serde(default)]
+    pub export: Option<String>,
 }
 
 /// One model's share of the cache.
@@ -229,6 +237,8 @@ pub fn status(
         metrics: live.metrics,
         in_flight: live.in_flight,
         source_health: live.source_health,
+        backend: live.backend.as_ref().map(|(backend, _)| *backend),
+        export: live.backend.and_then(|(_, export)| export),
     })
 }
 

@@ -25,6 +25,27 @@ pub fn socket_path(cache_dir: &Path) -> PathBuf {
     cache_dir.join(SOCKET_NAME)
 }
 
+/// How a mount reaches the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// A FUSE filesystem (Linux; macOS with macFUSE's kernel extension).
+    #[default]
+    Fuse,
+    /// A loopback NFSv3 server, mounted with the system's NFS client (macOS without
+    /// a kernel extension), or served alone (`stagefs serve`).
+    Nfs,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Fuse => "fuse",
+            Backend::Nfs => "nfs",
+        })
+    }
+}
+
 /// What the last mount of a cache directory used, kept in `mount.json` so commands
 /// run without a mount still know the source and the budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +61,9 @@ pub struct MountRecord {
     /// Paths in the source searched for models like its root (`model_dirs`).
     #[serde(default)]
     pub model_dirs: Vec<PathBuf>,
+    /// How it reached the kernel (records from before the NFS backend: FUSE).
+    #[serde(default)]
+    pub backend: Backend,
 }
 
 impl MountRecord {

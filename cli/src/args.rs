@@ -3,6 +3,7 @@
 
 use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use stagefs_cache::Remedy;
+use stagefs_cache::control::Backend;
 use stagefs_cache::defaults;
 use stagefs_cache::units::format_duration;
 use stagefs_policy::OnFull;
@@ -90,6 +91,9 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Mount SOURCE (e.g. a HuggingFace cache on a NAS) read-only at MOUNTPOINT.
     Mount(MountArgs),
+    /// Serve SOURCE over NFSv3 on a loopback port in the foreground, without mounting
+    /// it; the first line on stdout is the export's URL (for libnfs clients).
+    Serve(ServeArgs),
     /// Unmount a stagefs mount.
     Unmount(UnmountArgs),
     /// Run a command against the mount: mount if needed, stage models, then run it
@@ -132,10 +136,55 @@ pub(crate) struct MountArgs {
     pub(crate) notify_ready: bool,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The directory to mirror [default: `source` in the config file].
+    pub(crate) source: Option<PathBuf>,
+    /// Where to listen: a loopback address; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub(crate) listen: std::net::SocketAddr,
+    #[command(flatten)]
+    pub(crate) options: MountOptions,
+}
+
+/// How a mount reaches the kernel (`--backend`, `backend` in the config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum BackendArg {
+    /// A FUSE filesystem (fuse3 on Linux; macFUSE's kernel extension on macOS).
+    Fuse,
+    /// A loopback NFSv3 server mounted with the system's NFS client: no kernel
+    /// extension on macOS.
+    Nfs,
+}
+
+impl BackendArg {
+    /// The backend used when neither the flag nor the config file picks one: NFS on
+    /// macOS (no kernel extension to install), FUSE elsewhere.
+    pub(crate) fn platform_default() -> Backend {
+        if cfg!(target_os = "macos") {
+            Backend::Nfs
+        } else {
+            Backend::Fuse
+        }
+    }
+
+    /// The mount's backend.
+    pub(crate) fn backend(self) -> Backend {
+        match self {
+            BackendArg::Fuse => Backend::Fuse,
+            BackendArg::Nfs => Backend::Nfs,
+        }
+    }
+}
+
 /// How a mount behaves. Every flag overrides the config file's key of the same name;
 /// what neither sets takes the default shown.
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct MountOptions {
+    /// How the mount reaches the kernel [default: nfs on macOS, fuse elsewhere].
+    #[arg(long, value_enum)]
+    pub(crate) backend: Option<BackendArg>,
     /// Local cache directory [default: $XDG_CACHE_HOME/stagefs or ~/.cache/stagefs;
     /// ~/Library/Caches/stagefs on macOS].
     #[arg(long)]

@@ -14,7 +14,7 @@ use stagefs_cache::defaults;
 use stagefs_mount::MountSpec;
 use stagefs_policy::FsConfig;
 
-use crate::args::{CacheDirArg, MountOptions, OnFullArg};
+use crate::args::{BackendArg, CacheDirArg, MountOptions, OnFullArg};
 use crate::units::{parse_duration, parse_size, parse_source_dir};
 
 /// The keys a config file may hold; each is optional.
@@ -48,6 +48,7 @@ pub(crate) struct FileConfig {
     allow_other: Option<bool>,
     #[serde(default, deserialize_with = "source_dirs")]
     model_dirs: Option<Vec<PathBuf>>,
+    backend: Option<BackendArg>,
 }
 
 /// The loaded config and where it came from.
@@ -131,9 +132,31 @@ impl Config {
         mountpoint: Option<&Path>,
         flags: &MountOptions,
     ) -> anyhow::Result<MountSpec> {
+        let mountpoint = self.mountpoint(mountpoint)?;
+        self.spec(source, mountpoint, flags)
+    }
+
+    /// The spec `stagefs serve` serves: NFS on `listen`, and no mount point.
+    pub(crate) fn serve_spec(
+        &self,
+        source: Option<&Path>,
+        listen: std::net::SocketAddr,
+        flags: &MountOptions,
+    ) -> anyhow::Result<MountSpec> {
+        let mut spec = self.spec(source, PathBuf::new(), flags)?;
+        spec.backend = stagefs_cache::control::Backend::Nfs;
+        spec.nfs_listen = listen;
+        Ok(spec)
+    }
+
+    fn spec(
+        &self,
+        source: Option<&Path>,
+        mountpoint: PathBuf,
+        flags: &MountOptions,
+    ) -> anyhow::Result<MountSpec> {
         let file = &self.file;
         let source = self.required(source, file.source.as_deref(), "source")?;
-        let mountpoint = self.mountpoint(mountpoint)?;
         let cache_dir = self.cache_dir(flags.cache_dir.as_deref())?;
         if let Some(warning) = self.on_full_deprecation(flags.on_full) {
             eprintln!("stagefs: warning: {warning}");
@@ -178,6 +201,11 @@ impl Config {
             } else {
                 flags.model_dirs.clone()
             },
+            backend: flags
+                .backend
+                .or(file.backend)
+                .map_or_else(BackendArg::platform_default, BackendArg::backend),
+            ..MountSpec::new(PathBuf::new(), PathBuf::new(), PathBuf::new())
         })
     }
 

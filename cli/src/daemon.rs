@@ -73,6 +73,17 @@ pub(crate) fn serve_foreground(spec: &MountSpec, notify_ready: bool) -> anyhow::
     running.wait().map_err(explain)
 }
 
+/// `stagefs serve`: the NFS export of `spec`, in this process until interrupted.
+/// The first line on stdout is the export's URL.
+pub(crate) fn serve_nfs(spec: &MountSpec) -> anyhow::Result<()> {
+    let running = Running::serve_nfs(spec).map_err(explain)?;
+    if let Some(url) = running.nfs_url() {
+        println!("{url}");
+        let _ = std::io::stdout().flush();
+    }
+    running.wait().map_err(explain)
+}
+
 // After the launcher has read "ready" it exits; later writes to stdout must not fail.
 fn detach_stdout() {
     if let Ok(devnull) = OpenOptions::new().write(true).open("/dev/null") {
@@ -139,6 +150,7 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
         spec.mountpoint.clone().into(),
         "--cache-dir".into(),
         spec.cache_dir.clone().into(),
+        format!("--backend={}", spec.backend).into(),
         format!("--min-stage-size={}", fs.min_stage_size).into(),
         format!("--copy-streams={}", spec.copy.streams).into(),
         format!("--source-timeout={}s", fs.source_timeout.as_secs()).into(),

@@ -28,7 +28,7 @@ impl MountSpec {
     /// outside both; the size limit no smaller than the smallest staged file. A mount
     /// point left dead by a crashed daemon is unmounted first.
     pub fn check(&self) -> Result<Checked, MountError> {
-        let source = answering_dir(&self.source, self.fs.source_timeout)?;
+        self.check_source_and_cache()?;
         let checked = Checked {
             cleared_stale_mount: recover_stale_mount(&self.mountpoint)?,
         };
@@ -46,7 +46,21 @@ impl MountSpec {
             });
         }
         let cache = canonical_prefix(&self.cache_dir)?;
-        if cache.starts_with(&source) || cache.starts_with(&mountpoint) {
+        if cache.starts_with(&mountpoint) {
+            return Err(MountError::CacheInside {
+                cache_dir: self.cache_dir.clone(),
+            });
+        }
+        Ok(checked)
+    }
+
+    /// The checks that do not involve a mount point (all `stagefs serve` needs): the
+    /// source answers and is a directory, the cache directory lies outside it, and
+    /// the size limit can hold a staged file. Returns the resolved source.
+    pub fn check_source_and_cache(&self) -> Result<PathBuf, MountError> {
+        let source = answering_dir(&self.source, self.fs.source_timeout)?;
+        let cache = canonical_prefix(&self.cache_dir)?;
+        if cache.starts_with(&source) {
             return Err(MountError::CacheInside {
                 cache_dir: self.cache_dir.clone(),
             });
@@ -59,7 +73,7 @@ impl MountSpec {
                 min_stage_size: self.fs.min_stage_size,
             });
         }
-        Ok(checked)
+        Ok(source)
     }
 
     /// Creates the cache directory (private to its owner) if missing and makes sure
@@ -150,7 +164,7 @@ fn recover_stale_mount(mountpoint: &Path) -> Result<bool, MountError> {
 
 /// Whether `dir` is the root of a mounted filesystem (its device differs from its
 /// parent's, or it is `/`).
-fn is_mount_point(dir: &Path) -> io::Result<bool> {
+pub(crate) fn is_mount_point(dir: &Path) -> io::Result<bool> {
     use std::os::unix::fs::MetadataExt;
     let Some(parent) = dir.parent() else {
         return Ok(true);

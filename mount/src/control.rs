@@ -17,6 +17,8 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::debug;
 
+use stagefs_cache::control::Backend;
+
 use crate::{MountError, MountSpec};
 
 /// A bound control socket, not yet serving.
@@ -28,6 +30,8 @@ pub(crate) struct ControlServer {
     /// Files a prefetch copies at a time; None: by the source's kind.
     prefetch_parallel: Option<usize>,
     model_dirs: Arc<[PathBuf]>,
+    /// How the mount reaches the kernel, and an NFS export's URL.
+    backend: (Backend, Option<String>),
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -36,6 +40,7 @@ pub(crate) async fn bind(
     path: &Path,
     spec: &MountSpec,
     stager: Stager,
+    export: Option<String>,
 ) -> Result<ControlServer, MountError> {
     let _ = fs::remove_file(path);
     let doing = || format!("creating control socket {}", path.display());
@@ -49,6 +54,7 @@ pub(crate) async fn bind(
         min_stage_size: spec.fs.min_stage_size,
         prefetch_parallel: spec.fs.prefetch_parallel,
         model_dirs: spec.model_dirs.clone().into(),
+        backend: (spec.backend, export),
     })
 }
 
@@ -263,6 +269,7 @@ impl ControlServer {
             in_flight: self.stager.in_flight(),
             mountpoint: Some(self.mountpoint.clone()),
             source_health: Some(self.stager.source_pool().health()),
+            backend: Some(self.backend.clone()),
         }
     }
 

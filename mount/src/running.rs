@@ -1,14 +1,17 @@
-//! A live mount served by this process: started, served, stopped.
+//! A live mount served by this process: started, served, stopped, through either
+//! backend (FUSE, or the loopback NFS server and the system's NFS client).
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::SessionUnmounter;
-use stagefs_cache::control::MountRecord;
+use stagefs_cache::control::{Backend, MountRecord};
 use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, StagerOptions, Store, StoreError};
 use stagefs_fuse::StageFs;
+use stagefs_nfs::Serving;
+use stagefs_policy::{FsConfig, Policy};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -18,33 +21,117 @@ use crate::{MountError, MountSpec, control};
 /// How long stopping waits for the kernel to let go of the mount before giving up.
 const STOP_WAIT: Duration = Duration::from_secs(15);
 
+/// How often an NFS mount checks that it is still mounted.
+const NFS_MOUNT_WATCH: Duration = Duration::from_secs(1);
+
+/// Where the NFS backend keeps its inode numbers (and so its file handles) across
+/// restarts, in the cache directory.
+const NFS_INODE_JOURNAL: &str = "nfs-inodes.jsonl";
+
 /// A live mount served by this process. The FUSE session serves on a thread of its
-/// own and the control socket on the mount's worker runtime, so the process that
-/// started it may read through it. Stop it with [`Running::stop`] or serve until
-/// the end with [`Running::wait`]; dropping it leaves the mount in place.
+/// own (the NFS server on the worker runtime) and the control socket on the mount's
+/// worker runtime, so the process that started it may read through it. Stop it with
+/// [`Running::stop`] or serve until the end with [`Running::wait`]; dropping it
+/// leaves the mount in place.
 pub struct Running {
     runtime: Runtime,
-    unmounter: SessionUnmounter,
-    done: oneshot::Receiver<std::io::Result<()>>,
+    session: Session,
     stager: Stager,
     socket: PathBuf,
     mountpoint: PathBuf,
 }
 
+/// What serves the kernel.
+enum Session {
+    Fuse {
+        unmounter: SessionUnmounter,
+        done: oneshot::Receiver<std::io::Result<()>>,
+    },
+    /// The NFS server, and whether this process mounted it at `mountpoint`.
+    Nfs { serving: Serving, mounted: bool },
+}
+
 impl Running {
     /// Checks the spec ([`MountSpec::check`], which clears a stale mount), creates
     /// the cache directory, opens the store (holding its lock), records the mount,
-    /// mounts and starts the control socket; returns once the kernel has completed
-    /// the FUSE handshake, so the mount point serves the source.
+    /// mounts with the spec's backend and starts the control socket; returns once the
+    /// mount point serves the source (FUSE: the kernel completed its handshake; NFS:
+    /// the system's NFS client mounted the export).
     pub fn start(spec: &MountSpec) -> Result<Running, MountError> {
         let _ = spec.check()?;
-        spec.create_cache_dir()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        match spec.backend {
+            Backend::Fuse => Self::start_fuse(spec),
+            Backend::Nfs => Self::start_nfs(spec, true),
+        }
+    }
+
+    /// Serves the NFS export of `spec`'s source without mounting it (`stagefs
+    /// serve`): the source and the cache are checked, the mount point is not used.
+    pub fn serve_nfs(spec: &MountSpec) -> Result<Running, MountError> {
+        spec.check_source_and_cache()?;
+        Self::start_nfs(spec, false)
+    }
+
+    /// The NFS export's libnfs URL, for a mount served over NFS.
+    pub fn nfs_url(&self) -> Option<String> {
+        match &self.session {
+            Session::Nfs { serving, .. } => Some(serving.url()),
+            Session::Fuse { .. } => None,
+        }
+    }
+
+    fn runtime() -> Result<Runtime, MountError> {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("stagefs-worker")
             .enable_all()
             .build()
-            .map_err(|e| MountError::io("starting the worker runtime", e))?;
+            .map_err(|e| MountError::io("starting the worker runtime", e))
+    }
+
+    fn start_nfs(spec: &MountSpec, mount: bool) -> Result<Running, MountError> {
+        spec.create_cache_dir()?;
+        let runtime = Self::runtime()?;
+        let stager = open_stager(spec, &runtime)?;
+        let journal = spec.cache_dir.join(NFS_INODE_JOURNAL);
+        let policy = Policy::with_inode_journal(
+            stager.clone(),
+            nfs_config(&spec.fs),
+            runtime.handle().clone(),
+            &journal,
+        )
+        .map_err(|e| MountError::io(format!("opening {}", journal.display()), e))?;
+        // SAFETY: geteuid has no preconditions.
+        let owner = unsafe { libc::geteuid() };
+        let serving = runtime
+            .block_on(stagefs_nfs::serve(Arc::new(policy), spec.nfs_listen, owner))
+            .map_err(|e| MountError::io(format!("serving NFS at {}", spec.nfs_listen), e))?;
+        let export = serving.url();
+        if mount
+            && let Err(e) = stagefs_nfs::kernel_mount::mount(serving.addr.port(), &spec.mountpoint)
+        {
+            serving.stop();
+            return Err(MountError::io(
+                format!("mounting the NFS export at {}", spec.mountpoint.display()),
+                e,
+            ));
+        }
+        let running = Running {
+            runtime,
+            session: Session::Nfs {
+                serving,
+                mounted: mount,
+            },
+            stager: stager.clone(),
+            socket: stagefs_cache::control::socket_path(&spec.cache_dir),
+            mountpoint: spec.mountpoint.clone(),
+        };
+        running.start_control(spec, stager, Some(export))
+    }
+
+    fn start_fuse(spec: &MountSpec) -> Result<Running, MountError> {
+        spec.create_cache_dir()?;
+        let runtime = Self::runtime()?;
         let stager = open_stager(spec, &runtime)?;
         let fs = StageFs::new(stager.clone(), spec.fs.clone(), runtime.handle().clone());
         let mut session = fuser::Session::new(
@@ -61,27 +148,36 @@ impl Running {
                 let _ = done_tx.send(session.run());
             })
             .map_err(|e| MountError::io("starting the request loop", e))?;
-        let mut running = Running {
+        let running = Running {
             runtime,
-            unmounter,
-            done,
+            session: Session::Fuse { unmounter, done },
             stager: stager.clone(),
             socket: stagefs_cache::control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
         };
-        let bound = running
+        running.start_control(spec, stager, None)
+    }
+
+    /// Starts the control socket; without it the mount could never be asked or
+    /// stopped by name, so a mount whose socket fails is taken down again.
+    fn start_control(
+        self,
+        spec: &MountSpec,
+        stager: Stager,
+        export: Option<String>,
+    ) -> Result<Running, MountError> {
+        let bound = self
             .runtime
-            .block_on(control::bind(&running.socket, spec, stager));
+            .block_on(control::bind(&self.socket, spec, stager, export));
         match bound {
-            Ok(server) => running.runtime.spawn(server.serve()),
+            Ok(server) => self.runtime.spawn(server.serve()),
             Err(e) => {
-                // Without its socket the mount could never be asked or stopped by name.
-                let _ = running.unmounter.unmount();
+                let _ = self.stop();
                 return Err(e);
             }
         };
-        info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), "mounted");
-        Ok(running)
+        info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), backend = %spec.backend, "mounted");
+        Ok(self)
     }
 
     /// The mount's counters so far.
@@ -97,14 +193,30 @@ impl Running {
     /// Serves until the mount goes away (unmounted from outside) or the process is
     /// asked to stop (SIGINT, SIGTERM), then stops.
     pub fn wait(mut self) -> Result<(), MountError> {
-        let ended = self.runtime.block_on(async {
-            tokio::select! {
-                result = &mut self.done => Some(result),
-                () = shutdown_signal() => None,
+        let mountpoint = self.mountpoint.clone();
+        let ended = match &mut self.session {
+            Session::Fuse { done, .. } => self.runtime.block_on(async {
+                tokio::select! {
+                    result = done => Some(result),
+                    () = shutdown_signal() => None,
+                }
+            }),
+            Session::Nfs { mounted, .. } => {
+                let mounted = *mounted;
+                self.runtime.block_on(async {
+                    tokio::select! {
+                        () = unmounted_from_outside(&mountpoint, mounted) => Some(Ok(Ok(()))),
+                        () = shutdown_signal() => None,
+                    }
+                })
             }
-        });
+        };
         match ended {
             Some(result) => {
+                if let Session::Nfs { mounted, .. } = &mut self.session {
+                    // Already gone: nothing for stop to unmount.
+                    *mounted = false;
+                }
                 self.cleanup();
                 flatten(result)
             }
@@ -117,16 +229,27 @@ impl Running {
     /// then detached by the kernel when its last user leaves.
     pub fn stop(mut self) -> Result<(), MountError> {
         info!("unmounting");
-        if let Err(e) = self.unmounter.unmount() {
-            warn!(error = %e, "unmount failed");
-        }
-        let waited = self
-            .runtime
-            .block_on(async { tokio::time::timeout(STOP_WAIT, &mut self.done).await });
+        let waited = match &mut self.session {
+            Session::Fuse { unmounter, done } => {
+                if let Err(e) = unmounter.unmount() {
+                    warn!(error = %e, "unmount failed");
+                }
+                self.runtime
+                    .block_on(async { tokio::time::timeout(STOP_WAIT, done).await })
+                    .ok()
+            }
+            Session::Nfs { mounted, .. } => {
+                if *mounted {
+                    unmount_nfs(&self.mountpoint);
+                    *mounted = false;
+                }
+                Some(Ok(Ok(())))
+            }
+        };
         self.cleanup();
         match waited {
-            Ok(result) => flatten(result),
-            Err(_) => {
+            Some(result) => flatten(result),
+            None => {
                 warn!("the request loop did not finish after unmounting; going on anyway");
                 Ok(())
             }
@@ -136,6 +259,10 @@ impl Running {
     fn cleanup(self) {
         let _ = fs::remove_file(&self.socket);
         info!(metrics = ?self.metrics(), "stopped");
+        if let Session::Nfs { serving, .. } = self.session {
+            let _guard = self.runtime.enter();
+            serving.stop();
+        }
         // A worker stuck on an unreachable source must not keep the process alive.
         self.runtime.shutdown_background();
     }
@@ -160,6 +287,7 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
         budget,
         min_stage_size: spec.fs.min_stage_size,
         model_dirs: spec.model_dirs.clone(),
+        backend: spec.backend,
     };
     record
         .write(&spec.cache_dir)
@@ -176,6 +304,46 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
         runtime.handle().clone(),
         options,
     ))
+}
+
+/// The policy configuration for the NFS backend: a staged file is always presented
+/// as itself. A link to its copy would change the file's type under one fileid,
+/// while the client caches names and attributes; and there is no passthrough.
+fn nfs_config(fs: &FsConfig) -> FsConfig {
+    FsConfig {
+        redirect: false,
+        passthrough: false,
+        hide_finder_files: true,
+        ..fs.clone()
+    }
+}
+
+/// Returns once `mountpoint` is no longer mounted (`umount` from outside); never,
+/// for an export that was not mounted by this process.
+async fn unmounted_from_outside(mountpoint: &Path, mounted: bool) {
+    if !mounted {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(NFS_MOUNT_WATCH).await;
+        let mountpoint = mountpoint.to_path_buf();
+        let still =
+            tokio::task::spawn_blocking(move || crate::checks::is_mount_point(&mountpoint)).await;
+        if matches!(still, Ok(Ok(false))) {
+            info!("the NFS mount was unmounted");
+            return;
+        }
+    }
+}
+
+/// Unmounts an NFS mount, forcibly if a plain unmount is refused (files open).
+fn unmount_nfs(mountpoint: &Path) {
+    if let Err(e) = stagefs_nfs::kernel_mount::unmount(mountpoint, false) {
+        warn!(error = %e, "unmount failed; forcing it");
+        if let Err(e) = stagefs_nfs::kernel_mount::unmount(mountpoint, true) {
+            warn!(error = %e, "forced unmount failed");
+        }
+    }
 }
 
 fn flatten(

@@ -1,10 +1,12 @@
 //! What a mount serves, from where, with which limits.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use stagefs_cache::Budget;
 use stagefs_cache::budget::volume_space;
+use stagefs_cache::control::Backend;
 use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
 use stagefs_policy::FsConfig;
@@ -32,6 +34,10 @@ pub struct MountSpec {
     pub copy: CopyOptions,
     /// Paths in the source searched for models like its root.
     pub model_dirs: Vec<PathBuf>,
+    /// How the mount reaches the kernel.
+    pub backend: Backend,
+    /// Where the NFS backend listens (a loopback address; port 0: any free port).
+    pub nfs_listen: SocketAddr,
 }
 
 impl MountSpec {
@@ -52,6 +58,8 @@ impl MountSpec {
             redirect_grace: DEFAULT_REDIRECT_GRACE,
             copy: CopyOptions::default(),
             model_dirs: Vec::new(),
+            backend: Backend::default(),
+            nfs_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         }
     }
 

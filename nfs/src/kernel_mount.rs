@@ -1,0 +1,133 @@
+//! Mounting the export with the system's own NFS client, and unmounting it.
+//!
+//! The options, each chosen on purpose (macOS first; Linux has equivalents):
+//! - `vers=3,tcp`, `port=P,mountport=P`: NFSv3 over TCP to our one port, which
+//!   answers MOUNT too; no portmapper is asked.
+//! - `hard`: a call that gets no answer is retried, never failed with EIO. The
+//!   server never leaves a call unanswered for long (a READ still staging answers
+//!   JUKEBOX within 2.5 s; a dead source answers EIO within `--source-timeout`).
+//! - `intr`: a signal interrupts a waiting call, so Ctrl-C works on a hard mount.
+//! - `mutejukebox`: no "server not responding" dialog while the client retries a
+//!   JUKEBOX (a shard still being staged).
+//! - `locallocks` (Linux: `local_lock=all`): flock/fcntl locks, which
+//!   huggingface_hub takes through `filelock`, are kept in the client kernel; the
+//!   server has no lock manager, and `nolocks` would make them fail with ENOTSUP.
+//! - `nobrowse`: the volume stays out of the Finder's sidebar and Desktop, so the
+//!   Finder and Quick Look do not crawl it (a thumbnail reads, and so stages, a
+//!   multi-GiB shard).
+//! - `rdonly` (Linux `ro`): the export is read-only.
+//! - `rsize=1048576`: the server's largest READ, so a loader's 32 MiB preads become
+//!   32 calls instead of hundreds.
+//! - `actimeo=1`: attributes and names are cached for 1 s, as the FUSE mount's
+//!   kernel does, so a change at the source shows within about a second.
+
+use std::io;
+use std::path::Path;
+use std::process::Command;
+
+/// The `-o` options for a mount of the export on `port`.
+pub fn options(port: u16) -> String {
+    #[cfg(target_os = "macos")]
+    let platform = "hard,intr,mutejukebox,locallocks,nobrowse,rdonly";
+    #[cfg(not(target_os = "macos"))]
+    let platform = "hard,local_lock=all,ro,mountproto=tcp";
+    format!("vers=3,tcp,port={port},mountport={port},rsize=1048576,actimeo=1,{platform}")
+}
+
+/// Mounts the export on `port` at `mountpoint` with the system's NFS client. On
+/// macOS an ordinary user may mount on a directory they own; on Linux it needs
+/// root and `mount.nfs` (nfs-common).
+pub fn mount(port: u16, mountpoint: &Path) -> io::Result<()> {
+    let program = mount_program()?;
+    let output = Command::new(program)
+        .args(mount_args())
+        .arg("-o")
+        .arg(options(port))
+        .arg("127.0.0.1:/")
+        .arg(mountpoint)
+        .output()?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&output.stderr);
+    let said = said.trim();
+    Err(io::Error::other(format!(
+        "{program} failed ({}){}{said}",
+        output.status,
+        if said.is_empty() { "" } else { ": " }
+    )))
+}
+
+/// Unmounts `mountpoint`; `force` (macOS `umount -f`, Linux a lazy detach) even
+/// while something has files open in it.
+pub fn unmount(mountpoint: &Path, force: bool) -> io::Result<()> {
+    let mut command = Command::new("umount");
+    if force {
+        command.arg(if cfg!(target_os = "macos") {
+            "-f"
+        } else {
+            "-l"
+        });
+    }
+    let output = command.arg(mountpoint).output()?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "umount {} failed: {}",
+        mountpoint.display(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
+}
+
+#[cfg(target_os = "macos")]
+fn mount_program() -> io::Result<&'static str> {
+    Ok("/sbin/mount_nfs")
+}
+
+#[cfg(target_os = "macos")]
+fn mount_args() -> [&'static str; 0] {
+    []
+}
+
+/// `mount -t nfs`, where this kernel has an NFS client.
+#[cfg(not(target_os = "macos"))]
+fn mount_program() -> io::Result<&'static str> {
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    let has_client = filesystems
+        .lines()
+        .any(|line| line.split_whitespace().last() == Some("nfs"));
+    let has_helper = ["/sbin/mount.nfs", "/usr/sbin/mount.nfs"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    if !has_client && !has_helper {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this kernel has no NFS client (no nfs in /proc/filesystems, no mount.nfs): \
+             use --backend fuse, or `stagefs serve` with a user-space NFS client",
+        ));
+    }
+    Ok("mount")
+}
+
+#[cfg(not(target_os = "macos"))]
+fn mount_args() -> [&'static str; 2] {
+    ["-t", "nfs"]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_name_the_port_for_both_protocols_and_are_read_only() {
+        let options = options(4711);
+        assert!(options.contains("port=4711,mountport=4711"), "{options}");
+        assert!(options.starts_with("vers=3,tcp,"), "{options}");
+        assert!(options.contains(",hard"), "{options}");
+        assert!(
+            options.contains("rdonly") || options.contains(",ro"),
+            "{options}"
+        );
+    }
+}

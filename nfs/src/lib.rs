@@ -1,0 +1,28 @@
+//! The NFSv3 adapter of stagefs: a loopback NFSv3 server (the `nfs3_server` crate)
+//! over the backend-neutral [`stagefs_policy::Policy`], which the system's own NFS
+//! client mounts. This is how stagefs reaches a Mac without a kernel extension:
+//! `mount_nfs` mounts a server on 127.0.0.1 as an ordinary user.
+//!
+//! The adapter only translates: NFS procedures to the policy's calls
+//! ([`server::StageNfs`]), its errors to `nfsstat3` ([`status`]), its attributes
+//! to `fattr3` ([`attrs`]). What NFS adds, and this crate owns:
+//! - NFSv3 has no OPEN: a file's first READ opens it in the policy, which stages it;
+//!   a READ that would wait past [`reads::HOLD`] answers `NFS3ERR_JUKEBOX` and the
+//!   client retries, so it never marks the server "not responding" ([`reads`]);
+//! - file handles outlive the server: they carry the inode journal's generation and
+//!   the policy's journaled inode number ([`handle`]);
+//! - a loopback port is open to every local process: only AUTH_UNIX calls of the
+//!   serving user or root, and (on Linux) only connections from reserved ports, are
+//!   served ([`listen`]);
+//! - mounting with the system's NFS client, with deliberate options ([`kernel_mount`]).
+
+pub mod attrs;
+pub mod handle;
+pub mod kernel_mount;
+pub mod listen;
+pub mod reads;
+pub mod server;
+pub mod status;
+
+pub use listen::{Serving, serve};
+pub use server::StageNfs;

@@ -1,0 +1,246 @@
+//! Serving the export on a loopback port, to this machine's kernel NFS client alone.
+//!
+//! A loopback port is open to every local process, and AUTH_UNIX credentials are
+//! whatever the caller writes in them. So the export is served only:
+//! - over calls whose AUTH_UNIX uid is the serving user's or root's
+//!   ([`StageNfs`]'s `authorize`; others get an RPC auth error);
+//! - on Linux, over connections from a reserved port (below 1024), which only the
+//!   kernel or root can bind: the listening socket carries a socket filter that drops
+//!   anything else at connect, so a forged credential from an ordinary process never
+//!   reaches the server ([`reserved_ports_only`]).
+//!
+//! Limits: root can always get in. On macOS, since 10.14 any user may bind a low
+//! port, so no port check could tell the kernel apart there, and none is made: any
+//! local process that writes the serving user's uid into its credentials is served.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nfs3_server::tcp::{NFSTcp, NFSTcpListener};
+use nfs3_server::vfs::adapters::ReadOnlyAdapter;
+use stagefs_policy::Policy;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+use crate::reads::IDLE;
+use crate::server::StageNfs;
+
+/// How often handles nobody reads are looked for.
+const IDLE_SWEEP: Duration = Duration::from_secs(5);
+
+/// An export being served.
+#[derive(Debug)]
+pub struct Serving {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    export: Arc<ServedExport>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// What the server tasks share with [`Serving`].
+#[derive(Debug)]
+struct ServedExport {
+    policy: Arc<Policy>,
+    reads: Arc<crate::reads::Reads>,
+}
+
+impl Serving {
+    /// The export's libnfs URL (`nfs-ls`, `nfs-cat`: append a path after the `/`).
+    pub fn url(&self) -> String {
+        url(self.addr, "")
+    }
+
+    /// How many files are open for reads now (each pins its copy).
+    pub fn open_files(&self) -> usize {
+        self.export.reads.open_count()
+    }
+
+    /// The policy behind the export.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.export.policy
+    }
+
+    /// Stops listening and closes every handle; connections already made end with
+    /// the process or when their client closes them.
+    pub fn stop(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.export
+            .reads
+            .close_idle(&self.export.policy, Duration::ZERO);
+    }
+}
+
+/// The libnfs URL of `path` (no leading slash) in the export at `addr`.
+pub fn url(addr: SocketAddr, path: &str) -> String {
+    let port = addr.port();
+    format!(
+        "nfs://{}/{path}?nfsport={port}&mountport={port}&version=3",
+        addr.ip()
+    )
+}
+
+/// Serves `policy`'s mount over NFSv3 at `listen` (port 0: any free one) to `owner`
+/// and root, on the current tokio runtime. File handles carry the policy's inode
+/// generation, so they stay valid across restarts with the same cache directory.
+pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::Result<Serving> {
+    if !listen.ip().is_loopback() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{listen} is not a loopback address; the export is for this machine only"),
+        ));
+    }
+    let export = StageNfs::new(Arc::clone(&policy), owner);
+    let reads = Arc::clone(export.reads());
+    let generation = policy.inode_generation();
+    let listener = NFSTcpListener::bind_with_generation(
+        &listen.to_string(),
+        ReadOnlyAdapter::new(export),
+        generation,
+    )
+    .await?;
+    let addr = SocketAddr::new(listener.get_listen_ip(), listener.get_listen_port());
+    reserved_ports_only(addr)?;
+    info!(%addr, "serving NFSv3");
+    let server = tokio::spawn(async move {
+        if let Err(e) = listener.handle_forever().await {
+            tracing::error!(error = %e, "the NFS server stopped");
+        }
+    });
+    let janitor = {
+        let (policy, reads) = (Arc::clone(&policy), Arc::clone(&reads));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE_SWEEP).await;
+                reads.close_idle(&policy, IDLE);
+            }
+        })
+    };
+    Ok(Serving {
+        addr,
+        export: Arc::new(ServedExport { policy, reads }),
+        tasks: vec![server, janitor],
+    })
+}
+
+#[cfg(target_os = "linux")]
+pub use linux::reserved_ports_only;
+#[cfg(not(target_os = "linux"))]
+pub use other::reserved_ports_only;
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::io;
+    use std::net::SocketAddr;
+    use std::os::fd::RawFd;
+
+    /// Makes the listening socket at `addr` in this process drop connection attempts
+    /// from unreserved ports (a classic BPF socket filter: the kernel runs it on the
+    /// listener's SYNs, and accepted sockets inherit it).
+    pub fn reserved_ports_only(addr: SocketAddr) -> io::Result<()> {
+        let fd = listening_fd(addr)?;
+        // A TCP socket filter sees the segment from its TCP header on: the source
+        // port is its first 16 bits.
+        let mut program = [
+            insn(libc::BPF_LD | libc::BPF_H | libc::BPF_ABS, 0, 0, 0),
+            insn(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, 0, 1, 1024),
+            insn(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+            insn(libc::BPF_RET | libc::BPF_K, 0, 0, u32::MAX),
+        ];
+        let prog = libc::sock_fprog {
+            len: program.len() as u16,
+            filter: program.as_mut_ptr(),
+        };
+        // SAFETY: `prog` points at `program`, alive for the call; the kernel copies it.
+        let set = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                std::ptr::from_ref(&prog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if set != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn insn(code: u32, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+        libc::sock_filter {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        }
+    }
+
+    /// This process's listening TCP socket bound to `addr`: the server library keeps
+    /// its listener to itself, so it is found among the open descriptors.
+    fn listening_fd(addr: SocketAddr) -> io::Result<RawFd> {
+        for entry in std::fs::read_dir("/proc/self/fd")? {
+            let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if bound_to(fd) == Some(addr) && listening(fd) {
+                return Ok(fd);
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no listening socket at {addr} in this process"),
+        ))
+    }
+
+    fn bound_to(fd: RawFd) -> Option<SocketAddr> {
+        // SAFETY: an all-zero sockaddr_storage is valid; getsockname writes at most len.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: storage and len are valid for writes; a non-socket fd fails (ENOTSOCK).
+        let got =
+            unsafe { libc::getsockname(fd, std::ptr::from_mut(&mut storage).cast(), &mut len) };
+        if got != 0 || i32::from(storage.ss_family) != libc::AF_INET {
+            return None;
+        }
+        // SAFETY: the family says the storage holds a sockaddr_in.
+        let sin: libc::sockaddr_in = unsafe {
+            std::ptr::from_ref(&storage)
+                .cast::<libc::sockaddr_in>()
+                .read()
+        };
+        let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+    }
+
+    fn listening(fd: RawFd) -> bool {
+        let mut on: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `on` and `len` are valid for writes of their sizes.
+        let got = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ACCEPTCONN,
+                std::ptr::from_mut(&mut on).cast(),
+                &mut len,
+            )
+        };
+        got == 0 && on == 1
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod other {
+    use std::io;
+    use std::net::SocketAddr;
+
+    /// No port check here: any user may bind a low port on macOS (see the module
+    /// docs), so credentials alone decide.
+    pub fn reserved_ports_only(_addr: SocketAddr) -> io::Result<()> {
+        Ok(())
+    }
+}
