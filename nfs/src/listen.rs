@@ -12,6 +12,10 @@
 //! Limits: root can always get in. On macOS, since 10.14 any user may bind a low
 //! port, so no port check could tell the kernel apart there, and none is made: any
 //! local process that writes the serving user's uid into its credentials is served.
+//! The same holds for a server an ordinary user runs on Linux: the kernel lets only
+//! a privileged process put a filter on a listening TCP socket (EPERM otherwise), and
+//! an ordinary user cannot mount NFS there anyway, so such a server (`stagefs serve`
+//! for user-space clients) checks credentials alone.
 
 use std::io;
 use std::net::SocketAddr;
@@ -103,7 +107,13 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
     )
     .await?;
     let addr = SocketAddr::new(listener.get_listen_ip(), listener.get_listen_port());
-    reserved_ports_only(addr)?;
+    match reserved_ports_only(addr) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            info!(%addr, "serving connections from any port: this kernel lets only a privileged process filter a listening socket, so credentials alone decide");
+        }
+        Err(e) => return Err(e),
+    }
     info!(%addr, "serving NFSv3");
     let server = tokio::spawn(async move {
         if let Err(e) = listener.handle_forever().await {

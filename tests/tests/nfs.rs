@@ -1,0 +1,474 @@
+//! The NFS backend end to end: `stagefs serve` as a real process, read by clients no
+//! one here wrote: Debian's libnfs utilities (`nfs-ls`, `nfs-cat`) and, for the
+//! protocol-level cases across a restart, the `nfs3_client` crate. No kernel NFS
+//! client is needed. Bytes are compared with the source (an LFS blob's sha256 with
+//! its name) and staging is counted in the cache.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use nfs3_client::Nfs3ConnectionBuilder;
+use nfs3_client::nfs3_types::nfs3::{
+    LOOKUP3args, Nfs3Result, READ3args, diropargs3, filename3, nfs_fh3, nfsstat3,
+};
+use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
+use nfs3_client::nfs3_types::xdr_codec::Opaque;
+use nfs3_client::tokio::TokioConnector;
+use stagefs_tests::{
+    Layout, Scratch, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least, stagefs_bin,
+    status_json, temp_files, wait_for,
+};
+
+const ID: &str = "acme/served";
+const SHARDS: usize = 3;
+const SHARD_SIZE: &str = "2M";
+const MIB: u64 = 1 << 20;
+
+/// A running `stagefs serve`, stopped (SIGTERM) when dropped.
+struct Served {
+    child: Child,
+    url: String,
+    addr: SocketAddr,
+}
+
+impl Served {
+    /// `stagefs serve SOURCE --cache-dir CACHE FLAGS`, once it has printed its URL.
+    fn start(source: &Path, cache: &Path, flags: &[&str]) -> Served {
+        Served::start_with(Command::new(stagefs_bin()), source, cache, flags)
+    }
+
+    fn start_with(mut command: Command, source: &Path, cache: &Path, flags: &[&str]) -> Served {
+        let mut child = command
+            .args(["--no-config", "serve"])
+            .arg(source)
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting stagefs serve");
+        let mut first = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("the URL line");
+        if first.is_empty() {
+            let out = child.wait_with_output().expect("serve exited");
+            panic!(
+                "stagefs serve printed no URL: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let url = first.trim().to_string();
+        let port: u16 = url
+            .split("nfsport=")
+            .nth(1)
+            .and_then(|rest| rest.split('&').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {url}"));
+        Served {
+            child,
+            url,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    /// The libnfs URL of `rel` in the export (libnfs mounts the URL's directory).
+    fn url_of(&self, rel: impl AsRef<Path>) -> String {
+        let port = self.addr.port();
+        format!(
+            "nfs://127.0.0.1/{}?nfsport={port}&mountport={port}&version=3",
+            rel.as_ref().display()
+        )
+    }
+
+    /// Sends SIGTERM and waits for the process to end.
+    fn stop(mut self) {
+        self.terminate();
+    }
+
+    /// Kills the process at once, as a crash would.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn terminate(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.terminate();
+        }
+    }
+}
+
+/// `nfs-cat URL` as root (libnfs binds a reserved port as root), bounded in time.
+fn nfs_cat(url: &str) -> Output {
+    Command::new("timeout")
+        .args(["20", "nfs-cat", url])
+        .output()
+        .expect("running nfs-cat (libnfs-utils)")
+}
+
+/// The bytes of `rel` read through the export with libnfs. libnfs passes a JUKEBOX
+/// answer on as an error rather than retrying, so a read of a file still staging
+/// is retried, as the kernel client does.
+fn read_through(served: &Served, rel: impl AsRef<Path>) -> Vec<u8> {
+    let url = served.url_of(rel);
+    for _ in 0..60 {
+        let out = nfs_cat(&url);
+        if out.status.success() {
+            return out.stdout;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let out = nfs_cat(&url);
+    panic!(
+        "nfs-cat {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn nfs_ls(served: &Served, rel: &str) -> Output {
+    Command::new("timeout")
+        .args(["20", "nfs-ls", &served.url_of(rel)])
+        .output()
+        .expect("running nfs-ls")
+}
+
+fn staged_shards(cache: &Path) -> usize {
+    staged_files_of_at_least(cache, MIB).len()
+}
+
+/// Every shard of `src` read through `served`, as its stored path (a blob, named by
+/// its sha256, for the HF layouts; the file in a folder), is the source's.
+fn assert_shards_right(src: &ShapedSource, served: &Served) {
+    for name in src.shard_names() {
+        let stored = src.stored_path(&name);
+        let bytes = read_through(served, &stored);
+        assert!(
+            bytes == src.bytes(&name),
+            "{} differs from the source",
+            stored.display()
+        );
+        if src.layout != Layout::PlainFolder {
+            let sha = stored
+                .file_name()
+                .expect("blob name")
+                .to_string_lossy()
+                .into_owned();
+            assert_eq!(sha256(&bytes), sha, "a blob's sha256 is its name");
+        }
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sha256sum");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), bytes).expect("write");
+    let out = child.wait_with_output().expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn shape(layout: Layout) {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, layout, ID, SHARDS, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &[]);
+    assert!(
+        served.url.starts_with("nfs://127.0.0.1/?nfsport="),
+        "{}",
+        served.url
+    );
+    // Listing the model's folder (READDIRPLUS, with every file's attributes) and
+    // its files' attributes stages nothing.
+    let listed = nfs_ls(&served, &src.model_dir.display().to_string());
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let listing = String::from_utf8_lossy(&listed.stdout);
+    for name in src.shard_names() {
+        assert!(listing.contains(&name), "{name} not listed: {listing}");
+    }
+    assert_eq!(staged_shards(&s.cache), 0, "a listing stages nothing");
+    // Reading one shard stages it and, by the sibling prefetch, the others.
+    assert_shards_right(&src, &served);
+    wait_for("every shard staged", || staged_shards(&s.cache) == SHARDS);
+    let metrics = &status_json(&s.cache)["metrics"];
+    assert_eq!(
+        metrics["stage_copies"], SHARDS as u64,
+        "each shard copied once: {metrics}"
+    );
+    served.stop();
+}
+
+#[test]
+fn an_hf_home_reads_right_through_libnfs() {
+    shape(Layout::HfHome);
+}
+
+#[test]
+fn a_hub_cache_reads_right_through_libnfs() {
+    shape(Layout::HubCache);
+}
+
+#[test]
+fn plain_model_folders_read_right_through_libnfs() {
+    shape(Layout::PlainFolder);
+}
+
+#[test]
+fn snapshot_links_are_listed_as_the_links_they_are() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 1, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &[]);
+    let listed = nfs_ls(&served, &src.model_dir.display().to_string());
+    let listing = String::from_utf8_lossy(&listed.stdout);
+    let shard = &src.shard_names()[0];
+    let line = listing
+        .lines()
+        .find(|l| l.contains(shard.as_str()))
+        .unwrap_or_else(|| panic!("{shard} not listed: {listing}"));
+    assert!(line.starts_with('l'), "a snapshot file is a link: {line}");
+}
+
+/// An `nfs-ls` of the export root by `user`, bounded in time.
+fn nfs_ls_as(user: &TestUser, served: &Served) -> Output {
+    let mut command = user.command("timeout");
+    command.args(["5", "nfs-ls", &served.url_of("")]);
+    user.output(&mut command)
+}
+
+#[test]
+fn only_root_and_the_serving_user_get_in() {
+    let s = Scratch::for_user();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 1, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &[]);
+    // libnfs as root comes from a reserved port; as root with another uid in its
+    // credentials it is refused by the server.
+    assert!(nfs_ls(&served, "").status.success(), "root gets in");
+    let forged = format!("{}&uid=4242&gid=4242", served.url_of(""));
+    let out = Command::new("timeout")
+        .args(["20", "nfs-ls", &forged])
+        .output()
+        .expect("nfs-ls");
+    assert!(!out.status.success(), "a call with another uid was served");
+    // An ordinary user's libnfs binds an unreserved port: never accepted.
+    let out = nfs_ls_as(s.user(), &served);
+    assert!(
+        !out.status.success(),
+        "{TEST_USER} got in: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn an_ordinary_user_can_serve_and_root_reads_it() {
+    let s = Scratch::for_user();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 2, SHARD_SIZE);
+    let user = s.user();
+    let served = Served::start_with(user.command(stagefs_bin()), &src.root, &s.cache, &[]);
+    assert_shards_right(&src, &served);
+    // The user's own libnfs client (an unreserved port, the user's uid) gets in too.
+    let out = nfs_ls_as(user, &served);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    served.stop();
+}
+
+fn credential() -> opaque_auth<'static> {
+    opaque_auth::auth_unix(&auth_unix {
+        stamp: 1,
+        machinename: Opaque::owned(b"stagefs-it".to_vec()),
+        uid: 0,
+        gid: 0,
+        gids: Vec::new(),
+    })
+}
+
+/// Looks `rel` up from the export's root with `nfs3_client` (from a reserved port,
+/// as root), and reads it whole, retrying JUKEBOX; the file's handle and bytes.
+async fn lookup_and_read(
+    addr: SocketAddr,
+    rel: &Path,
+    handle: Option<nfs_fh3>,
+) -> Result<(nfs_fh3, Vec<u8>), nfsstat3> {
+    let mut conn = Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", "/")
+        .mount_port(addr.port())
+        .nfs3_port(addr.port())
+        .credential(credential())
+        .mount()
+        .await
+        .expect("mount");
+    let fh = match handle {
+        Some(fh) => fh,
+        None => {
+            let mut fh = conn.root_nfs_fh3();
+            for name in rel.iter() {
+                let args = LOOKUP3args {
+                    what: diropargs3 {
+                        dir: fh.clone(),
+                        name: filename3::from(name.as_encoded_bytes().to_vec()),
+                    },
+                };
+                fh = match conn.nfs3_client.lookup(&args).await.expect("rpc") {
+                    Nfs3Result::Ok(ok) => ok.object,
+                    Nfs3Result::Err((stat, _)) => return Err(stat),
+                };
+            }
+            fh
+        }
+    };
+    let mut data = Vec::new();
+    for _ in 0..600 {
+        let args = READ3args {
+            file: fh.clone(),
+            offset: data.len() as u64,
+            count: 1 << 20,
+        };
+        match conn.nfs3_client.read(&args).await.expect("rpc") {
+            Nfs3Result::Ok(ok) => {
+                data.extend_from_slice(&ok.data.0);
+                if ok.eof {
+                    return Ok((fh, data));
+                }
+            }
+            Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Nfs3Result::Err((stat, _)) => return Err(stat),
+        }
+    }
+    panic!("{} never read to its end", rel.display());
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn a_handle_stays_valid_across_a_restart_and_one_from_a_lost_journal_is_stale() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 1, SHARD_SIZE);
+    let shard = src.stored_path(&src.shard_names()[0]);
+    let rt = runtime();
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    let (fh, first) = rt
+        .block_on(lookup_and_read(served.addr, &shard, None))
+        .expect("read");
+    assert!(first == src.bytes(&src.shard_names()[0]));
+    served.stop();
+
+    // A new process, a new port: the client's handle from before still reads.
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    let (_, again) = rt
+        .block_on(lookup_and_read(served.addr, &shard, Some(fh.clone())))
+        .expect("the old handle reads after a restart");
+    assert!(again == first);
+    served.stop();
+
+    // Without the journal the numbers could name other files: the old handle is stale.
+    fs::remove_file(s.cache.join("nfs-inodes.jsonl")).expect("remove the journal");
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    let stale = rt.block_on(lookup_and_read(served.addr, &shard, Some(fh)));
+    assert_eq!(stale.map(|_| ()), Err(nfsstat3::NFS3ERR_STALE));
+    served.stop();
+}
+
+#[test]
+fn a_daemon_killed_mid_copy_leaves_nothing_wrong() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 1, "96M");
+    let name = src.shard_names()[0].clone();
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    // Start a read of the shard in the background, and kill the server mid-copy.
+    let url = served.url_of(src.stored_path(&name));
+    let mut reader = Command::new("timeout")
+        .args(["20", "nfs-cat", &url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nfs-cat");
+    wait_for("the copy started", || {
+        !temp_files(&s.cache).is_empty() || staged_shards(&s.cache) == 1
+    });
+    served.kill();
+    let _ = reader.wait();
+    // A new server clears what the dead one left and serves the right bytes.
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    assert!(read_through(&served, src.stored_path(&name)) == src.bytes(&name));
+    assert!(temp_files(&s.cache).is_empty(), "no temp file left");
+    served.stop();
+}
+
+#[test]
+fn bad_input_gets_one_line_and_a_failure() {
+    let s = Scratch::new();
+    let run = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let out = Command::new(stagefs_bin())
+            .arg("--no-config")
+            .args(args.iter().map(|a| a.as_ref()))
+            .output()
+            .expect("stagefs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let missing = s.dir.path().join("no-such-source");
+    let (ok, err) = run(&[&"serve", &missing, &"--cache-dir", &s.cache]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    // A port another program holds.
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listen = taken.local_addr().expect("addr").to_string();
+    let (ok, err) = run(&[
+        &"serve",
+        &s.hub,
+        &"--cache-dir",
+        &s.cache,
+        &"--listen",
+        &listen,
+    ]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(&listen), "names the address: {err}");
+    // Anything but loopback is refused before anything is served.
+    let (ok, err) = run(&[
+        &"serve",
+        &s.hub,
+        &"--cache-dir",
+        &s.cache,
+        &"--listen",
+        &"0.0.0.0:0",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("not a loopback address"), "{err}");
+    let _ = PathBuf::new();
+}
