@@ -10,6 +10,8 @@
 //!   the whole file is staged) and then a sequential read, per file.
 //! - `stage`: one file staged by the core alone (no mount), timed to the moment its
 //!   copy is committed, with the CPU time it took.
+//! - `nfs`: one staged file read over loopback NFS by several connections at once,
+//!   against the same reads of its copy (what the NFS server alone can serve).
 //!
 //! Each prints one JSON object on stdout. Nothing here judges the numbers; the driver
 //! (`bench/run.sh`) compares them with baselines measured in the same run.
@@ -17,6 +19,7 @@
 mod cold_open;
 mod latency;
 mod mmap;
+mod nfs;
 mod pread;
 mod stage;
 
@@ -80,6 +83,25 @@ enum Command {
         /// The file to stage, relative to SOURCE.
         file: PathBuf,
     },
+    /// Serve SOURCE over loopback NFS (cache in CACHE), stage FILE, and read it with
+    /// READERS connections at once against as many preads of its copy. As root.
+    Nfs {
+        /// NFS connections (and pread threads) reading at once.
+        #[arg(long, default_value_t = 8)]
+        readers: usize,
+        /// Bytes per READ (the server's largest is 1M).
+        #[arg(long, default_value_t = 1 << 20)]
+        chunk: u32,
+        /// Rounds of each, alternating.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// The source root.
+        source: PathBuf,
+        /// The cache directory.
+        cache: PathBuf,
+        /// The file to read, relative to SOURCE.
+        file: PathBuf,
+    },
 }
 
 /// A read size: any size `stagefs` accepts, except zero, which would never finish.
@@ -118,6 +140,14 @@ fn main() -> ExitCode {
             };
             stage::run(&source, &cache, &file, copy)
         }
+        Command::Nfs {
+            readers,
+            chunk,
+            rounds,
+            source,
+            cache,
+            file,
+        } => nfs::run(&source, &cache, &file, readers, chunk, rounds),
     };
     match report {
         Ok(json) => {

@@ -121,10 +121,18 @@ fn render_status(r: &StatusReport) -> String {
     let mut out = String::new();
     let u = &r.usage;
     let _ = writeln!(out, "cache     {}", r.cache_dir.display());
-    if let Some(mnt) = &r.mountpoint {
-        let _ = writeln!(out, "mount     {} (running)", mnt.display());
-    } else {
-        let _ = writeln!(out, "mount     not running");
+    match (&r.mountpoint, &r.export) {
+        (Some(mnt), _) if !mnt.as_os_str().is_empty() => {
+            let backend = r.backend.map(|b| format!(", {b}")).unwrap_or_default();
+            let _ = writeln!(out, "mount     {} (running{backend})", mnt.display());
+        }
+        // `stagefs serve`: an export, mounted by no one here.
+        (Some(_), Some(export)) => {
+            let _ = writeln!(out, "mount     not mounted; serving {export} (nfs)");
+        }
+        _ => {
+            let _ = writeln!(out, "mount     not running");
+        }
     }
     let note = health_note(r.source_health);
     match &r.source {

@@ -1,0 +1,233 @@
+//! `nfs`: what the NFS server alone can serve. One staged file is read whole over
+//! loopback by `readers` NFS connections at once (so that many READs are in flight),
+//! each reading every `readers`-th chunk; the baseline is the same pattern of
+//! `pread`s from as many threads on the staged copy itself, in the same run. Rounds
+//! alternate the two, and the report gives each round's times and the medians.
+//!
+//! The server runs in this process over the real stack (store, stager, policy, NFS
+//! adapter); the client is the `nfs3_client` crate. Run as root: the server takes
+//! only connections from reserved ports.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nfs3_client::nfs3_types::nfs3::{
+    LOOKUP3args, Nfs3Result, READ3args, diropargs3, filename3, nfs_fh3, nfsstat3,
+};
+use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
+use nfs3_client::nfs3_types::xdr_codec::Opaque;
+use nfs3_client::tokio::{TokioConnector, TokioIo};
+use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
+use serde_json::{Value, json};
+use stagefs_cache::{Budget, Key, SourceTree, Stager, StagerOptions, Store};
+use stagefs_policy::{FsConfig, Policy};
+use tokio::net::TcpStream;
+
+type Client = Nfs3Connection<TokioIo<TcpStream>>;
+
+/// Serves `source` with a cache in `cache`, stages `file` through the server, then
+/// times `rounds` rounds of reading it over NFS and from its copy.
+pub(crate) fn run(
+    source: &Path,
+    cache: &Path,
+    file: &Path,
+    readers: usize,
+    chunk: u32,
+    rounds: usize,
+) -> anyhow::Result<Value> {
+    if readers == 0 || rounds == 0 {
+        bail!("--readers and --rounds must be at least 1");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("runtime")?;
+    runtime.block_on(async {
+        let (addr, stager) = serve(source, cache).await?;
+        let mut first = connect(addr).await?;
+        let fh = lookup(&mut first, file).await?;
+        let size = read_range(&mut first, &fh, 0, u64::MAX, 1, chunk).await?;
+        let copy = stager.store().data_path(&Key::for_source_path(file));
+        let (mut nfs, mut local) = (Vec::new(), Vec::new());
+        let mut clients = Vec::new();
+        for _ in 0..readers {
+            clients.push(connect(addr).await?);
+        }
+        for _ in 0..rounds {
+            local.push(local_round(&copy, size, readers, chunk).await?);
+            let (secs, back) = nfs_round(clients, &fh, size, chunk).await?;
+            clients = back;
+            nfs.push(secs);
+        }
+        let (nfs_median, local_median) = (median(&nfs), median(&local));
+        let mib = size as f64 / f64::from(1 << 20);
+        Ok(json!({
+            "bench": "nfs",
+            "file": file,
+            "bytes": size,
+            "readers": readers,
+            "chunk": chunk,
+            "nfs_seconds": nfs,
+            "local_seconds": local,
+            "nfs_mib_per_s": mib / nfs_median,
+            "local_mib_per_s": mib / local_median,
+            "ratio": local_median / nfs_median,
+        }))
+    })
+}
+
+async fn serve(source: &Path, cache: &Path) -> anyhow::Result<(SocketAddr, Stager)> {
+    let store = Store::open(cache, Budget::default()).context("opening the cache")?;
+    let runtime = tokio::runtime::Handle::current();
+    let stager = Stager::with_options(
+        SourceTree::new(source).context("source")?,
+        store,
+        Arc::default(),
+        runtime.clone(),
+        StagerOptions::default(),
+    );
+    let config = FsConfig {
+        prefetch: false,
+        redirect: false,
+        ..FsConfig::default()
+    };
+    let journal = cache.join("nfs-inodes.jsonl");
+    let policy = Policy::with_inode_journal(stager.clone(), config, runtime, &journal)?;
+    let serving =
+        stagefs_nfs::serve(Arc::new(policy), SocketAddr::from(([127, 0, 0, 1], 0)), 0).await?;
+    let addr = serving.addr;
+    // Served until the process ends.
+    std::mem::forget(serving);
+    Ok((addr, stager))
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
+    let credential = opaque_auth::auth_unix(&auth_unix {
+        stamp: 1,
+        machinename: Opaque::owned(b"readbench".to_vec()),
+        uid: 0,
+        gid: 0,
+        gids: Vec::new(),
+    });
+    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", "/")
+        .mount_port(addr.port())
+        .nfs3_port(addr.port())
+        .credential(credential)
+        .mount()
+        .await
+        .map_err(|e| anyhow::anyhow!("mounting the export (run as root): {e}"))
+}
+
+async fn lookup(client: &mut Client, rel: &Path) -> anyhow::Result<nfs_fh3> {
+    let mut fh = client.root_nfs_fh3();
+    for name in rel.iter() {
+        let args = LOOKUP3args {
+            what: diropargs3 {
+                dir: fh.clone(),
+                name: filename3::from(name.as_encoded_bytes().to_vec()),
+            },
+        };
+        fh = match client.nfs3_client.lookup(&args).await? {
+            Nfs3Result::Ok(ok) => ok.object,
+            Nfs3Result::Err((stat, _)) => bail!("lookup {}: {stat}", rel.display()),
+        };
+    }
+    Ok(fh)
+}
+
+/// Reads chunks `first`, `first + step`, ... of `fh` up to `end` (or its end of file),
+/// retrying JUKEBOX; returns where the file ends.
+async fn read_range(
+    client: &mut Client,
+    fh: &nfs_fh3,
+    first: u64,
+    end: u64,
+    step: u64,
+    chunk: u32,
+) -> anyhow::Result<u64> {
+    let mut index = first;
+    loop {
+        let offset = index * u64::from(chunk);
+        if offset >= end {
+            return Ok(end);
+        }
+        let args = READ3args {
+            file: fh.clone(),
+            offset,
+            count: chunk,
+        };
+        match client.nfs3_client.read(&args).await? {
+            Nfs3Result::Ok(ok) => {
+                if ok.eof {
+                    return Ok(offset + ok.data.0.len() as u64);
+                }
+                index += step;
+            }
+            Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Nfs3Result::Err((stat, _)) => bail!("read: {stat}"),
+        }
+    }
+}
+
+async fn nfs_round(
+    clients: Vec<Client>,
+    fh: &nfs_fh3,
+    size: u64,
+    chunk: u32,
+) -> anyhow::Result<(f64, Vec<Client>)> {
+    let step = clients.len() as u64;
+    let started = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut client)| {
+            let fh = fh.clone();
+            tokio::spawn(async move {
+                read_range(&mut client, &fh, k as u64, size, step, chunk)
+                    .await
+                    .map(|_| client)
+            })
+        })
+        .collect();
+    let mut back = Vec::new();
+    for task in tasks {
+        back.push(task.await??);
+    }
+    Ok((started.elapsed().as_secs_f64(), back))
+}
+
+async fn local_round(copy: &Path, size: u64, readers: usize, chunk: u32) -> anyhow::Result<f64> {
+    let file = Arc::new(File::open(copy).with_context(|| format!("opening {}", copy.display()))?);
+    let started = Instant::now();
+    let threads: Vec<_> = (0..readers)
+        .map(|k| {
+            let file = Arc::clone(&file);
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                let mut buf = vec![0; chunk as usize];
+                let mut offset = k as u64 * u64::from(chunk);
+                while offset < size {
+                    let _ = file.read_at(&mut buf, offset)?;
+                    offset += readers as u64 * u64::from(chunk);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.await??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
