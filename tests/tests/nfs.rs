@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nfs3_client::Nfs3ConnectionBuilder;
 use nfs3_client::nfs3_types::nfs3::{
@@ -19,8 +19,8 @@ use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
 use nfs3_client::tokio::TokioConnector;
 use stagefs_tests::{
-    Layout, Scratch, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least, stagefs_bin,
-    status_json, temp_files, wait_for,
+    Layout, NetFs, Scratch, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least,
+    stagefs_bin, status_json, temp_files, wait_for,
 };
 
 const ID: &str = "acme/served";
@@ -471,4 +471,47 @@ fn bad_input_gets_one_line_and_a_failure() {
     assert!(!ok);
     assert!(err.contains("not a loopback address"), "{err}");
     let _ = PathBuf::new();
+}
+
+#[test]
+fn a_cut_link_costs_a_staged_model_nothing_and_fails_the_rest_with_eio() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 2, SHARD_SIZE);
+    let remote = NetFs::up(&src.root, &s.dir.path().join("nas"), "1gbit");
+    let flags = ["--no-prefetch", "--source-timeout", "3s"];
+    let served = Served::start(&remote.mnt, &s.cache, &flags);
+    let names = src.shard_names();
+    let (staged, never) = (src.stored_path(&names[0]), src.stored_path(&names[1]));
+    let before = read_through(&served, &staged);
+    assert!(before == src.bytes(&names[0]));
+
+    remote.cut();
+    let started = Instant::now();
+    let again = nfs_cat(&served.url_of(&staged));
+    let took = started.elapsed();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        again.stdout == before,
+        "the staged copy answers, with the right bytes"
+    );
+    println!("staged re-read over NFS with the link cut: {took:?}");
+    let refused = nfs_cat(&served.url_of(&never));
+    assert!(
+        !refused.status.success(),
+        "a never-staged file cannot be served"
+    );
+    assert!(refused.stdout.is_empty(), "not one byte of it");
+
+    remote.restore();
+    let started = Instant::now();
+    assert!(read_through(&served, &never) == src.bytes(&names[1]));
+    println!(
+        "a never-staged file read after the link returned: {:?}",
+        started.elapsed()
+    );
+    served.stop();
 }
