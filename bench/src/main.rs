@@ -102,6 +102,22 @@ enum Command {
         /// The file to read, relative to SOURCE.
         file: PathBuf,
     },
+    /// Over loopback NFS, time a cold FILE's first byte, with a client that backs off
+    /// after JUKEBOX as macOS's or Linux's does, against the time its copy took.
+    Jukebox {
+        /// Delay before every source operation, in milliseconds (sets the copy's length).
+        #[arg(long, default_value_t = 200)]
+        delay_ms: u64,
+        /// Whose retry schedule the client follows.
+        #[arg(long, value_enum, default_value = "macos")]
+        client: nfs::Backoff,
+        /// The source root.
+        source: PathBuf,
+        /// The cache directory (new or empty).
+        cache: PathBuf,
+        /// The file to read, relative to SOURCE.
+        file: PathBuf,
+    },
 }
 
 /// A read size: any size `stagefs` accepts, except zero, which would never finish.
@@ -148,6 +164,19 @@ fn main() -> ExitCode {
             cache,
             file,
         } => nfs::run(&source, &cache, &file, readers, chunk, rounds),
+        Command::Jukebox {
+            delay_ms,
+            client,
+            source,
+            cache,
+            file,
+        } => nfs::jukebox(
+            &source,
+            &cache,
+            &file,
+            std::time::Duration::from_millis(delay_ms),
+            client,
+        ),
     };
     match report {
         Ok(json) => {

@@ -4,6 +4,13 @@
 //! `pread`s from as many threads on the staged copy itself, in the same run. Rounds
 //! alternate the two, and the report gives each round's times and the medians.
 //!
+//! `jukebox`: what a loader waits for a cold file over NFS, end to end. The first READ
+//! of a file starts its copy; a client that gets JUKEBOX sleeps as the macOS client
+//! does (4 s, doubling to 30 s) or the Linux one (5 s) and asks again. The report
+//! sets the time to the first byte beside the time the copy took: the difference is
+//! what NFS's lack of OPEN costs on top of the copy. The source is slowed by a fixed
+//! delay per operation (the fault-injecting source), so the copy takes a chosen time.
+//!
 //! The server runs in this process over the real stack (store, stager, policy, NFS
 //! adapter); the client is the `nfs3_client` crate. Run as root: the server takes
 //! only connections from reserved ports.
@@ -81,11 +88,96 @@ pub(crate) fn run(
     })
 }
 
+/// How a client waits after a JUKEBOX answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Backoff {
+    /// Apple's client: 4 s, doubling up to 30 s.
+    Macos,
+    /// Linux's client: 5 s each time.
+    Linux,
+}
+
+impl Backoff {
+    fn delay(self, attempt: u32) -> Duration {
+        match self {
+            Backoff::Macos => Duration::from_secs((4u64 << attempt.min(3)).min(30)),
+            Backoff::Linux => Duration::from_secs(5),
+        }
+    }
+}
+
+/// Times the first byte of `file` against its copy, with a source slowed by `delay`
+/// per operation and a client that backs off as `backoff` says.
+pub(crate) fn jukebox(
+    source: &Path,
+    cache: &Path,
+    file: &Path,
+    delay: Duration,
+    backoff: Backoff,
+) -> anyhow::Result<Value> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("runtime")?;
+    runtime.block_on(async {
+        let slow = stagefs_cache::faulty::FaultySource::new(source).context("source")?;
+        let tree = SourceTree::from_backend(slow.clone());
+        let (addr, stager) = serve_tree(tree, cache).await?;
+        let mut client = connect(addr).await?;
+        let fh = lookup(&mut client, file).await?;
+        slow.set(stagefs_cache::faulty::Behaviour::Slow(delay));
+        let started = Instant::now();
+        let mut copied = None;
+        let mut jukeboxes = 0u32;
+        loop {
+            let args = READ3args {
+                file: fh.clone(),
+                offset: 0,
+                count: 1 << 20,
+            };
+            match client.nfs3_client.read(&args).await? {
+                Nfs3Result::Ok(_) => break,
+                Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)) => {
+                    if copied.is_none() {
+                        let (stager, file) = (stager.clone(), file.to_path_buf());
+                        copied = Some(tokio::spawn(async move {
+                            let _ = stager.settled(&file).await;
+                            Instant::now()
+                        }));
+                    }
+                    tokio::time::sleep(backoff.delay(jukeboxes)).await;
+                    jukeboxes += 1;
+                }
+                Nfs3Result::Err((stat, _)) => bail!("read: {stat}"),
+            }
+        }
+        let first_byte = started.elapsed().as_secs_f64();
+        let copy = match copied {
+            Some(task) => (task.await? - started).as_secs_f64(),
+            None => first_byte,
+        };
+        Ok(json!({
+            "bench": "jukebox",
+            "file": file,
+            "client": format!("{backoff:?}").to_lowercase(),
+            "delay_ms": delay.as_millis() as u64,
+            "copy_seconds": copy,
+            "first_byte_seconds": first_byte,
+            "extra_seconds": first_byte - copy,
+            "jukeboxes": jukeboxes,
+        }))
+    })
+}
+
 async fn serve(source: &Path, cache: &Path) -> anyhow::Result<(SocketAddr, Stager)> {
+    serve_tree(SourceTree::new(source).context("source")?, cache).await
+}
+
+async fn serve_tree(tree: SourceTree, cache: &Path) -> anyhow::Result<(SocketAddr, Stager)> {
     let store = Store::open(cache, Budget::default()).context("opening the cache")?;
     let runtime = tokio::runtime::Handle::current();
     let stager = Stager::with_options(
-        SourceTree::new(source).context("source")?,
+        tree,
         store,
         Arc::default(),
         runtime.clone(),
