@@ -10,14 +10,18 @@
 //!
 //! An open handle pins its copy against eviction, so handles nobody read for
 //! [`IDLE`] are closed; the next READ opens the file again, at once if its copy is
-//! still stored.
+//! still stored. NFS never says when a reader is done, so when an open finds no
+//! room in the cache, the handles idle for [`IDLE_UNDER_PRESSURE`] are closed first
+//! and the open tried once more: a model larger than the budget, read file by file,
+//! loads as it does over FUSE, where each close unpins.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
-use stagefs_policy::Policy;
+use stagefs_cache::{StageError, StoreError};
+use stagefs_policy::{FsError, Policy};
 use tokio::sync::watch;
 
 use crate::status::nfsstat_logged;
@@ -28,6 +32,10 @@ pub const HOLD: Duration = Duration::from_millis(2500);
 
 /// How long an open handle nobody reads keeps its copy pinned.
 pub const IDLE: Duration = Duration::from_secs(30);
+
+/// How long a handle must have been idle to be closed when the cache needs room:
+/// longer than a READ is ever held, so no READ in progress loses its file.
+pub const IDLE_UNDER_PRESSURE: Duration = Duration::from_secs(2);
 
 /// An open file's policy handle and the size of the version opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +113,13 @@ impl Reads {
     fn start_open(self: &Arc<Self>, policy: &Arc<Policy>, ino: u64, done: watch::Sender<Outcome>) {
         let (this, policy) = (Arc::clone(self), Arc::clone(policy));
         tokio::spawn(async move {
-            let outcome = match policy.open(ino).await {
+            let opened = match policy.open(ino).await {
+                Err(e) if needs_room(&e) && this.close_idle(&policy, IDLE_UNDER_PRESSURE) > 0 => {
+                    policy.open(ino).await
+                }
+                opened => opened,
+            };
+            let outcome = match opened {
                 Ok(opened) => {
                     let size = opened.stamp.size;
                     let open = Open {
@@ -161,4 +175,12 @@ impl Reads {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Whether an open failed because the cache budget had no room for the file.
+fn needs_room(e: &FsError) -> bool {
+    matches!(
+        e,
+        FsError::Stage(StageError::Store(StoreError::NoRoom { .. }))
+    )
 }

@@ -515,3 +515,63 @@ fn a_cut_link_costs_a_staged_model_nothing_and_fails_the_rest_with_eio() {
     );
     served.stop();
 }
+
+#[test]
+fn a_model_larger_than_the_budget_reads_file_by_file() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 3, SHARD_SIZE);
+    // Room for two of the three shards.
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch", "--max-size", "5M"]);
+    for name in src.shard_names() {
+        // NFS never says a reader is done: a handle idle for 2 s yields its copy to
+        // an open that needs room. Each shard is read once, after that.
+        std::thread::sleep(Duration::from_secs(3));
+        let out = nfs_cat(&served.url_of(src.stored_path(&name)));
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout == src.bytes(&name),
+            "{name} differs from the source"
+        );
+    }
+    assert!(staged_shards(&s.cache) <= 2, "the budget holds");
+    served.stop();
+}
+
+#[test]
+fn prefetch_and_verify_work_on_a_served_export() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HfHome, ID, SHARDS, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    let stagefs = |args: &[&str]| {
+        let out = Command::new(stagefs_bin())
+            .arg("--no-config")
+            .args(args)
+            .arg("--cache-dir")
+            .arg(&s.cache)
+            .output()
+            .expect("stagefs");
+        assert!(
+            out.status.success(),
+            "stagefs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    stagefs(&["prefetch", ID]);
+    assert_eq!(
+        staged_shards(&s.cache),
+        SHARDS,
+        "prefetch staged the model through the export's mount"
+    );
+    stagefs(&["verify"]);
+    assert_shards_right(&src, &served);
+    assert_eq!(
+        status_json(&s.cache)["metrics"]["stage_copies"],
+        SHARDS as u64,
+        "nothing staged twice"
+    );
+    served.stop();
+}
