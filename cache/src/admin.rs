@@ -53,6 +53,10 @@ pub struct StatusReport {
     /// How the source answers the mount (running mounts only).
     #[serde(default)]
     pub source_health: Option<SourceHealth>,
+    /// Where a mount of this cache died and left a dead mount behind (filled in by
+    /// the front end, which reads the mount table).
+    #[serde(default)]
+    pub dead_mount: Option<PathBuf>,
 }
 
 /// One model's share of the cache.
@@ -229,6 +233,7 @@ pub fn status(
         metrics: live.metrics,
         in_flight: live.in_flight,
         source_health: live.source_health,
+        dead_mount: None,
     })
 }
 

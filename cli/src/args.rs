@@ -130,6 +130,9 @@ pub(crate) struct MountArgs {
     /// Internal: report readiness on stdout (used when daemonizing).
     #[arg(long, hide = true)]
     pub(crate) notify_ready: bool,
+    /// Internal: the launcher cleared a stale mount here, for the daemon's log.
+    #[arg(long, hide = true)]
+    pub(crate) cleared_stale_mount: bool,
 }
 
 /// How a mount behaves. Every flag overrides the config file's key of the same name;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use stagefs_fs::OnFull;
-use stagefs_mount::{MountError, MountSpec, Running, UnmountError};
+use stagefs_mount::{MountError, MountSpec, Running, UnmountError, Unmounted};
 
 /// The library's error with what to try: the flag or command that helps.
 pub(crate) fn explain(e: MountError) -> anyhow::Error {
@@ -45,12 +45,30 @@ pub(crate) fn explain(e: MountError) -> anyhow::Error {
     }
 }
 
-/// `stagefs unmount`: the library's unmount, saying what to try when it is busy.
+/// `stagefs unmount`: the library's unmount (which acts only on a mount of ours),
+/// saying what to try where something is left to do.
 pub(crate) fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    stagefs_mount::unmount(mountpoint, lazy).map_err(|e| match e {
+    let unmounted = stagefs_mount::unmount(mountpoint, lazy).map_err(|e| match &e {
         UnmountError::Busy(_) => anyhow!("{e}; close them or use --lazy"),
-        e => anyhow!(e),
-    })
+        UnmountError::NotOurs { .. } => anyhow!("{e} (use umount for other filesystems)"),
+        UnmountError::Unrecorded(path) => anyhow!(
+            "{e}; as its owner, run `fusermount3 -u {}` (Linux) or `umount {}`",
+            path.display(),
+            path.display()
+        ),
+        UnmountError::DaemonLingers { .. } => {
+            anyhow!("{e}; `stagefs status` shows when it has exited")
+        }
+        _ => anyhow!(e),
+    })?;
+    if let Unmounted::Detached { pid } = unmounted {
+        eprintln!(
+            "stagefs: detached {}; its daemon{} exits once the files still open there are closed",
+            mountpoint.display(),
+            pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// Serves `spec` in this process until unmounted; with `notify_ready`, tells the
@@ -85,7 +103,8 @@ fn detach_stdout() {
 /// Starts this program again as a detached `mount --foreground` and returns once it
 /// reports the mount live; its log goes to `stagefs.log` in the cache directory.
 pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
-    if spec.check().map_err(explain)?.cleared_stale_mount {
+    let cleared = spec.check().map_err(explain)?.cleared_stale_mount;
+    if cleared {
         eprintln!(
             "stagefs: cleared a stale mount at {} left by a crashed daemon",
             spec.mountpoint.display()
@@ -103,6 +122,7 @@ pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
     let mut command = Command::new(exe);
     command
         .args(foreground_args(spec))
+        .args(cleared.then_some("--cleared-stale-mount"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

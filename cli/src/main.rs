@@ -8,6 +8,7 @@ mod demo;
 mod doctor;
 mod hfgen;
 mod manage;
+mod mounts;
 mod paths;
 mod prefetch;
 mod run;
@@ -84,7 +85,8 @@ fn usage_error(e: clap::Error) -> ExitCode {
 /// The daemon logs what it stages; interactive commands only warnings. `RUST_LOG` overrides.
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
-        Command::Mount(_) => {
+        // Only the daemon logs (to its log file); the launcher prints its own lines.
+        Command::Mount(args) if args.foreground => {
             "warn,fuser=error,stagefs=info,stagefs_cache=info,stagefs_fs=info,stagefs_mount=info"
         }
         _ => "warn,fuser=error",
@@ -129,6 +131,9 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         &args.options,
     )?;
     if args.foreground {
+        if args.cleared_stale_mount {
+            tracing::info!(mountpoint = %spec.mountpoint.display(), "cleared a stale mount left by a crashed daemon");
+        }
         daemon::serve_foreground(&spec, args.notify_ready)
     } else {
         let log = daemon::launch_background(&spec)?;

@@ -18,11 +18,14 @@ use crate::units::format_bytes;
 
 /// `stagefs status`.
 pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
-    let report = match ask(&dir, Request::Status)? {
+    let dir = config.cache_dir_for(&args.cache, &[])?;
+    let mut report = match ask(&dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
     };
+    if report.mountpoint.is_none() {
+        report.dead_mount = crate::mounts::dead_mount_line(&dir).map(|(mountpoint, _)| mountpoint);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -33,7 +36,8 @@ pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
 
 /// `stagefs evict`.
 pub(crate) fn evict(args: &EvictArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
+    let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
+    let dir = config.cache_dir_for(&args.cache, &targets)?;
     let selector = selector(args, &dir)?;
     let request = Request::Evict {
         selector,
@@ -55,7 +59,8 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config) -> anyhow::Result<()> {
 
 /// `stagefs verify`.
 pub(crate) fn verify(args: &VerifyArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
+    let targets: Vec<&str> = args.model.as_deref().into_iter().collect();
+    let dir = config.cache_dir_for(&args.cache, &targets)?;
     let request = Request::Verify {
         model: args.model.clone(),
         repair: args.repair,
@@ -123,6 +128,8 @@ fn render_status(r: &StatusReport) -> String {
     let _ = writeln!(out, "cache     {}", r.cache_dir.display());
     if let Some(mnt) = &r.mountpoint {
         let _ = writeln!(out, "mount     {} (running)", mnt.display());
+    } else if let Some(dead) = &r.dead_mount {
+        let _ = writeln!(out, "mount     {}", crate::mounts::dead_line(dead));
     } else {
         let _ = writeln!(out, "mount     not running");
     }

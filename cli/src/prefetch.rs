@@ -18,7 +18,8 @@ use crate::units::format_bytes;
 
 /// Runs the command; fails if any file could not be staged.
 pub(crate) fn run(args: &PrefetchArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
+    let targets: Vec<&str> = args.targets.iter().map(String::as_str).collect();
+    let dir = config.cache_dir_for(&args.cache, &targets)?;
     if args.dry_run {
         return dry_run(&dir, &args.targets, args.revision.as_deref());
     }

@@ -29,6 +29,7 @@ pub struct Running {
     stager: Stager,
     socket: PathBuf,
     mountpoint: PathBuf,
+    cache_dir: PathBuf,
 }
 
 impl Running {
@@ -67,6 +68,7 @@ impl Running {
             stager: stager.clone(),
             socket: stagefs_cache::control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
+            cache_dir: spec.cache_dir.clone(),
         };
         let bound = running
             .runtime
@@ -79,6 +81,9 @@ impl Running {
                 return Err(e);
             }
         };
+        if let Err(e) = crate::registry::add(&spec.mountpoint, &spec.cache_dir) {
+            warn!(error = %e, mountpoint = %spec.mountpoint.display(), "could not record the mount for commands run without --cache-dir");
+        }
         info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), "mounted");
         Ok(running)
     }
@@ -134,6 +139,7 @@ impl Running {
 
     fn cleanup(self) {
         let _ = fs::remove_file(&self.socket);
+        crate::registry::remove(&self.mountpoint, &self.cache_dir);
         info!(metrics = ?self.metrics(), "stopped");
         // A worker stuck on an unreachable source must not keep the process alive.
         self.runtime.shutdown_background();

@@ -266,6 +266,9 @@ pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (C
             Check::warn("mount", format!("{cache} serves another mount: {mirrored} at {serving}"))
                 .advise("unmount it, or give this mount its own --cache-dir")
         }
+        Some(Ok(None)) if stagefs_mount::registry::dead_mount_of(cache).is_some() => {
+            Check::fail("mount", crate::mounts::dead_line(mount))
+        }
         Some(Ok(None)) if got!(gathered, MountFs).is_some_and(stagefs) => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
             .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
         Some(Ok(None)) => Check::note("mount", format!("{shown} is not mounted"))

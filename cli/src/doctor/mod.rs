@@ -105,8 +105,14 @@ pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode
     if args.worker {
         return worker::serve();
     }
-    let cache_dir = config.cache_dir_for(&args.cache)?;
-    let report = examine(args.target.as_deref(), &cache_dir, config)?;
+    let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
+    let cache_dir = config.cache_dir_for(&args.cache, &targets)?;
+    // The mount this cache serves (or served last) stands in for a configured one.
+    let config = match crate::mounts::recorded(&cache_dir) {
+        Some(record) => config.clone().filled_from(&record),
+        None => config.clone(),
+    };
+    let report = examine(args.target.as_deref(), &cache_dir, &config)?;
     match args.json {
         true => println!("{}", serde_json::to_string_pretty(&report)?),
         false => print!("{}", render(&report.checks)),

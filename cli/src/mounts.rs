@@ -1,0 +1,103 @@
+//! Which mount and cache a command is about when no flag says: the flag, else the
+//! config file's `cache_dir`, else the running mounts this user's stagefs made (the
+//! mount table and the caches' records, `stagefs_mount::registry`), picked by a path
+//! the command names or as the only one, else the default cache directory.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use stagefs_cache::control::MountRecord;
+use stagefs_mount::registry::{self, KnownMount};
+use stagefs_mount::table;
+
+use crate::config::Config;
+
+/// The cache directory a command works on. `targets` are what the command names
+/// (model ids or paths): a path inside one mount's mount point or source picks that
+/// mount when several run. With several and nothing to pick by, asks for one.
+pub(crate) fn cache_dir(
+    config: &Config,
+    flag: Option<&Path>,
+    targets: &[&str],
+) -> anyhow::Result<PathBuf> {
+    if flag.is_some() || config.configured_cache_dir().is_some() {
+        return config.cache_dir(flag);
+    }
+    let known = registry::known();
+    match pick(&known, targets) {
+        Picked::One(mount) => {
+            if known.len() > 1 {
+                eprintln!(
+                    "stagefs: using the mount at {} (cache {})",
+                    mount.mountpoint.display(),
+                    mount.cache_dir.display()
+                );
+            }
+            Ok(mount.cache_dir.clone())
+        }
+        Picked::None => config.cache_dir(None),
+        Picked::Several => bail!(
+            "{} stagefs mounts are running ({}); name one with --cache-dir",
+            known.len(),
+            known
+                .iter()
+                .map(|m| format!(
+                    "{} with cache {}",
+                    m.mountpoint.display(),
+                    m.cache_dir.display()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+enum Picked<'a> {
+    One(&'a KnownMount),
+    None,
+    Several,
+}
+
+fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
+    let inside = |mount: &KnownMount, target: &str| {
+        let Ok(path) = table::resolve(Path::new(target)) else {
+            return false;
+        };
+        [&mount.mountpoint, &mount.record.source]
+            .iter()
+            .any(|root| path.starts_with(table::resolve(root).unwrap_or((*root).clone())))
+    };
+    let by_path: Vec<&KnownMount> = known
+        .iter()
+        .filter(|m| targets.iter().any(|t| inside(m, t)))
+        .collect();
+    match (by_path.as_slice(), known) {
+        ([one], _) => Picked::One(one),
+        (_, []) => Picked::None,
+        (_, [one]) => Picked::One(one),
+        _ => Picked::Several,
+    }
+}
+
+/// What the cache at `cache_dir` knows of its mount: the one serving from it now, or
+/// else the last one it recorded.
+pub(crate) fn recorded(cache_dir: &Path) -> Option<MountRecord> {
+    MountRecord::read(cache_dir)
+}
+
+/// The one line `status` and `doctor` give a dead mount of `cache_dir` (its daemon
+/// died and left it in the mount table), with the command that clears it.
+pub(crate) fn dead_mount_line(cache_dir: &Path) -> Option<(PathBuf, String)> {
+    let mountpoint = registry::dead_mount_of(cache_dir)?;
+    let line = dead_line(&mountpoint);
+    Some((mountpoint, line))
+}
+
+/// What is said of the dead mount at `mountpoint`.
+pub(crate) fn dead_line(mountpoint: &Path) -> String {
+    format!(
+        "{} is a dead mount: its daemon is gone (crashed or killed); clear it with `stagefs unmount --lazy {}`",
+        mountpoint.display(),
+        mountpoint.display()
+    )
+}
