@@ -31,6 +31,8 @@ pub struct Live {
     pub mountpoint: Option<PathBuf>,
     /// How the source answers the mount.
     pub source_health: Option<SourceHealth>,
+    /// How the mount serves staged files (`staged files are presented as links…`).
+    pub read_path: Option<String>,
 }
 
 /// Everything `stagefs status` shows.
@@ -53,6 +55,9 @@ pub struct StatusReport {
     /// How the source answers the mount (running mounts only).
     #[serde(default)]
     pub source_health: Option<SourceHealth>,
+    /// How the running mount serves staged files, as its log said at mount time.
+    #[serde(default)]
+    pub read_path: Option<String>,
     /// Where a mount of this cache died and left a dead mount behind (filled in by
     /// the front end, which reads the mount table).
     #[serde(default)]
@@ -233,6 +238,7 @@ pub fn status(
         metrics: live.metrics,
         in_flight: live.in_flight,
         source_health: live.source_health,
+        read_path: live.read_path,
         dead_mount: None,
     })
 }

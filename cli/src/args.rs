@@ -93,7 +93,9 @@ pub(crate) enum Command {
     /// Unmount a stagefs mount.
     Unmount(UnmountArgs),
     /// Run a command against the mount: mount if needed, stage models, then run it
-    /// offline with HF_HUB_CACHE pointing at the mount.
+    /// offline with the HF variables the source's shape needs (HF_HOME and
+    /// HF_HUB_CACHE for an HF_HOME, HF_HUB_CACHE for a hub cache, none for plain
+    /// folders) pointing at the mount.
     Run(RunArgs),
     /// Check FUSE, the source, the cache volume and the environment, and say what to fix.
     Doctor(DoctorArgs),
@@ -146,11 +148,14 @@ pub(crate) struct MountOptions {
     /// Files at least this large are copied to the cache when opened.
     #[arg(long, value_parser = parse_size)]
     pub(crate) min_stage_size: Option<u64>,
-    /// Serve reads of staged files from the daemon instead of kernel passthrough.
+    /// Do not use kernel passthrough (Linux 6.9+ as root), even where it works:
+    /// staged files are then presented as links to their local copies (or, with
+    /// --no-redirect, read through the daemon).
     #[arg(long)]
     pub(crate) no_passthrough: bool,
-    /// Serve reads of staged files from the daemon instead of presenting them as links
-    /// to their local copies (used where kernel passthrough is not).
+    /// Where kernel passthrough is not used (macOS, an ordinary user, --no-passthrough),
+    /// read staged files through the daemon instead of presenting them as links to
+    /// their local copies.
     #[arg(long)]
     pub(crate) no_redirect: bool,
     /// How long a copy whose link was just followed counts as in use and is not

@@ -154,6 +154,9 @@ fn render_status(r: &StatusReport) -> String {
         format_bytes(u.volume.available),
         format_bytes(u.volume.total),
     );
+    if let Some(how) = &r.read_path {
+        let _ = writeln!(out, "serving   {how}");
+    }
     if let Some(m) = &r.metrics {
         let _ = writeln!(
             out,

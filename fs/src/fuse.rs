@@ -14,7 +14,7 @@ use fuser::{
 };
 use stagefs_cache::{Remedy, Stager};
 use tokio::runtime::Handle;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::FsConfig;
 use crate::error::FsError;
@@ -83,11 +83,12 @@ impl Filesystem for StageFs {
         policy
             .passthrough()
             .negotiate(policy.config().passthrough, config);
-        if policy.redirects_enabled() {
-            info!(
-                "staged files are presented as links to their local copies where kernel passthrough does not serve them"
-            );
-        }
+        // The mount logged how it serves before mounting (`FsConfig::read_path`).
+        debug!(
+            passthrough = policy.passthrough().active(),
+            redirects = policy.redirects_enabled(),
+            "FUSE init"
+        );
         platform::tune_kernel(config);
         Ok(())
     }

@@ -86,7 +86,58 @@ impl Default for FsConfig {
     }
 }
 
+/// How reads of staged files are served, decided before the first file is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadPath {
+    /// The kernel reads the copy itself (FUSE passthrough).
+    Passthrough,
+    /// A staged file is presented as a link to its copy, which the kernel opens.
+    Links,
+    /// The daemon reads the copy for every request.
+    Daemon,
+}
+
+impl ReadPath {
+    /// How it is said everywhere (log, `status`, `doctor`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            ReadPath::Passthrough => "read by the kernel through FUSE passthrough",
+            ReadPath::Links => "presented as links to their local copies",
+            ReadPath::Daemon => "read through the daemon",
+        }
+    }
+}
+
 impl FsConfig {
+    /// How this mount will serve staged files in this process, and why not by
+    /// passthrough when not: asked of the kernel version and this process's
+    /// capabilities, so no open has to find out. Redirects are off with
+    /// `allow_other` (other users could not follow links into a private cache).
+    pub fn read_path(&self) -> (ReadPath, Option<&'static str>) {
+        let why_not = match self.passthrough {
+            false => Some("turned off (--no-passthrough)"),
+            true => passthrough::unavailable(),
+        };
+        let Some(why_not) = why_not else {
+            return (ReadPath::Passthrough, None);
+        };
+        match self.redirect && !self.allow_other {
+            true => (ReadPath::Links, Some(why_not)),
+            false => (ReadPath::Daemon, Some(why_not)),
+        }
+    }
+
+    /// The one line that says how staged files are served and why.
+    pub fn describe_read_path(&self) -> String {
+        match self.read_path() {
+            (path, None) => format!("staged files are {}", path.describe()),
+            (path, Some(why)) => format!(
+                "staged files are {} (kernel passthrough: {why})",
+                path.describe()
+            ),
+        }
+    }
+
     /// The fuser session configuration for a mount of `source`.
     pub fn session_config(&self, source: &std::path::Path) -> Config {
         let mut mount_options = vec![

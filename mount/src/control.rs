@@ -28,6 +28,8 @@ pub(crate) struct ControlServer {
     /// Files a prefetch copies at a time; None: by the source's kind.
     prefetch_parallel: Option<usize>,
     model_dirs: Arc<[PathBuf]>,
+    /// How staged files are served, as `status` says it.
+    pub(crate) read_path: String,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -49,6 +51,7 @@ pub(crate) async fn bind(
         min_stage_size: spec.fs.min_stage_size,
         prefetch_parallel: spec.fs.prefetch_parallel,
         model_dirs: spec.model_dirs.clone().into(),
+        read_path: spec.fs.describe_read_path(),
     })
 }
 
@@ -263,6 +266,7 @@ impl ControlServer {
             in_flight: self.stager.in_flight(),
             mountpoint: Some(self.mountpoint.clone()),
             source_health: Some(self.stager.source_pool().health()),
+            read_path: Some(self.read_path.clone()),
         }
     }
 

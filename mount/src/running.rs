@@ -39,6 +39,12 @@ impl Running {
     /// the FUSE handshake, so the mount point serves the source.
     pub fn start(spec: &MountSpec) -> Result<Running, MountError> {
         let _ = spec.check()?;
+        // Decided before mounting: passthrough only where it is known to work.
+        let (read_path, _) = spec.fs.read_path();
+        let serving = spec.fs.describe_read_path();
+        let mut spec = spec.clone();
+        spec.fs.passthrough = read_path == stagefs_fs::ReadPath::Passthrough;
+        let spec = &spec;
         spec.create_cache_dir()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -74,7 +80,10 @@ impl Running {
             .runtime
             .block_on(control::bind(&running.socket, spec, stager));
         match bound {
-            Ok(server) => running.runtime.spawn(server.serve()),
+            Ok(mut server) => {
+                server.read_path = serving.clone();
+                running.runtime.spawn(server.serve())
+            }
             Err(e) => {
                 // Without its socket the mount could never be asked or stopped by name.
                 let _ = running.unmounter.unmount();
@@ -85,6 +94,7 @@ impl Running {
             warn!(error = %e, mountpoint = %spec.mountpoint.display(), "could not record the mount for commands run without --cache-dir");
         }
         info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), "mounted");
+        info!("{serving}");
         Ok(running)
     }
 

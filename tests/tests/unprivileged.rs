@@ -878,3 +878,49 @@ fn eviction_racing_opens_never_gives_enoent_or_wrong_bytes() {
     }
     assert!(staged.values().sum::<u64>() <= 20 << 20, "{staged:?}");
 }
+
+/// Issue 19: an ordinary user's mount decides before the first read that staged
+/// files are links to their copies (no CAP_SYS_ADMIN, so no passthrough is tried),
+/// and says so the same way in the log, `status` and `doctor`.
+#[test]
+fn the_read_path_is_decided_at_mount_time_and_told_the_same_everywhere() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let model = generate(&s.hub, "acme/graced", 1, "3M");
+    let shard = model.shards().remove(0);
+    let mount = s.mount(&["--no-prefetch"]);
+    let links = "staged files are presented as links to their local copies";
+    let log = mount.log_text();
+    assert!(
+        log.contains(&format!(
+            "{links} (kernel passthrough: it needs CAP_SYS_ADMIN"
+        )),
+        "{log}"
+    );
+    for never in [
+        "passthrough enabled",
+        "registering a passthrough file failed",
+    ] {
+        assert!(!log.contains(never), "{log}");
+    }
+    let sha = blob_sha256(&model, &s.hub, file_name(&shard));
+    assert_eq!(user.sha256(&mount.path(&shard)), Ok(sha));
+    wait_for_link(user, &mount.path(model.blob_of(&s.hub, file_name(&shard))));
+    let log = mount.log_text();
+    assert!(!log.contains("WARN"), "{log}");
+
+    let mut status = user.command(stagefs_bin());
+    status.arg("status").arg("--cache-dir").arg(&s.cache);
+    let out = user.output(&mut status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("serving   {links}")), "{text}");
+    let mut doctor = user.command(stagefs_bin());
+    doctor.arg("doctor").arg(&s.hub);
+    let out = user.output(&mut doctor);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(links) && !text.contains("served by the daemon"),
+        "{text}"
+    );
+}
+
