@@ -82,6 +82,9 @@ pub(crate) struct Cli {
     /// Ignore the config file.
     #[arg(long, global = true, conflicts_with = "config")]
     pub(crate) no_config: bool,
+    /// Also show where each file lies in the source (a blob's hash).
+    #[arg(short, long, global = true)]
+    pub(crate) verbose: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

@@ -115,9 +115,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => return doctor::run(args, &config()?),
         Command::Service(command) => service::run(command, &config()?),
         Command::Status(args) => manage::status(args, &config()?),
-        Command::Evict(args) => manage::evict(args, &config()?),
-        Command::Verify(args) => manage::verify(args, &config()?),
-        Command::Prefetch(args) => prefetch::run(args, &config()?),
+        Command::Evict(args) => manage::evict(args, &config()?, cli.verbose),
+        Command::Verify(args) => manage::verify(args, &config()?, cli.verbose),
+        Command::Prefetch(args) => prefetch::run(args, &config()?, cli.verbose),
         Command::Demo(args) => demo::run(args),
         Command::GenDemo(args) => gen_demo(args),
     }

@@ -37,12 +37,12 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
     ensure_mounted(&spec)?;
     if !args.models.is_empty() {
         // COMMAND owns stdout; everything stagefs says goes to stderr.
-        let summary = crate::prefetch::stage(
-            &spec.cache_dir,
-            &args.models,
-            args.revision.as_deref(),
-            STAGE_PARALLEL,
-        )?;
+        let stage = crate::prefetch::Stage {
+            parallel: STAGE_PARALLEL,
+            verbose: false,
+            results: crate::prefetch::Results::Stderr,
+        };
+        let summary = stage.run(&spec.cache_dir, &args.models, args.revision.as_deref())?;
         eprintln!("stagefs: {summary}");
     }
     // The source, not the mount: through the mount, staged files may be links.

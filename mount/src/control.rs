@@ -198,8 +198,28 @@ impl ControlServer {
                 })
             }
             Request::Evict { .. } => self.answer_locally(request, false).await,
+            Request::Names { paths } => self.names(paths).await,
             // Stats only names the source; verify reads the cache alone.
             request => self.answer_locally(request, true).await,
+        }
+    }
+
+    /// Names from the source's snapshots while it answers, else from the paths alone.
+    async fn names(&self, paths: Vec<PathBuf>) -> Response {
+        let asked = paths.clone();
+        let from_source = self.while_the_source_answers(move |stager, source| {
+            control::answer(
+                Request::Names { paths: asked },
+                stager.store(),
+                Some(source),
+                Live::default(),
+            )
+        });
+        match from_source.await {
+            Some(response) => response,
+            None => Response::Names {
+                names: stagefs_cache::admin::names(None, &paths),
+            },
         }
     }
 

@@ -245,3 +245,72 @@ fn a_dead_mount_is_named_with_the_command_that_clears_it() {
         fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
     );
 }
+
+#[test]
+fn output_names_models_and_files_as_users_know_them() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/named", 2, "2M");
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let mount = s.mount(&["--no-prefetch"]);
+    let first = "model-00001-of-00002.safetensors";
+
+    let out = Command::new(stagefs_bin())
+        .args(["prefetch", &model.repo, "--cache-dir"])
+        .arg(&s.cache)
+        .output()
+        .expect("prefetch");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // Results, per file and in sum, on stdout; nothing on stderr.
+    assert!(
+        stdout.contains(&format!("staged {}: {first} (2.0 MiB)\n", model.repo)),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("staged, 0 already staged, 0 failed"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("blobs/") && stderr.is_empty(),
+        "{stdout}{stderr}"
+    );
+
+    // verify names the corrupt copy by its file, and blames the copy, not the source.
+    let victim = model.blob_of(&s.hub, first);
+    let key = victim.file_name().expect("blob name").to_string_lossy();
+    let copy = s.cache.join(format!("v1/data/sha256-{key}"));
+    let mut bytes = fs::read(&copy).expect("copy");
+    bytes[4096] ^= 1;
+    fs::write(&copy, bytes).expect("corrupt");
+    let out = Command::new(stagefs_bin())
+        .args(["verify", "--cache-dir"])
+        .arg(&s.cache)
+        .output()
+        .expect("verify");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success());
+    let mismatch = format!("MISMATCH {}: {first}: sha256 differs", model.repo);
+    assert!(stdout.contains(&mismatch), "{stdout}");
+    assert!(stdout.contains("the cached copy changed"), "{stdout}");
+    assert!(!stdout.contains("source blob"), "{stdout}");
+    assert!(stdout.contains("): 1 mismatch\n"), "{stdout}");
+    assert!(
+        one_line(&stderr) && stderr.contains("1 staged copy does not match"),
+        "{stderr}"
+    );
+    let (ok, out, err) =
+        stagefs_tests::run_stagefs(&[&"evict", &model.repo, &"--cache-dir", cache]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("evicted {}: {first} (2.0 MiB)", model.repo)),
+        "{out}"
+    );
+    assert!(out.contains("evicted 2 files, 4.0 MiB"), "{out}");
+    drop(mount);
+}

@@ -924,3 +924,42 @@ fn the_read_path_is_decided_at_mount_time_and_told_the_same_everywhere() {
     );
 }
 
+/// Issue 19: `evict` right after a read names the redirect grace as the reason a copy
+/// was kept, not a reader.
+#[test]
+fn evict_right_after_a_read_names_the_grace_not_a_reader() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let model = generate(&s.hub, "acme/graced", 1, "3M");
+    let shard = model.shards().remove(0);
+    let mount = s.mount(&["--no-prefetch"]);
+    let sha = blob_sha256(&model, &s.hub, file_name(&shard));
+    assert_eq!(user.sha256(&mount.path(&shard)), Ok(sha));
+    wait_for_link(user, &mount.path(model.blob_of(&s.hub, file_name(&shard))));
+
+    // The link was just followed: nothing has it open, the 30 s grace keeps it.
+    let mut evict = user.command(stagefs_bin());
+    evict
+        .args(["evict", &model.repo, "--cache-dir"])
+        .arg(&s.cache);
+    let out = user.output(&mut evict);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("--redirect-grace") && !stderr.contains("close the programs"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "in use, kept: {}: {} (its link was followed",
+            model.repo,
+            file_name(&shard)
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("evicted 0 files, 0 B"), "{stdout}");
+}
