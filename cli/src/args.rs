@@ -162,7 +162,7 @@ pub(crate) struct MountOptions {
     #[arg(long)]
     pub(crate) no_redirect: bool,
     /// How long a copy whose link was just followed counts as in use and is not
-    /// evicted (10s, 2m, ...).
+    /// evicted (a number and s, m, h, d or w: 10s, 2m, 1h30m).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) redirect_grace: Option<u64>,
     /// Most bytes of staged copies to keep (500G, 1.5T, ...).
@@ -186,7 +186,7 @@ pub(crate) struct MountOptions {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) copy_streams: Option<u16>,
     /// A source operation, or a copy that stops making progress, fails with EIO
-    /// after this long instead of hanging (45s, 2m, ...).
+    /// after this long instead of hanging (a number and s, m, h, d or w: 45s, 2m, 1h30m).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) source_timeout: Option<u64>,
     /// Let other users read through the mount (FUSE's allow_other; non-root users

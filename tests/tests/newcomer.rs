@@ -314,3 +314,23 @@ fn output_names_models_and_files_as_users_know_them() {
     assert!(out.contains("evicted 2 files, 4.0 MiB"), "{out}");
     drop(mount);
 }
+
+#[test]
+fn durations_accept_what_the_help_says_and_a_bad_one_lists_only_that() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--source-timeout", &"5x"]);
+    assert!(!ok && one_line(&err), "{err}");
+    assert!(
+        err.contains("unknown unit 'x'") && err.contains("s, m, h, d or w"),
+        "{err}"
+    );
+    assert!(!err.contains("months") && !err.contains("µs"), "{err}");
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--source-timeout", &"1month"]);
+    assert!(!ok && err.contains("unknown unit 'month'"), "{err}");
+    let (_, out, _) = user.run(&[&"mount", &"--help"]);
+    assert!(
+        out.contains("s, m, h, d or w: 45s, 2m"),
+        "the help names the forms: {out}"
+    );
+}
