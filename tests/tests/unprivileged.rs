@@ -963,3 +963,26 @@ fn evict_right_after_a_read_names_the_grace_not_a_reader() {
     );
     assert!(stdout.contains("evicted 0 files, 0 B"), "{stdout}");
 }
+
+/// Issue 19: `stagefs demo` as an ordinary user prints its table and nothing else: no
+/// raw WARN about passthrough in the middle of it, and no `0MiB/s` for small files.
+#[test]
+fn the_demo_as_an_ordinary_user_prints_a_clean_table() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let mut demo = user.command(stagefs_bin());
+    demo.args(["demo", "--shards", "2", "--shard-size", "2M"])
+        .env("TMPDIR", &user.home);
+    let out = user.output(&mut demo);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    assert!(
+        !stdout.contains("WARN") && !stdout.contains(" 0MiB/s"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("every byte matched the source"), "{stdout}");
+}
