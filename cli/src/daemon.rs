@@ -34,9 +34,20 @@ pub(crate) fn explain(e: MountError) -> anyhow::Error {
         } => anyhow!(
             "--max-size ({max_size} bytes) is smaller than --min-stage-size ({min_stage_size} bytes): no file could ever be staged"
         ),
-        MountError::CacheLocked { .. } => {
-            anyhow!("{e}; unmount or wait for it, or pass a different --cache-dir")
-        }
+        MountError::CacheLocked { path } => match stagefs_mount::registry::known_for_cache(path) {
+            Some(mount) => anyhow!(
+                "cache directory {} is in use by the mount at {}; unmount it (`stagefs unmount {}`) or pass a different --cache-dir",
+                path.display(),
+                mount.mountpoint.display(),
+                mount.mountpoint.display()
+            ),
+            None => {
+                let pid = stagefs_mount::registry::lock_holder(path)
+                    .map(|p| format!(" (pid {p})"))
+                    .unwrap_or_default();
+                anyhow!("{e}{pid}; unmount or wait for it, or pass a different --cache-dir")
+            }
+        },
         MountError::StaleMount { mountpoint, source } => anyhow!("{source}").context(format!(
             "{e}; run `stagefs unmount --lazy {}`",
             mountpoint.display()
