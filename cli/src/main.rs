@@ -112,7 +112,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             daemon::unmount(&mountpoint, args.lazy)
         }
         Command::Run(args) => return run::run(args, &config()?),
-        Command::Doctor(args) => return doctor::run(args, &config()?),
+        // A broken config file is one of the things doctor reports, not a reason to stop.
+        Command::Doctor(args) => {
+            return match config() {
+                Ok(config) => doctor::run(args, &config, None),
+                Err(e) => doctor::run(args, &Config::default(), Some(format!("{e:#}"))),
+            };
+        }
         Command::Service(command) => service::run(command, &config()?),
         Command::Status(args) => manage::status(args, &config()?),
         Command::Evict(args) => manage::evict(args, &config()?, cli.verbose),

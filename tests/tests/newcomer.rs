@@ -334,3 +334,32 @@ fn durations_accept_what_the_help_says_and_a_bad_one_lists_only_that() {
         "the help names the forms: {out}"
     );
 }
+
+#[test]
+fn doctor_reports_a_broken_config_file_and_a_repository_by_its_id() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/doctored", 1, "2M");
+    let config = user.home.join(".config/stagefs/config.toml");
+    fs::create_dir_all(config.parent().expect("config dir")).expect("mkdir");
+    fs::write(&config, "max_size = \"20X\"\n").expect("write config");
+    let repo = s.hub.join("models--acme--doctored");
+    let (ok, out, err) = user.run(&[&"doctor", &repo]);
+    assert!(!ok, "a broken config fails doctor: {out}{err}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("fail  config") && first.contains("line 1, key `max_size`"),
+        "{out}{err}"
+    );
+    // The other checks still ran, and the repository is named as one.
+    let shape = out
+        .lines()
+        .find(|l| l.contains(" shape "))
+        .unwrap_or_default();
+    assert!(
+        shape.contains(&format!("the HF repository {}", model.repo))
+            && !shape.contains("plain model folder"),
+        "{out}"
+    );
+    assert!(err.is_empty(), "{err}");
+}
