@@ -108,7 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Mount(args) => mount(args, &config()?),
         Command::Unmount(args) => {
-            let mountpoint = config()?.mountpoint(args.mountpoint.as_deref())?;
+            let mountpoint = mounts::mountpoint(&config()?, args.mountpoint.as_deref())?;
             daemon::unmount(&mountpoint, args.lazy)
         }
         Command::Run(args) => return run::run(args, &config()?),

@@ -79,6 +79,27 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
     }
 }
 
+/// The mount point `unmount` acts on: the argument, the config file's, else the one
+/// mount of ours that runs (several: asks for one).
+pub(crate) fn mountpoint(config: &Config, arg: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if arg.is_some() || config.configured_mountpoint().is_some() {
+        return config.mountpoint(arg);
+    }
+    match registry::known().as_slice() {
+        [one] => Ok(one.mountpoint.clone()),
+        [] => config.mountpoint(None),
+        several => bail!(
+            "{} stagefs mounts are running ({}); name the one to unmount",
+            several.len(),
+            several
+                .iter()
+                .map(|m| m.mountpoint.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// What the cache at `cache_dir` knows of its mount: the one serving from it now, or
 /// else the last one it recorded.
 pub(crate) fn recorded(cache_dir: &Path) -> Option<MountRecord> {

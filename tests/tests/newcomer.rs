@@ -194,8 +194,10 @@ fn every_command_finds_a_running_mount_with_a_custom_cache_dir() {
         ok && out.contains(&format!("mount     {mnt} (running)")),
         "{out}{err}"
     );
-    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    // The one running mount is the one to unmount.
+    let (ok, _, err) = user.run(&[&"unmount"]);
     assert!(ok, "{err}");
+    assert!(!is_mounted(&s.mnt));
 }
 
 #[test]
