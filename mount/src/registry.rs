@@ -10,8 +10,10 @@
 
 use std::fs;
 use std::hash::{Hash, Hasher};
-use std::io::{self, ErrorKind};
+use std::io::{self, BufRead, BufReader, ErrorKind, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stagefs_cache::control::{self, MountRecord, Request, Response};
@@ -34,9 +36,6 @@ pub struct KnownMount {
     pub cache_dir: PathBuf,
     /// What the cache records of it.
     pub record: MountRecord,
-    /// Whether its daemon answers on the control socket; false: it died (a dead
-    /// mount), or it is starting or stopping.
-    pub answering: bool,
 }
 
 /// The registry directory: `$XDG_STATE_HOME/stagefs/mounts`, else
@@ -133,7 +132,6 @@ pub fn known() -> Vec<KnownMount> {
         let record = records(&pointer.cache_dir, &pointer.mountpoint);
         match (mounted, record) {
             (Some(_), Some(record)) => found.push(KnownMount {
-                answering: answers(&pointer.cache_dir),
                 mountpoint: pointer.mountpoint,
                 cache_dir: pointer.cache_dir,
                 record,
@@ -169,13 +167,38 @@ pub fn dead_mount_of(cache_dir: &Path) -> Option<PathBuf> {
     let record = MountRecord::read(cache_dir)?;
     let mountpoint = table::resolve(&record.mountpoint).ok()?;
     let entry: MountEntry = table::mounted_at(&mountpoint).ok()??;
-    (entry.looks_like_stagefs() && !answers(cache_dir) && !locked(cache_dir)).then_some(mountpoint)
+    if !entry.looks_like_stagefs() || locked(cache_dir) || answers(cache_dir) {
+        return None;
+    }
+    // A live mount of another cache may have taken the mount point since.
+    let taken = known()
+        .iter()
+        .any(|m| m.mountpoint == mountpoint && !same_dir(&m.cache_dir, cache_dir));
+    (!taken).then_some(mountpoint)
 }
 
-/// Whether a daemon answers on the cache's control socket.
+/// How long a daemon may take to answer `Stats` before it counts as not answering
+/// (a stuck daemon must not hang `status` or `doctor`).
+const ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether a daemon answers on the cache's control socket, within [`ANSWER_WAIT`].
 fn answers(cache_dir: &Path) -> bool {
+    let Ok(mut stream) = UnixStream::connect(control::socket_path(cache_dir)) else {
+        return false;
+    };
+    let Ok(mut line) = serde_json::to_vec(&Request::Stats) else {
+        return false;
+    };
+    line.push(b'\n');
+    if stream.set_read_timeout(Some(ANSWER_WAIT)).is_err() || stream.write_all(&line).is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    if BufReader::new(stream).read_line(&mut answer).is_err() {
+        return false;
+    }
     matches!(
-        control::query(&control::socket_path(cache_dir), &Request::Stats),
+        serde_json::from_str::<Response>(&answer),
         Ok(Response::Stats { .. })
     )
 }
