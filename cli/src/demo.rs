@@ -11,7 +11,7 @@ use stagefs_mount::{MountSpec, Running};
 use crate::args::DemoArgs;
 use crate::daemon::explain;
 use crate::hfgen::{self, DemoModel};
-use crate::units::format_bytes;
+use crate::units::{count, format_bytes};
 
 const REPO: &str = "stagefs/demo-model";
 
@@ -46,11 +46,11 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     running.stop().map_err(explain)?;
     let elapsed = loaded?;
     println!(
-        "staged {} files ({}) in {:.2}s; {} small files read from the source; every byte matched the source",
-        metrics.stage_copies,
+        "staged {} ({}) in {:.2}s; {} read from the source; every byte matched the source",
+        count(to_usize(metrics.stage_copies), "file", "files"),
         format_bytes(metrics.bytes_copied),
         elapsed.as_secs_f64(),
-        metrics.source_opens,
+        count(to_usize(metrics.source_opens), "small file", "small files"),
     );
     println!("unmounted and removed {}", work.path().display());
     Ok(())
@@ -83,6 +83,10 @@ fn load_through_mount(spec: &MountSpec, model: &DemoModel) -> anyhow::Result<Dur
         );
     }
     Ok(started.elapsed())
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// How fast a read was: MiB/s for a file of a MiB or more, else the read's time (a

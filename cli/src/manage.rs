@@ -250,9 +250,9 @@ fn render_status(r: &StatusReport) -> String {
     let min_free = u.budget.min_free.map_or("none".into(), format_bytes);
     let _ = writeln!(
         out,
-        "used      {} in {} files (max {max}); volume {} free of {} (keep {min_free} free)",
+        "used      {} in {} (max {max}); volume {} free of {} (keep {min_free} free)",
         format_bytes(u.used),
-        u.entries,
+        count(u.entries, "file", "files"),
         format_bytes(u.volume.available),
         format_bytes(u.volume.total),
     );
