@@ -319,6 +319,10 @@ pub(crate) struct UnmountArgs {
     /// Detach now even if files are open; the mount goes away when they are closed.
     #[arg(long)]
     pub(crate) lazy: bool,
+    /// Abort a hung mount's pending requests and unmount it (Linux, as root; on
+    /// macOS what --lazy does).
+    #[arg(long, conflicts_with = "lazy")]
+    pub(crate) force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -58,8 +58,8 @@ pub(crate) fn explain(e: MountError) -> anyhow::Error {
 
 /// `stagefs unmount`: the library's unmount (which acts only on a mount of ours),
 /// saying what to try where something is left to do.
-pub(crate) fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    let unmounted = stagefs_mount::unmount(mountpoint, lazy).map_err(|e| match &e {
+pub(crate) fn unmount(mountpoint: &Path, how: stagefs_mount::UnmountHow) -> anyhow::Result<()> {
+    let unmounted = stagefs_mount::unmount_how(mountpoint, how).map_err(|e| match &e {
         UnmountError::Busy(_) => anyhow!("{e}; close them or use --lazy"),
         UnmountError::NotOurs { .. } => anyhow!("{e} (use umount for other filesystems)"),
         UnmountError::Unrecorded(path) => anyhow!(

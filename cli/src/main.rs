@@ -109,7 +109,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mount(args) => mount(args, &config()?),
         Command::Unmount(args) => {
             let mountpoint = mounts::mountpoint(&config()?, args.mountpoint.as_deref())?;
-            daemon::unmount(&mountpoint, args.lazy)
+            let how = match (args.lazy, args.force) {
+                (true, _) => stagefs_mount::UnmountHow::Lazy,
+                (_, true) => stagefs_mount::UnmountHow::Force,
+                _ => stagefs_mount::UnmountHow::Normal,
+            };
+            daemon::unmount(&mountpoint, how)
         }
         Command::Run(args) => return run::run(args, &config()?),
         // A broken config file is one of the things doctor reports, not a reason to stop.

@@ -42,4 +42,5 @@ pub use error::MountError;
 pub use live::live_mount;
 pub use running::Running;
 pub use spec::MountSpec;
+pub use unmount::{How as UnmountHow, unmount_how};
 pub use unmount::{UnmountError, Unmounted, unmount};

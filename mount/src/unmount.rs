@@ -86,10 +86,29 @@ pub enum Unmounted {
     },
 }
 
+/// How to unmount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// Refused while files are open there.
+    Normal,
+    /// Detach now even while files are open (Linux); forced on macOS.
+    Lazy,
+    /// Abort the mount's pending requests first, for a daemon that hangs (Linux, as
+    /// root; an ordinary user's unmount through fusermount3 is not forced). macOS: as
+    /// `Lazy`.
+    Force,
+}
+
 /// Unmounts the mount of ours at `mountpoint` (`lazy`: detach it even while files
 /// are open) and waits, at most [`DAEMON_EXIT_WAIT`], for its daemon to release the
 /// cache. Refuses anything that is not ours: see the module's doc.
 pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<Unmounted, UnmountError> {
+    unmount_how(mountpoint, if lazy { How::Lazy } else { How::Normal })
+}
+
+/// [`unmount`], forced or lazy as `how` says; the same rule for every way.
+pub fn unmount_how(mountpoint: &Path, how: How) -> Result<Unmounted, UnmountError> {
+    let lazy = how == How::Lazy;
     let path = mountpoint.to_path_buf();
     let resolved = table::resolve(mountpoint).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => UnmountError::Missing(path.clone()),
@@ -114,7 +133,7 @@ pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<Unmounted, UnmountError>
     let Some(known) = registry::known_at(&resolved) else {
         return Err(UnmountError::Unrecorded(path));
     };
-    unmount_path(&resolved, lazy).map_err(|e| system_error(e, path.clone()))?;
+    unmount_path(&resolved, how).map_err(|e| system_error(e, path.clone()))?;
     let wait = if lazy {
         LAZY_EXIT_WAIT
     } else {
@@ -140,7 +159,7 @@ pub(crate) fn clear_dead(mountpoint: &Path) -> Result<(), UnmountError> {
     let path = mountpoint.to_path_buf();
     match table::mounted_at(mountpoint).map_err(UnmountError::Table)? {
         Some(entry) if entry.looks_like_stagefs() => {
-            unmount_path(mountpoint, true).map_err(|e| system_error(e, path))
+            unmount_path(mountpoint, How::Lazy).map_err(|e| system_error(e, path))
         }
         Some(entry) => Err(UnmountError::NotOurs {
             path,
@@ -172,8 +191,8 @@ fn wait_for_release(cache_dir: &Path, limit: Duration) -> bool {
     true
 }
 
-fn unmount_path(mountpoint: &Path, lazy: bool) -> io::Result<()> {
-    platform::unmount(mountpoint, lazy)
+fn unmount_path(mountpoint: &Path, how: How) -> io::Result<()> {
+    platform::unmount(mountpoint, how)
 }
 
 #[cfg(target_os = "linux")]
@@ -184,9 +203,15 @@ mod platform {
     use std::path::Path;
     use std::process::Command;
 
-    pub(super) fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    use super::How;
+
+    pub(super) fn unmount(mountpoint: &Path, how: How) -> io::Result<()> {
         let path = CString::new(mountpoint.as_os_str().as_bytes())?;
-        let flags = if lazy { libc::MNT_DETACH } else { 0 };
+        let flags = match how {
+            How::Normal => 0,
+            How::Lazy => libc::MNT_DETACH,
+            How::Force => libc::MNT_FORCE,
+        };
         // SAFETY: path is a valid NUL-terminated string.
         if unsafe { libc::umount2(path.as_ptr(), flags) } == 0 {
             return Ok(());
@@ -198,7 +223,7 @@ mod platform {
         // Unprivileged users unmount FUSE filesystems through the setuid helper.
         let mut helper = Command::new("fusermount3");
         helper.arg("-u").arg(mountpoint);
-        if lazy {
+        if how == How::Lazy {
             helper.arg("-z");
         }
         let status = helper.status()?;
@@ -219,9 +244,14 @@ mod platform {
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
 
-    pub(super) fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    use super::How;
+
+    pub(super) fn unmount(mountpoint: &Path, how: How) -> io::Result<()> {
         let path = CString::new(mountpoint.as_os_str().as_bytes())?;
-        let flags = if lazy { libc::MNT_FORCE } else { 0 };
+        let flags = match how {
+            How::Normal => 0,
+            How::Lazy | How::Force => libc::MNT_FORCE,
+        };
         // SAFETY: path is a valid NUL-terminated string.
         if unsafe { libc::unmount(path.as_ptr(), flags) } == 0 {
             Ok(())

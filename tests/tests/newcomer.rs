@@ -115,7 +115,7 @@ fn unmount_leaves_a_tmpfs_and_a_bind_mount_alone() {
     assert!(ok, "a bind mount needs root");
     let _bind = Bind(bound.clone());
     for (dir, kind, kept) in [(&tmp, "tmpfs", "mine"), (&bound, "", "theirs")] {
-        for flags in [&[][..], &["--lazy"][..]] {
+        for flags in [&[][..], &["--lazy"][..], &["--force"][..]] {
             let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"unmount"];
             args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
             args.push(dir);
@@ -150,6 +150,11 @@ fn unmount_returns_once_the_daemon_has_released_the_cache() {
     );
     let (ok, out, err) = user.run(&[&"status", &"--cache-dir", &s.cache]);
     assert!(ok && out.contains("mount     not running"), "{out}{err}");
+    // Forced, the same: gone, and the daemon has let go when it returns.
+    user.mount(&s);
+    let (ok, _, err) = user.run(&[&"unmount", &"--force", &s.mnt]);
+    assert!(ok, "{err}");
+    assert!(!is_mounted(&s.mnt) && !registry::locked(&s.cache));
 }
 
 #[test]
