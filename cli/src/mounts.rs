@@ -1,20 +1,24 @@
 //! Which mount and cache a command is about when no flag says: the flag, else the
 //! config file's `cache_dir`, else the running mounts this user's stagefs made (the
 //! mount table and the caches' records, `stagefs_mount::registry`), picked by a path
-//! the command names or as the only one, else the default cache directory.
+//! the command names, by a model only one of their sources holds, or as the only
+//! one, else the default cache directory.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::bail;
 use stagefs_cache::control::MountRecord;
+use stagefs_mount::bounded;
 use stagefs_mount::registry::{self, KnownMount};
 use stagefs_mount::table;
 
 use crate::config::Config;
 
 /// The cache directory a command works on. `targets` are what the command names
-/// (model ids or paths): a path inside one mount's mount point or source picks that
-/// mount when several run. With several and nothing to pick by, asks for one.
+/// (model ids or paths): when several mounts run, a path inside one's mount point or
+/// source picks it, else a model id that only one's source holds. With several and
+/// nothing to pick by, asks for one.
 pub(crate) fn cache_dir(
     config: &Config,
     flag: Option<&Path>,
@@ -67,16 +71,42 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
             .iter()
             .any(|root| path.starts_with(table::resolve(root).unwrap_or((*root).clone())))
     };
-    let by_path: Vec<&KnownMount> = known
+    let mut by_path: Vec<&KnownMount> = known
         .iter()
         .filter(|m| targets.iter().any(|t| inside(m, t)))
         .collect();
+    if by_path.is_empty() && known.len() > 1 {
+        by_path = known
+            .iter()
+            .filter(|m| targets.iter().any(|t| holds_model(m, t)))
+            .collect();
+    }
     match (by_path.as_slice(), known) {
         ([one], _) => Picked::One(one),
         (_, []) => Picked::None,
         (_, [one]) => Picked::One(one),
         _ => Picked::Several,
     }
+}
+
+/// How long asking a mount's source whether it holds a model may take.
+const MODEL_LOOKUP_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether `mount`'s source holds the model `id` where a repository id or a
+/// folder's path puts it (the root, `hub/`): asked in a child process under a
+/// deadline, since the source may be a dead share.
+fn holds_model(mount: &KnownMount, id: &str) -> bool {
+    if !stagefs_cache::models::is_model_id(id) {
+        return false;
+    }
+    let source = &mount.record.source;
+    let mut places = vec![source.join(id)];
+    if let Some(repo) = stagefs_cache::hf::repo_dir_for(id) {
+        places.extend([source.join(&repo), source.join("hub").join(&repo)]);
+    }
+    places
+        .iter()
+        .any(|place| matches!(bounded::stat(place, MODEL_LOOKUP_WAIT), Ok(Ok(_))))
 }
 
 /// The mount point `unmount` acts on: the argument, the config file's, else the one

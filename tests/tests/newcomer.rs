@@ -370,3 +370,61 @@ fn doctor_reports_a_broken_config_file_and_a_repository_by_its_id() {
     );
     assert!(err.is_empty(), "{err}");
 }
+
+#[test]
+fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let a = generate(&s.hub, "acme/first", 1, "2M");
+    let (hub2, mnt2, cache2) = (
+        s.dir.path().join("hub2"),
+        s.dir.path().join("mnt2"),
+        s.dir.path().join("cache2"),
+    );
+    fs::create_dir_all(&hub2).expect("mkdir");
+    fs::create_dir_all(&mnt2).expect("mkdir");
+    let b = generate(&hub2, "acme/second", 1, "2M");
+    let (_c1, _c2) = (Cleanup(s.mnt.clone()), Cleanup(mnt2.clone()));
+    user.mount(&s);
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[
+        &"mount",
+        &hub2,
+        &mnt2,
+        &"--cache-dir",
+        &cache2,
+        &"--min-free",
+        &reserve,
+    ]);
+    assert!(ok, "{err}");
+
+    let (ok, _, err) = user.run(&[&"status"]);
+    assert!(!ok && one_line(&err), "{err}");
+    assert!(
+        err.contains("2 stagefs mounts are running") && err.contains("name one with --cache-dir"),
+        "{err}"
+    );
+    // A model only the second source holds picks the second mount, and says so.
+    let (ok, out, err) = user.run(&[&"prefetch", &b.repo]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains(&format!("using the mount at {}", mnt2.display())),
+        "{err}"
+    );
+    assert!(out.contains(&format!("staged {}: ", b.repo)), "{out}");
+    // A path inside the first mount picks the first (nothing opens it: a closed
+    // file's handle is released a moment after close returns).
+    let shard = a.shards().remove(0);
+    let (ok, out, err) = user.run(&[&"prefetch", &s.mnt.join(&shard)]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains(&format!("staged {}: ", a.repo)), "{out}");
+    let (ok, out, err) = user.run(&[&"evict", &b.repo]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains(&format!("evicted {}: ", b.repo)), "{out}");
+    let (ok, _, err) = user.run(&[&"unmount"]);
+    assert!(!ok && err.contains("name the one to unmount"), "{err}");
+    for mnt in [&s.mnt, &mnt2] {
+        let (ok, _, err) = user.run(&[&"unmount", mnt]);
+        assert!(ok, "{err}");
+    }
+}
