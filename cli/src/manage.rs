@@ -28,7 +28,7 @@ pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
         other => return Err(unexpected(other)),
     };
     if report.mountpoint.is_none() {
-        report.dead_mount = crate::mounts::dead_mount_line(&dir).map(|(mountpoint, _)| mountpoint);
+        report.dead_mount = stagefs_mount::registry::dead_mount_of(&dir);
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

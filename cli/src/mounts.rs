@@ -136,15 +136,8 @@ pub(crate) fn recorded(cache_dir: &Path) -> Option<MountRecord> {
     MountRecord::read(cache_dir)
 }
 
-/// The one line `status` and `doctor` give a dead mount of `cache_dir` (its daemon
-/// died and left it in the mount table), with the command that clears it.
-pub(crate) fn dead_mount_line(cache_dir: &Path) -> Option<(PathBuf, String)> {
-    let mountpoint = registry::dead_mount_of(cache_dir)?;
-    let line = dead_line(&mountpoint);
-    Some((mountpoint, line))
-}
-
-/// What is said of the dead mount at `mountpoint`.
+/// What `status` and `doctor` say of the dead mount at `mountpoint` (its daemon died
+/// and left it in the mount table), with the command that clears it.
 pub(crate) fn dead_line(mountpoint: &Path) -> String {
     format!(
         "{} is a dead mount: its daemon is gone (crashed or killed); clear it with `stagefs unmount --lazy {}`",
