@@ -495,6 +495,29 @@ mod tests {
     }
 
     #[test]
+    fn help_says_what_run_sets_and_what_the_read_flags_do() {
+        let mut top = command();
+        let help = top.render_help().to_string();
+        let run = help
+            .lines()
+            .find(|l| l.trim_start().starts_with("run"))
+            .unwrap_or_default();
+        assert!(
+            run.contains("HF_HOME") && run.contains("HF_HUB_CACHE"),
+            "{help}"
+        );
+        let mount = help_of("mount");
+        assert!(
+            mount.contains("staged files are then presented as links to their local copies"),
+            "{mount}"
+        );
+        assert!(
+            !mount.contains("from the daemon instead of kernel passthrough"),
+            "{mount}"
+        );
+    }
+
+    #[test]
     fn hints_name_the_flags() {
         assert!(flag_hint(Remedy::MoreRoom).starts_with("raise --max-size"));
         assert!(flag_hint(Remedy::LongerSourceTimeout).contains("--source-timeout"));
