@@ -5,7 +5,7 @@
 //! plain relative path and turned into a [`Key`], so no request can reach outside the
 //! cache directory.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use crate::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource}
 use crate::source::SourceTree;
 use crate::source_pool::SourceHealth;
 use crate::stage::InFlight;
-use crate::store::{CopyCheck, EntryInfo, Store, Usage, compare_with_record};
+use crate::store::{CopyCheck, EntryInfo, Hold, Store, Usage, compare_with_record};
 
 /// What a running mount adds to the cache's own state.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +33,8 @@ pub struct Live {
     pub source_health: Option<SourceHealth>,
     /// How the mount reaches the kernel, and an NFS export's URL.
     pub backend: Option<(crate::control::Backend, Option<String>)>,
+    /// How the mount serves staged files (`staged files are presented as links…`).
+    pub read_path: Option<String>,
 }
 
 /// Everything `stagefs status` shows.
@@ -61,6 +63,13 @@ pub struct StatusReport {
     /// The NFS export's libnfs URL (running NFS mounts only).
     #[serde(default)]
     pub export: Option<String>,
+    /// How the running mount serves staged files, as its log said at mount time.
+    #[serde(default)]
+    pub read_path: Option<String>,
+    /// Where a mount of this cache died and left a dead mount behind (filled in by
+    /// the front end, which reads the mount table).
+    #[serde(default)]
+    pub dead_mount: Option<PathBuf>,
 }
 
 /// One model's share of the cache.
@@ -165,6 +174,9 @@ pub struct FileRef {
     pub path: PathBuf,
     /// Size.
     pub bytes: u64,
+    /// Why it was kept, for a copy in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
 }
 
 /// What `verify` found.
@@ -239,6 +251,8 @@ pub fn status(
         source_health: live.source_health,
         backend: live.backend.as_ref().map(|(backend, _)| *backend),
         export: live.backend.and_then(|(_, export)| export),
+        read_path: live.read_path,
+        dead_mount: None,
     })
 }
 
@@ -259,11 +273,13 @@ pub fn evict(
         dry_run,
     };
     for info in chosen {
-        let file = FileRef {
+        let mut file = FileRef {
             path: info.entry.source.clone(),
             bytes: info.entry.stamp.size,
+            hold: None,
         };
         if info.in_use {
+            file.hold = Some(info.hold.unwrap_or(Hold::Open));
             report.in_use.push(file);
             continue;
         }
@@ -275,6 +291,7 @@ pub fn evict(
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(StoreError::InUse { .. }) => {
+                    file.hold = Some(Hold::Open);
                     report.in_use.push(file);
                     continue;
                 }
@@ -371,14 +388,84 @@ pub fn verify(
     Ok(report)
 }
 
+/// How users know the files at `paths` (relative to the source root), in order:
+/// `org/name: model-00001-of-00002.safetensors` for a file of an HF repository (a
+/// blob by the name a snapshot gives it, from `source` when it is reachable, else
+/// `org/name: blob 1a2b3c4d5e6f…`), the path itself for a plain folder's or a lone
+/// file's.
+pub fn names(source: Option<&SourceTree>, paths: &[PathBuf]) -> Vec<String> {
+    let mut by_repo: HashMap<PathBuf, HashMap<PathBuf, PathBuf>> = HashMap::new();
+    paths
+        .iter()
+        .map(|path| name_of(source, path, &mut by_repo))
+        .collect()
+}
+
+fn name_of(
+    source: Option<&SourceTree>,
+    path: &Path,
+    by_repo: &mut HashMap<PathBuf, HashMap<PathBuf, PathBuf>>,
+) -> String {
+    let Some(repo) = hf::repo_of(path) else {
+        return path.display().to_string();
+    };
+    let id = repo
+        .file_name()
+        .and_then(|n| hf::id_of_repo_dir(&n.to_string_lossy()))
+        .unwrap_or_else(|| repo.display().to_string());
+    let inside = path.strip_prefix(&repo).unwrap_or(path);
+    if let Ok(in_snapshot) = inside.strip_prefix("snapshots") {
+        let file: PathBuf = in_snapshot.components().skip(1).collect();
+        return format!("{id}: {}", file.display());
+    }
+    if !inside.starts_with("blobs") {
+        return format!("{id}: {}", inside.display());
+    }
+    let names = by_repo.entry(repo.clone()).or_insert_with(|| {
+        source
+            .map(|source| blob_names(source, &repo))
+            .unwrap_or_default()
+    });
+    match names.get(path) {
+        Some(file) => format!("{id}: {}", file.display()),
+        None => {
+            let hash = path
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            format!("{id}: blob {}…", &hash[..hash.len().min(12)])
+        }
+    }
+}
+
+/// The name each blob of the repository at `repo` has in a snapshot (the newest
+/// snapshot's name first, where two disagree), by the blob's path.
+fn blob_names(source: &SourceTree, repo: &Path) -> HashMap<PathBuf, PathBuf> {
+    let newest = hf::newest_snapshot(source, repo);
+    let mut snapshots: Vec<PathBuf> = hf::snapshots(source, repo)
+        .into_iter()
+        .map(|rev| repo.join("snapshots").join(rev))
+        .collect();
+    snapshots.sort_by_key(|s| Some(s) != newest.as_ref());
+    let mut names = HashMap::new();
+    for snapshot in snapshots {
+        for (file, blob) in hf::snapshot_files(source, &snapshot) {
+            let name = file.strip_prefix(&snapshot).unwrap_or(&file).to_path_buf();
+            names.entry(blob).or_insert(name);
+        }
+    }
+    names
+}
+
 /// Why a copy does not hold what was staged, if it does not.
 fn mismatch(store: &Store, key: &Key, info: &EntryInfo) -> Option<String> {
     let reason = match compare_with_record(&store.data_path(key), key, &info.entry) {
         Err(e) => return Some(format!("unreadable: {e}")),
         Ok(CopyCheck::Matches) => return None,
         Ok(CopyCheck::Blake3Differs) => "blake3 differs from the one recorded when it was staged",
+        // Staging checked the copy against the name, so the copy changed since.
         Ok(CopyCheck::Sha256Differs) => {
-            "sha256 differs from the blob's name (the source blob itself may be corrupt)"
+            "sha256 differs from the blob's name: the cached copy changed since it was staged (disk corruption or a write)"
         }
         Ok(CopyCheck::Unrecorded) => "no digest was recorded for it",
     };

@@ -116,6 +116,11 @@ pub enum Request {
         /// Drop mismatches.
         repair: bool,
     },
+    /// How users know the files at these source paths ([`admin::names`]).
+    Names {
+        /// Source paths, relative to the source root.
+        paths: Vec<PathBuf>,
+    },
 }
 
 /// A running mount's answer.
@@ -168,6 +173,11 @@ pub enum Response {
         #[serde(default)]
         note: Option<String>,
     },
+    /// Answer to [`Request::Names`]: one name per path, in order.
+    Names {
+        /// The names.
+        names: Vec<String>,
+    },
     /// The request could not be served.
     Error {
         /// Why.
@@ -205,6 +215,9 @@ pub fn answer(
         .map(|report| Response::Evicted { report }),
         Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)
             .map(|report| Response::Verified { report }),
+        Request::Names { paths } => Ok(Response::Names {
+            names: admin::names(source.map(|s| s.tree), &paths),
+        }),
         Request::Prefetch { .. } => Err(AdminError::BadRequest(
             "prefetch is served as a stream, not a single answer".into(),
         )),

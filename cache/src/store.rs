@@ -91,16 +91,48 @@ struct State {
     next_evicted: u64,
 }
 
+/// Why a copy must not be evicted or removed right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "why", rename_all = "snake_case")]
+pub enum Hold {
+    /// A handle has it open, or a copy of it is in progress.
+    Open,
+    /// Its link was followed (or presented by a listing) a moment ago: a program may
+    /// be opening it through the link, which the daemon cannot see.
+    Grace {
+        /// Whole seconds until the grace ends.
+        secs_left: u64,
+        /// The grace in force (`--redirect-grace`), in seconds.
+        grace_secs: u64,
+    },
+}
+
 impl State {
     /// Whether `key` must not be evicted or removed: a handle or copy holds it, or its
     /// path was handed out within `grace` and may be being opened right now.
     fn in_use(&self, key: &Key, grace: Duration) -> bool {
-        let within = |map: &HashMap<Key, Instant>, hold: Duration| {
-            map.get(key).is_some_and(|at| at.elapsed() < hold)
+        self.hold(key, grace).is_some()
+    }
+
+    /// Why `key` must not be evicted or removed, if it must not.
+    fn hold(&self, key: &Key, grace: Duration) -> Option<Hold> {
+        if self.pins.contains_key(key) {
+            return Some(Hold::Open);
+        }
+        let left = |map: &HashMap<Key, Instant>, hold: Duration| {
+            map.get(key).and_then(|at| hold.checked_sub(at.elapsed()))
         };
-        self.pins.contains_key(key)
-            || within(&self.redirected, grace)
-            || within(&self.presented, PRESENT_HOLD)
+        let left = [
+            left(&self.redirected, grace),
+            left(&self.presented, PRESENT_HOLD),
+        ]
+        .into_iter()
+        .flatten()
+        .max()?;
+        Some(Hold::Grace {
+            secs_left: left.as_secs() + u64::from(left.subsec_nanos() > 0),
+            grace_secs: grace.as_secs(),
+        })
     }
 }
 
@@ -175,6 +207,9 @@ pub struct EntryInfo {
     pub entry: Entry,
     /// Whether it is open, being staged, or its link was followed a moment ago.
     pub in_use: bool,
+    /// Why it is in use, if it is.
+    #[serde(default)]
+    pub hold: Option<Hold>,
 }
 
 /// How full the cache is.
@@ -705,10 +740,14 @@ impl Store {
         state
             .index
             .iter_lru()
-            .map(|(k, e)| EntryInfo {
-                key: k.as_str().to_string(),
-                entry: e.clone(),
-                in_use: state.in_use(k, self.redirect_grace),
+            .map(|(k, e)| {
+                let hold = state.hold(k, self.redirect_grace);
+                EntryInfo {
+                    key: k.as_str().to_string(),
+                    entry: e.clone(),
+                    in_use: hold.is_some(),
+                    hold,
+                }
             })
             .collect()
     }

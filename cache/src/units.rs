@@ -52,26 +52,104 @@ fn unknown_suffix(text: &str) -> Option<&str> {
     (!known && SIZES.parse_size(number).is_ok()).then_some(suffix)
 }
 
-/// Parses a duration into whole seconds.
+/// The duration units, exactly those the help text names, in seconds.
+const DURATION_UNITS: [(&str, u64); 5] = [
+    ("s", 1),
+    ("m", 60),
+    ("h", 3600),
+    ("d", 86_400),
+    ("w", 604_800),
+];
+
+/// Parses a duration into whole seconds: `0`, or numbers each followed by a unit of
+/// [`DURATION_UNITS`] (`45s`, `1h30m`, `1.5h`), adding up to whole seconds. Nothing
+/// else is accepted, so a message can list all that works.
 pub fn parse_duration(text: &str) -> Result<u64, String> {
-    let bad = |why: String| format!("'{text}' is not a duration: {why} ({DURATION_EXAMPLES})");
+    let bad = |why: String| {
+        format!(
+            "'{text}' is not a duration: {why} (a number and s, m, h, d or w, without spaces: {})",
+            DURATION_EXAMPLES.trim_start_matches("examples: ")
+        )
+    };
     let trimmed = text.trim();
     // One token, as in flags: "3 days" reads as two arguments would in a shell.
     if trimmed.contains(char::is_whitespace) {
         return Err(bad("write it without spaces".into()));
     }
-    let duration = humantime::parse_duration(trimmed).map_err(|e| bad(e.to_string()))?;
-    if duration.subsec_nanos() != 0 {
-        return Err(bad("it must be a whole number of seconds".into()));
+    if trimmed == "0" {
+        return Ok(0);
     }
-    Ok(duration.as_secs())
+    if trimmed.is_empty() {
+        return Err(bad("it is empty".into()));
+    }
+    let mut rest = trimmed;
+    let mut total: u64 = 0;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(number_len);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        if number.is_empty() {
+            return Err(bad(format!("'{unit}' has no number before it")));
+        }
+        if unit.is_empty() {
+            return Err(bad(format!("'{number}' has no unit after it")));
+        }
+        let Some(&(_, scale)) = DURATION_UNITS.iter().find(|(name, _)| *name == unit) else {
+            return Err(bad(format!("unknown unit '{unit}'")));
+        };
+        let secs = scaled(number, scale).map_err(|why| bad(why.into()))?;
+        total = total
+            .checked_add(secs)
+            .ok_or_else(|| bad("it is out of range".into()))?;
+        rest = next;
+    }
+    Ok(total)
+}
+
+/// `number` (digits, at most one `.`) times `scale` seconds, exactly.
+fn scaled(number: &str, scale: u64) -> Result<u64, &'static str> {
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 9 {
+        return Err("it is not a number and a unit");
+    }
+    let range = "it is out of range";
+    let whole: u64 = whole.parse().map_err(|_| range)?;
+    let mut secs = whole.checked_mul(scale).ok_or(range)?;
+    if !fraction.is_empty() {
+        let denominator = 10u64.pow(u32::try_from(fraction.len()).map_err(|_| range)?);
+        let part = fraction
+            .parse::<u64>()
+            .map_err(|_| range)?
+            .checked_mul(scale)
+            .ok_or(range)?;
+        if part % denominator != 0 {
+            return Err("it must come to whole seconds");
+        }
+        secs = secs.checked_add(part / denominator).ok_or(range)?;
+    }
+    Ok(secs)
 }
 
 /// A duration as `parse_duration` reads it back (`30s`, `2m`, `1h30m`).
 pub fn format_duration(duration: std::time::Duration) -> String {
-    humantime::format_duration(duration)
-        .to_string()
-        .replace(' ', "")
+    let mut left = duration.as_secs();
+    if left == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (name, scale) in DURATION_UNITS.iter().rev() {
+        if left >= *scale {
+            out.push_str(&format!("{}{name}", left / scale));
+            left %= scale;
+        }
+    }
+    out
 }
 
 /// A byte count for people, in binary units as sizes are written (`12 B`, `1.5 GiB`);
@@ -170,6 +248,9 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(5400));
         assert_eq!(parse_duration("1.5h"), Ok(5400));
         assert_eq!(parse_duration("30d"), Ok(30 * 86_400));
+        assert_eq!(parse_duration("2w"), Ok(2 * 604_800));
+        assert_eq!(parse_duration("1d12h"), Ok(129_600));
+        assert_eq!(parse_duration("0.5m"), Ok(30));
     }
 
     #[test]
@@ -189,7 +270,26 @@ mod tests {
             assert_eq!(e.lines().count(), 1, "{e}");
         }
         assert!(parse_duration("3 days").is_err_and(|e| e.contains("without spaces")));
-        assert!(parse_duration("500ms").is_err_and(|e| e.contains("whole number of seconds")));
+        // Only the units the help names; the message lists them and nothing else.
+        for (bad, why) in [
+            ("500ms", "unknown unit 'ms'"),
+            ("1month", "unknown unit 'month'"),
+            ("5x", "unknown unit 'x'"),
+            ("2sec", "unknown unit 'sec'"),
+            ("0.5s", "whole seconds"),
+        ] {
+            let e = parse_duration(bad).expect_err(bad);
+            assert!(e.contains(why), "{e}");
+            assert!(
+                e.ends_with(
+                    "(a number and s, m, h, d or w, without spaces: 45s, 90m, 12h, 30d, 2w)"
+                ),
+                "{e}"
+            );
+            for unlisted in ["ms", "µs", "min", "months", "years"] {
+                assert!(!e.contains(&format!(" {unlisted},")), "{e}");
+            }
+        }
     }
 
     #[test]
@@ -199,6 +299,10 @@ mod tests {
         assert_eq!(format_bytes(3 << 29), "1.5 GiB");
         assert_eq!(format_bytes(1 << 20), "1.0 MiB");
         assert_eq!(format_duration(std::time::Duration::from_secs(30)), "30s");
+        assert_eq!(
+            format_duration(std::time::Duration::from_secs(30 * 86_400)),
+            "4w2d"
+        );
         assert_eq!(
             parse_duration(&format_duration(std::time::Duration::from_secs(5400))),
             Ok(5400)

@@ -83,6 +83,9 @@ pub(crate) struct Cli {
     /// Ignore the config file.
     #[arg(long, global = true, conflicts_with = "config")]
     pub(crate) no_config: bool,
+    /// Also show where each file lies in the source (a blob's hash).
+    #[arg(short, long, global = true)]
+    pub(crate) verbose: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -97,7 +100,9 @@ pub(crate) enum Command {
     /// Unmount a stagefs mount.
     Unmount(UnmountArgs),
     /// Run a command against the mount: mount if needed, stage models, then run it
-    /// offline with HF_HUB_CACHE pointing at the mount.
+    /// offline with the HF variables the source's shape needs (HF_HOME and
+    /// HF_HUB_CACHE for an HF_HOME, HF_HUB_CACHE for a hub cache, none for plain
+    /// folders) pointing at the mount.
     Run(RunArgs),
     /// Check FUSE, the source, the cache volume and the environment, and say what to fix.
     Doctor(DoctorArgs),
@@ -134,6 +139,9 @@ pub(crate) struct MountArgs {
     /// Internal: report readiness on stdout (used when daemonizing).
     #[arg(long, hide = true)]
     pub(crate) notify_ready: bool,
+    /// Internal: the launcher cleared a stale mount here, for the daemon's log.
+    #[arg(long, hide = true)]
+    pub(crate) cleared_stale_mount: bool,
 }
 
 #[derive(Debug, Args)]
@@ -192,15 +200,18 @@ pub(crate) struct MountOptions {
     /// Files at least this large are copied to the cache when opened.
     #[arg(long, value_parser = parse_size)]
     pub(crate) min_stage_size: Option<u64>,
-    /// Serve reads of staged files from the daemon instead of kernel passthrough.
+    /// Do not use kernel passthrough (Linux 6.9+ as root), even where it works:
+    /// staged files are then presented as links to their local copies (or, with
+    /// --no-redirect, read through the daemon).
     #[arg(long)]
     pub(crate) no_passthrough: bool,
-    /// Serve reads of staged files from the daemon instead of presenting them as links
-    /// to their local copies (used where kernel passthrough is not).
+    /// Where kernel passthrough is not used (macOS, an ordinary user, --no-passthrough),
+    /// read staged files through the daemon instead of presenting them as links to
+    /// their local copies.
     #[arg(long)]
     pub(crate) no_redirect: bool,
     /// How long a copy whose link was just followed counts as in use and is not
-    /// evicted (10s, 2m, ...).
+    /// evicted (a number and s, m, h, d or w: 10s, 2m, 1h30m).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) redirect_grace: Option<u64>,
     /// Most bytes of staged copies to keep (500G, 1.5T, ...).
@@ -224,7 +235,7 @@ pub(crate) struct MountOptions {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) copy_streams: Option<u16>,
     /// A source operation, or a copy that stops making progress, fails with EIO
-    /// after this long instead of hanging (45s, 2m, ...).
+    /// after this long instead of hanging (a number and s, m, h, d or w: 45s, 2m, 1h30m).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) source_timeout: Option<u64>,
     /// Let other users read through the mount (FUSE's allow_other; non-root users
@@ -357,6 +368,10 @@ pub(crate) struct UnmountArgs {
     /// Detach now even if files are open; the mount goes away when they are closed.
     #[arg(long)]
     pub(crate) lazy: bool,
+    /// Abort a hung mount's pending requests and unmount it (Linux, as root; on
+    /// macOS what --lazy does).
+    #[arg(long, conflicts_with = "lazy")]
+    pub(crate) force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -526,6 +541,29 @@ mod tests {
         assert!(!OnFullArg::ReadSource.is_deprecated() && OnFullArg::Passthrough.is_deprecated());
         assert_eq!(on_full_flag("fail").expect("fail"), Some(OnFullArg::Fail));
         assert!(on_full_flag("maybe").is_err());
+    }
+
+    #[test]
+    fn help_says_what_run_sets_and_what_the_read_flags_do() {
+        let mut top = command();
+        let help = top.render_help().to_string();
+        let run = help
+            .lines()
+            .find(|l| l.trim_start().starts_with("run"))
+            .unwrap_or_default();
+        assert!(
+            run.contains("HF_HOME") && run.contains("HF_HUB_CACHE"),
+            "{help}"
+        );
+        let mount = help_of("mount");
+        assert!(
+            mount.contains("staged files are then presented as links to their local copies"),
+            "{mount}"
+        );
+        assert!(
+            !mount.contains("from the daemon instead of kernel passthrough"),
+            "{mount}"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::args::{BackendArg, CacheDirArg, MountOptions, OnFullArg};
 use crate::units::{parse_duration, parse_size, parse_source_dir};
 
 /// The keys a config file may hold; each is optional.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileConfig {
     #[serde(default, deserialize_with = "absolute_path")]
@@ -52,7 +52,7 @@ pub(crate) struct FileConfig {
 }
 
 /// The loaded config and where it came from.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Config {
     /// The file that was read; None when there is none (or `--no-config`).
     pub(crate) path: Option<PathBuf>,
@@ -95,9 +95,34 @@ impl Config {
         }
     }
 
-    /// The cache directory for commands that take `--cache-dir`.
-    pub(crate) fn cache_dir_for(&self, arg: &CacheDirArg) -> anyhow::Result<PathBuf> {
-        self.cache_dir(arg.cache_dir.as_deref())
+    /// The cache directory for commands that take `--cache-dir`: the flag, the config
+    /// file, the running mount (`targets` pick one of several), or the default.
+    pub(crate) fn cache_dir_for(
+        &self,
+        arg: &CacheDirArg,
+        targets: &[&str],
+    ) -> anyhow::Result<PathBuf> {
+        crate::mounts::cache_dir(self, arg.cache_dir.as_deref(), targets)
+    }
+
+    /// The config file's `cache_dir`, if it sets one.
+    pub(crate) fn configured_cache_dir(&self) -> Option<&Path> {
+        self.file.cache_dir.as_deref()
+    }
+
+    /// This config with the source, mount point and `model_dirs` a cache recorded
+    /// filled in where the file sets none (for commands that find the mount a cache
+    /// serves, or served last).
+    pub(crate) fn filled_from(mut self, record: &stagefs_cache::control::MountRecord) -> Config {
+        let file = &mut self.file;
+        if file.source.is_none() && file.mountpoint.is_none() {
+            file.source = Some(record.source.clone());
+            file.mountpoint = Some(record.mountpoint.clone());
+            if file.model_dirs.is_none() {
+                file.model_dirs = Some(record.model_dirs.clone());
+            }
+        }
+        self
     }
 
     /// The mount point: the argument or the config file.

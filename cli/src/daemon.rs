@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use stagefs_mount::{MountError, MountSpec, Running, UnmountError};
+use stagefs_mount::{MountError, MountSpec, Running, UnmountError, Unmounted};
 use stagefs_policy::OnFull;
 
 /// The library's error with what to try: the flag or command that helps.
@@ -34,9 +34,20 @@ pub(crate) fn explain(e: MountError) -> anyhow::Error {
         } => anyhow!(
             "--max-size ({max_size} bytes) is smaller than --min-stage-size ({min_stage_size} bytes): no file could ever be staged"
         ),
-        MountError::CacheLocked { .. } => {
-            anyhow!("{e}; unmount or wait for it, or pass a different --cache-dir")
-        }
+        MountError::CacheLocked { path } => match stagefs_mount::registry::known_for_cache(path) {
+            Some(mount) => anyhow!(
+                "cache directory {} is in use by the mount at {}; unmount it (`stagefs unmount {}`) or pass a different --cache-dir",
+                path.display(),
+                mount.mountpoint.display(),
+                mount.mountpoint.display()
+            ),
+            None => {
+                let pid = stagefs_mount::registry::lock_holder(path)
+                    .map(|p| format!(" (pid {p})"))
+                    .unwrap_or_default();
+                anyhow!("{e}{pid}; unmount or wait for it, or pass a different --cache-dir")
+            }
+        },
         MountError::StaleMount { mountpoint, source } => anyhow!("{source}").context(format!(
             "{e}; run `stagefs unmount --lazy {}`",
             mountpoint.display()
@@ -45,12 +56,30 @@ pub(crate) fn explain(e: MountError) -> anyhow::Error {
     }
 }
 
-/// `stagefs unmount`: the library's unmount, saying what to try when it is busy.
-pub(crate) fn unmount(mountpoint: &Path, lazy: bool) -> anyhow::Result<()> {
-    stagefs_mount::unmount(mountpoint, lazy).map_err(|e| match e {
+/// `stagefs unmount`: the library's unmount (which acts only on a mount of ours),
+/// saying what to try where something is left to do.
+pub(crate) fn unmount(mountpoint: &Path, how: stagefs_mount::UnmountHow) -> anyhow::Result<()> {
+    let unmounted = stagefs_mount::unmount_how(mountpoint, how).map_err(|e| match &e {
         UnmountError::Busy(_) => anyhow!("{e}; close them or use --lazy"),
-        e => anyhow!(e),
-    })
+        UnmountError::NotOurs { .. } => anyhow!("{e} (use umount for other filesystems)"),
+        UnmountError::Unrecorded(path) => anyhow!(
+            "{e}; as its owner, run `fusermount3 -u {}` (Linux) or `umount {}`",
+            path.display(),
+            path.display()
+        ),
+        UnmountError::DaemonLingers { .. } => {
+            anyhow!("{e}; `stagefs status` shows when it has exited")
+        }
+        _ => anyhow!(e),
+    })?;
+    if let Unmounted::Detached { pid } = unmounted {
+        eprintln!(
+            "stagefs: detached {}; its daemon{} exits once the files still open there are closed",
+            mountpoint.display(),
+            pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// Serves `spec` in this process until unmounted; with `notify_ready`, tells the
@@ -96,7 +125,8 @@ fn detach_stdout() {
 /// Starts this program again as a detached `mount --foreground` and returns once it
 /// reports the mount live; its log goes to `stagefs.log` in the cache directory.
 pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
-    if spec.check().map_err(explain)?.cleared_stale_mount {
+    let cleared = spec.check().map_err(explain)?.cleared_stale_mount;
+    if cleared {
         eprintln!(
             "stagefs: cleared a stale mount at {} left by a crashed daemon",
             spec.mountpoint.display()
@@ -114,6 +144,7 @@ pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
     let mut command = Command::new(exe);
     command
         .args(foreground_args(spec))
+        .args(cleared.then_some("--cleared-stale-mount"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

@@ -11,7 +11,7 @@ use stagefs_mount::{MountSpec, Running};
 use crate::args::DemoArgs;
 use crate::daemon::explain;
 use crate::hfgen::{self, DemoModel};
-use crate::units::format_bytes;
+use crate::units::{count, format_bytes};
 
 const REPO: &str = "stagefs/demo-model";
 
@@ -46,11 +46,11 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     running.stop().map_err(explain)?;
     let elapsed = loaded?;
     println!(
-        "staged {} files ({}) in {:.2}s; {} small files read from the source; every byte matched the source",
-        metrics.stage_copies,
+        "staged {} ({}) in {:.2}s; {} read from the source; every byte matched the source",
+        count(to_usize(metrics.stage_copies), "file", "files"),
         format_bytes(metrics.bytes_copied),
         elapsed.as_secs_f64(),
-        metrics.source_opens,
+        count(to_usize(metrics.source_opens), "small file", "small files"),
     );
     println!("unmounted and removed {}", work.path().display());
     Ok(())
@@ -75,14 +75,28 @@ fn load_through_mount(spec: &MountSpec, model: &DemoModel) -> anyhow::Result<Dur
             );
         }
         println!(
-            "  {:<42} {:>10} {:>8.1}ms {:>8.0}MiB/s",
+            "  {:<42} {:>10} {:>8.1}ms {:>12}",
             file.name,
             format_bytes(file.size),
             open.as_secs_f64() * 1e3,
-            bytes.len() as f64 / (1 << 20) as f64 / read.as_secs_f64().max(1e-6),
+            read_speed(bytes.len(), read),
         );
     }
     Ok(started.elapsed())
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// How fast a read was: MiB/s for a file of a MiB or more, else the read's time (a
+/// rate of a few hundred bytes would print as 0MiB/s).
+fn read_speed(bytes: usize, took: Duration) -> String {
+    if bytes < 1 << 20 {
+        return format!("{:.2}ms", took.as_secs_f64() * 1e3);
+    }
+    let rate = bytes as f64 / f64::from(1 << 20) / took.as_secs_f64().max(1e-6);
+    format!("{rate:.0}MiB/s")
 }
 
 fn timed_read(path: &Path) -> anyhow::Result<(Duration, Duration, Vec<u8>)> {
@@ -92,4 +106,16 @@ fn timed_read(path: &Path) -> anyhow::Result<(Duration, Duration, Vec<u8>)> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
     Ok((open, t0.elapsed() - open, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_files_show_their_read_time_not_a_zero_rate() {
+        let speed = read_speed(512, Duration::from_micros(1500));
+        assert_eq!(speed, "1.50ms");
+        assert_eq!(read_speed(32 << 20, Duration::from_millis(100)), "320MiB/s");
+    }
 }

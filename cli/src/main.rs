@@ -8,6 +8,7 @@ mod demo;
 mod doctor;
 mod hfgen;
 mod manage;
+mod mounts;
 mod paths;
 mod prefetch;
 mod run;
@@ -84,8 +85,12 @@ fn usage_error(e: clap::Error) -> ExitCode {
 /// The daemon logs what it stages; interactive commands only warnings. `RUST_LOG` overrides.
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
-        // The NFS server library logs every JUKEBOX answer as an error; ours say more.
-        Command::Mount(_) | Command::Serve(_) => {
+        // Only the daemon logs (to its log file); the launcher prints its own lines. The
+        // NFS server library logs every JUKEBOX answer as an error; ours say more.
+        Command::Mount(args) if args.foreground => {
+            "warn,fuser=error,nfs3_server=off,stagefs=info,stagefs_cache=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
+        }
+        Command::Serve(_) => {
             "warn,fuser=error,nfs3_server=off,stagefs=info,stagefs_cache=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
         }
         _ => "warn,fuser=error",
@@ -111,16 +116,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             daemon::serve_nfs(&spec)
         }
         Command::Unmount(args) => {
-            let mountpoint = config()?.mountpoint(args.mountpoint.as_deref())?;
-            daemon::unmount(&mountpoint, args.lazy)
+            let mountpoint = mounts::mountpoint(&config()?, args.mountpoint.as_deref())?;
+            let how = match (args.lazy, args.force) {
+                (true, _) => stagefs_mount::UnmountHow::Lazy,
+                (_, true) => stagefs_mount::UnmountHow::Force,
+                _ => stagefs_mount::UnmountHow::Normal,
+            };
+            daemon::unmount(&mountpoint, how)
         }
         Command::Run(args) => return run::run(args, &config()?),
-        Command::Doctor(args) => return doctor::run(args, &config()?),
+        // A broken config file is one of the things doctor reports, not a reason to stop.
+        Command::Doctor(args) => {
+            return match config() {
+                Ok(config) => doctor::run(args, &config, None),
+                Err(e) => doctor::run(args, &Config::default(), Some(format!("{e:#}"))),
+            };
+        }
         Command::Service(command) => service::run(command, &config()?),
         Command::Status(args) => manage::status(args, &config()?),
-        Command::Evict(args) => manage::evict(args, &config()?),
-        Command::Verify(args) => manage::verify(args, &config()?),
-        Command::Prefetch(args) => prefetch::run(args, &config()?),
+        Command::Evict(args) => manage::evict(args, &config()?, cli.verbose),
+        Command::Verify(args) => manage::verify(args, &config()?, cli.verbose),
+        Command::Prefetch(args) => prefetch::run(args, &config()?, cli.verbose),
         Command::Demo(args) => demo::run(args),
         Command::GenDemo(args) => gen_demo(args),
     }
@@ -134,6 +150,9 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         &args.options,
     )?;
     if args.foreground {
+        if args.cleared_stale_mount {
+            tracing::info!(mountpoint = %spec.mountpoint.display(), "cleared a stale mount left by a crashed daemon");
+        }
         daemon::serve_foreground(&spec, args.notify_ready)
     } else {
         let log = daemon::launch_background(&spec)?;

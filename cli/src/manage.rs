@@ -2,27 +2,34 @@
 //! answers, otherwise on the cache directory directly (under its lock, so never
 //! while a mount owns it).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use stagefs_cache::SourceHealth;
-use stagefs_cache::admin::{EvictReport, EvictSelector, ModelStatus, StatusReport, VerifyReport};
+use stagefs_cache::admin::{
+    EvictReport, EvictSelector, FileRef, ModelStatus, StatusReport, VerifyReport,
+};
 use stagefs_cache::control::{Request, Response};
 use stagefs_cache::models::{self, ModelKind};
+use stagefs_cache::store::Hold;
 use stagefs_mount::cache_dir::{self, CacheDirError};
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
 use crate::config::Config;
-use crate::units::format_bytes;
+use crate::units::{count, format_bytes};
 
 /// `stagefs status`.
 pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
-    let report = match ask(&dir, Request::Status)? {
+    let dir = config.cache_dir_for(&args.cache, &[])?;
+    let mut report = match ask(&dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
     };
+    if report.mountpoint.is_none() {
+        report.dead_mount = stagefs_mount::registry::dead_mount_of(&dir);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -32,8 +39,9 @@ pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
 }
 
 /// `stagefs evict`.
-pub(crate) fn evict(args: &EvictArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
+pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
+    let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
+    let dir = config.cache_dir_for(&args.cache, &targets)?;
     let selector = selector(args, &dir)?;
     let request = Request::Evict {
         selector,
@@ -43,19 +51,21 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config) -> anyhow::Result<()> {
         Response::Evicted { report } => report,
         other => return Err(unexpected(other)),
     };
-    print!("{}", render_evict(&report));
-    if !report.in_use.is_empty() {
-        bail!(
-            "{} file(s) in use were not evicted; close the programs reading them and retry",
-            report.in_use.len()
-        );
+    let paths: Vec<PathBuf> = (report.evicted.iter().chain(&report.in_use))
+        .map(|f| f.path.clone())
+        .collect();
+    let names = Names::of(&dir, paths, verbose);
+    print!("{}", render_evict(&report, &names));
+    if let Some(refusal) = kept_because(&report.in_use) {
+        bail!("{refusal}");
     }
     Ok(())
 }
 
 /// `stagefs verify`.
-pub(crate) fn verify(args: &VerifyArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
+pub(crate) fn verify(args: &VerifyArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
+    let targets: Vec<&str> = args.model.as_deref().into_iter().collect();
+    let dir = config.cache_dir_for(&args.cache, &targets)?;
     let request = Request::Verify {
         model: args.model.clone(),
         repair: args.repair,
@@ -64,14 +74,111 @@ pub(crate) fn verify(args: &VerifyArgs, config: &Config) -> anyhow::Result<()> {
         Response::Verified { report } => report,
         other => return Err(unexpected(other)),
     };
-    print!("{}", render_verify(&report));
+    let paths = report.mismatches.iter().map(|m| m.path.clone()).collect();
+    let names = Names::of(&dir, paths, verbose);
+    print!("{}", render_verify(&report, &names));
     let unrepaired = report.mismatches.len() - report.repaired.len();
     if unrepaired > 0 {
+        let verb = if unrepaired == 1 { "does" } else { "do" };
         bail!(
-            "{unrepaired} staged copies do not match; run `stagefs verify --repair` to drop them"
+            "{} {verb} not match; run `stagefs verify --repair` to drop them",
+            count(unrepaired, "staged copy", "staged copies")
         );
     }
     Ok(())
+}
+
+/// How users know the files a command reports on: `org/name: file`, a folder's path;
+/// with `-v`, followed by the path in the source (a blob's hash).
+pub(crate) struct Names {
+    names: HashMap<PathBuf, String>,
+    verbose: bool,
+}
+
+impl Names {
+    /// The names of `paths`, asked of the mount serving `dir` (or its recorded source).
+    pub(crate) fn of(dir: &Path, paths: Vec<PathBuf>, verbose: bool) -> Names {
+        let names = match paths.is_empty() {
+            true => Vec::new(),
+            false => cache_dir::names(dir, &paths),
+        };
+        Names {
+            names: paths.into_iter().zip(names).collect(),
+            verbose,
+        }
+    }
+
+    /// Names by the paths alone, without asking anything (tests, and where nothing
+    /// may be asked).
+    #[cfg(test)]
+    pub(crate) fn offline(paths: &[PathBuf], verbose: bool) -> Names {
+        let names = stagefs_cache::admin::names(None, paths);
+        Names {
+            names: paths.iter().cloned().zip(names).collect(),
+            verbose,
+        }
+    }
+
+    /// `path` as users know it.
+    pub(crate) fn show(&self, path: &Path) -> String {
+        let name = self
+            .names
+            .get(path)
+            .cloned()
+            .unwrap_or_else(|| path.display().to_string());
+        match self.verbose && name != path.display().to_string() {
+            true => format!("{name} [{}]", path.display()),
+            false => name,
+        }
+    }
+}
+
+/// Why copies were kept, as the one line `evict` fails with: a reader (close it) or
+/// the redirect grace (wait), each with its count.
+fn kept_because(kept: &[FileRef]) -> Option<String> {
+    if kept.is_empty() {
+        return None;
+    }
+    let open = kept
+        .iter()
+        .filter(|f| !matches!(f.hold, Some(Hold::Grace { .. })))
+        .count();
+    let graced: Vec<(u64, u64)> = kept
+        .iter()
+        .filter_map(|f| match f.hold {
+            Some(Hold::Grace {
+                secs_left,
+                grace_secs,
+            }) => Some((secs_left, grace_secs)),
+            _ => None,
+        })
+        .collect();
+    let wait = graced.iter().map(|(left, _)| *left).max().unwrap_or(0);
+    let grace = graced.iter().map(|(_, g)| *g).max().unwrap_or(0);
+    let (were, them) = match kept.len() {
+        1 => ("was", "it"),
+        _ => ("were", "them"),
+    };
+    let kept_line = format!(
+        "{} in use {were} not evicted",
+        count(kept.len(), "file", "files")
+    );
+    let links = match graced.len() {
+        1 => "its link was",
+        _ => "their links were",
+    };
+    Some(match (open, graced.len()) {
+        (_, 0) => format!(
+            "{kept_line}: open, or being staged; close the programs reading {them} and retry"
+        ),
+        (0, _) => format!(
+            "{kept_line}: {links} followed less than {grace}s ago (--redirect-grace), so a program may be opening {them}; retry in {wait}s"
+        ),
+        _ => format!(
+            "{kept_line}: {open} open or being staged, {} whose links were followed less than {grace}s ago (--redirect-grace); close the programs reading them and retry in {wait}s",
+            graced.len()
+        ),
+    })
 }
 
 fn ask(dir: &Path, request: Request) -> anyhow::Result<Response> {
@@ -130,9 +237,14 @@ fn render_status(r: &StatusReport) -> String {
         (Some(_), Some(export)) => {
             let _ = writeln!(out, "mount     not mounted; serving {export} (nfs)");
         }
-        _ => {
-            let _ = writeln!(out, "mount     not running");
-        }
+        _ => match &r.dead_mount {
+            Some(dead) => {
+                let _ = writeln!(out, "mount     {}", crate::mounts::dead_line(dead));
+            }
+            None => {
+                let _ = writeln!(out, "mount     not running");
+            }
+        },
     }
     let note = health_note(r.source_health);
     match &r.source {
@@ -149,20 +261,23 @@ fn render_status(r: &StatusReport) -> String {
     let min_free = u.budget.min_free.map_or("none".into(), format_bytes);
     let _ = writeln!(
         out,
-        "used      {} in {} files (max {max}); volume {} free of {} (keep {min_free} free)",
+        "used      {} in {} (max {max}); volume {} free of {} (keep {min_free} free)",
         format_bytes(u.used),
-        u.entries,
+        count(u.entries, "file", "files"),
         format_bytes(u.volume.available),
         format_bytes(u.volume.total),
     );
+    if let Some(how) = &r.read_path {
+        let _ = writeln!(out, "serving   {how}");
+    }
     if let Some(m) = &r.metrics {
         let _ = writeln!(
             out,
-            "activity  {} hits, {} copies ({} copied), {} links to local copies followed since the mount started",
-            m.stage_hits,
-            m.stage_copies,
+            "activity  {}, {} ({} copied), {} to local copies followed since the mount started",
+            count(to_usize(m.stage_hits), "hit", "hits"),
+            count(to_usize(m.stage_copies), "copy", "copies"),
             format_bytes(m.bytes_copied),
-            m.redirects
+            count(to_usize(m.redirects), "link", "links")
         );
     }
     for f in &r.in_flight {
@@ -209,8 +324,8 @@ fn model_line(m: &ModelStatus) -> String {
             format_bytes(bytes)
         ),
         _ => format!(
-            "{} staged files, {}",
-            m.staged_files,
+            "{}, {}",
+            count(m.staged_files, "staged file", "staged files"),
             format_bytes(m.staged_bytes)
         ),
     };
@@ -225,30 +340,39 @@ fn model_line(m: &ModelStatus) -> String {
     format!("model     {}{what}: {staged}", m.model)
 }
 
-fn render_evict(r: &EvictReport) -> String {
+fn render_evict(r: &EvictReport, names: &Names) -> String {
     let verb = if r.dry_run { "would evict" } else { "evicted" };
     let mut out = String::new();
     for f in &r.evicted {
         let _ = writeln!(
             out,
             "{verb} {} ({})",
-            f.path.display(),
+            names.show(&f.path),
             format_bytes(f.bytes)
         );
     }
     for f in &r.in_use {
-        let _ = writeln!(out, "in use, kept: {}", f.path.display());
+        let why = match f.hold {
+            Some(Hold::Grace {
+                secs_left,
+                grace_secs,
+            }) => format!(
+                "its link was followed less than {grace_secs}s ago (--redirect-grace); evictable in {secs_left}s"
+            ),
+            _ => "open, or being staged".into(),
+        };
+        let _ = writeln!(out, "in use, kept: {} ({why})", names.show(&f.path));
     }
     let _ = writeln!(
         out,
-        "{verb} {} files, {}",
-        r.evicted.len(),
+        "{verb} {}, {}",
+        count(r.evicted.len(), "file", "files"),
         format_bytes(r.freed)
     );
     out
 }
 
-fn render_verify(r: &VerifyReport) -> String {
+fn render_verify(r: &VerifyReport, names: &Names) -> String {
     let mut out = String::new();
     for m in &r.mismatches {
         let fixed = if r.repaired.contains(&m.path) {
@@ -256,16 +380,20 @@ fn render_verify(r: &VerifyReport) -> String {
         } else {
             ""
         };
-        let _ = writeln!(out, "MISMATCH {}: {}{fixed}", m.path.display(), m.reason);
+        let _ = writeln!(out, "MISMATCH {}: {}{fixed}", names.show(&m.path), m.reason);
     }
     let _ = writeln!(
         out,
-        "checked {} staged files ({}): {} mismatches",
-        r.checked,
+        "checked {} ({}): {}",
+        count(r.checked, "staged file", "staged files"),
         format_bytes(r.bytes),
-        r.mismatches.len()
+        count(r.mismatches.len(), "mismatch", "mismatches")
     );
     out
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// What status says of a source that does not answer, if anything.

@@ -13,27 +13,60 @@ use stagefs_mount::cache_dir::{self, CacheDirError};
 
 use crate::args::PrefetchArgs;
 use crate::config::Config;
-use crate::manage::names_a_path;
-use crate::units::format_bytes;
+use crate::manage::{Names, names_a_path};
+use crate::units::{count, format_bytes};
 
 /// Runs the command; fails if any file could not be staged.
-pub(crate) fn run(args: &PrefetchArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache)?;
+pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
+    let targets: Vec<&str> = args.targets.iter().map(String::as_str).collect();
+    let dir = config.cache_dir_for(&args.cache, &targets)?;
     if args.dry_run {
-        return dry_run(&dir, &args.targets, args.revision.as_deref());
+        return dry_run(&dir, &args.targets, args.revision.as_deref(), verbose);
     }
-    let summary = stage(
-        &dir,
-        &args.targets,
-        args.revision.as_deref(),
-        usize::from(args.parallel),
-    )?;
+    let stage = Stage {
+        parallel: usize::from(args.parallel),
+        verbose,
+        results: Results::Stdout,
+    };
+    let summary = stage.run(&dir, &args.targets, args.revision.as_deref())?;
     println!("{summary}");
     Ok(())
 }
 
+/// Where the lines naming each staged file go: stdout for `prefetch`, whose results
+/// they are; stderr for `run`, whose stdout is COMMAND's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Results {
+    Stdout,
+    Stderr,
+}
+
+impl Results {
+    fn print(self, line: &str) {
+        match self {
+            Results::Stdout => println!("{line}"),
+            Results::Stderr => eprintln!("{line}"),
+        }
+    }
+}
+
+/// How to stage and report.
+pub(crate) struct Stage {
+    /// Files copied at a time (without a mount).
+    pub(crate) parallel: usize,
+    /// Show source paths too.
+    pub(crate) verbose: bool,
+    /// Where per-file results go.
+    pub(crate) results: Results,
+}
+
 /// Lists what staging `targets` would copy and what is staged already.
-fn dry_run(dir: &Path, targets: &[String], revision: Option<&str>) -> anyhow::Result<()> {
+fn dry_run(
+    dir: &Path,
+    targets: &[String],
+    revision: Option<&str>,
+    verbose: bool,
+) -> anyhow::Result<()> {
     let targets = targets
         .iter()
         .map(|t| target(t, revision, dir))
@@ -42,12 +75,13 @@ fn dry_run(dir: &Path, targets: &[String], revision: Option<&str>) -> anyhow::Re
     if let Some(note) = note {
         eprintln!("note: {note}");
     }
+    let names = Names::of(dir, files.iter().map(|f| f.path.clone()).collect(), verbose);
     for f in &files {
         match f.state {
-            FileState::AlreadyStaged => println!("already staged {}", f.path.display()),
+            FileState::AlreadyStaged => println!("already staged {}", names.show(&f.path)),
             _ => println!(
                 "would stage {} ({})",
-                f.path.display(),
+                names.show(&f.path),
                 format_bytes(f.total)
             ),
         }
@@ -73,22 +107,24 @@ fn with_hint(e: CacheDirError) -> anyhow::Error {
     }
 }
 
-/// Stages `targets` (model ids or paths) into the cache at `dir`, through its mount
-/// if one is running, showing progress on stderr; returns a one-line summary.
-pub(crate) fn stage(
-    dir: &Path,
-    targets: &[String],
-    revision: Option<&str>,
-    parallel: usize,
-) -> anyhow::Result<String> {
-    let targets = targets
-        .iter()
-        .map(|t| target(t, revision, dir))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut view = View::new(std::io::stderr().is_terminal());
-    let files = cache_dir::prefetch(dir, targets, parallel, |files| view.update(files))
-        .map_err(with_hint)?;
-    view.finish(&files)
+impl Stage {
+    /// Stages `targets` (model ids or paths) into the cache at `dir`, through its
+    /// mount if one is running, showing progress on stderr; returns a one-line summary.
+    pub(crate) fn run(
+        &self,
+        dir: &Path,
+        targets: &[String],
+        revision: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let targets = targets
+            .iter()
+            .map(|t| target(t, revision, dir))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut view = View::new(std::io::stderr().is_terminal(), dir, self);
+        let files = cache_dir::prefetch(dir, targets, self.parallel, |files| view.update(files))
+            .map_err(with_hint)?;
+        view.finish(&files)
+    }
 }
 
 fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Target> {
@@ -110,10 +146,15 @@ fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Targ
 struct View {
     bars: Option<(MultiProgress, ProgressBar, HashMap<PathBuf, ProgressBar>)>,
     reported: HashMap<PathBuf, bool>,
+    /// Asked once, when the files are first known.
+    names: Option<Names>,
+    dir: PathBuf,
+    verbose: bool,
+    results: Results,
 }
 
 impl View {
-    fn new(terminal: bool) -> View {
+    fn new(terminal: bool, dir: &Path, stage: &Stage) -> View {
         let bars = terminal.then(|| {
             let multi = MultiProgress::new();
             let total = multi.add(ProgressBar::new(0).with_style(style("total")));
@@ -122,17 +163,29 @@ impl View {
         View {
             bars,
             reported: HashMap::new(),
+            names: None,
+            dir: dir.to_path_buf(),
+            verbose: stage.verbose,
+            results: stage.results,
         }
     }
 
     fn update(&mut self, files: &[FileProgress]) {
+        let names = self.names.get_or_insert_with(|| {
+            Names::of(
+                &self.dir,
+                files.iter().map(|f| f.path.clone()).collect(),
+                self.verbose,
+            )
+        });
         match &mut self.bars {
             Some((multi, total, per_file)) => {
                 total.set_length(files.iter().map(|f| f.total).sum());
                 total.set_position(files.iter().map(|f| f.copied).sum());
                 for f in files {
                     let bar = per_file.entry(f.path.clone()).or_insert_with(|| {
-                        multi.add(ProgressBar::new(f.total).with_style(style(&short(&f.path))))
+                        let label = short(&names.show(&f.path));
+                        multi.add(ProgressBar::new(f.total).with_style(style(&label)))
                     });
                     bar.set_position(f.copied);
                     if f.is_settled() && !bar.is_finished() {
@@ -143,7 +196,7 @@ impl View {
             None => {
                 for f in files.iter().filter(|f| f.is_settled()) {
                     if self.reported.insert(f.path.clone(), true).is_none() {
-                        eprintln!("{}", line(f));
+                        print_line(self.results, &line(f, names), f);
                     }
                 }
             }
@@ -155,23 +208,36 @@ impl View {
         if let Some((_, total, _)) = &self.bars {
             total.finish();
         }
-        let count = |want: fn(&FileState) -> bool| files.iter().filter(|f| want(&f.state)).count();
+        let tally = |want: fn(&FileState) -> bool| files.iter().filter(|f| want(&f.state)).count();
         let failed: Vec<&FileProgress> = files
             .iter()
             .filter(|f| matches!(f.state, FileState::Failed { .. }))
             .collect();
-        for f in &failed {
-            eprintln!("{}", line(f));
+        let fallback;
+        let names = match &self.names {
+            Some(names) => names,
+            None => {
+                fallback = Names::of(&self.dir, Vec::new(), self.verbose);
+                &fallback
+            }
+        };
+        if self.bars.is_some() {
+            for f in &failed {
+                eprintln!("{}", line(f, names));
+            }
         }
         let summary = format!(
             "{} staged, {} already staged, {} failed ({})",
-            count(|s| *s == FileState::Staged),
-            count(|s| *s == FileState::AlreadyStaged),
+            tally(|s| *s == FileState::Staged),
+            tally(|s| *s == FileState::AlreadyStaged),
             failed.len(),
             format_bytes(files.iter().map(|f| f.total).sum())
         );
         if !failed.is_empty() {
-            bail!("{summary}: {} file(s) could not be staged", failed.len());
+            bail!(
+                "{summary}: {} could not be staged",
+                count(failed.len(), "file", "files")
+            );
         }
         Ok(summary)
     }
@@ -185,30 +251,37 @@ fn style(name: &str) -> ProgressStyle {
     .progress_chars("=> ")
 }
 
-fn short(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    name.chars().take(24).collect()
+/// The end of a name, at most 24 characters, for a progress bar's label.
+fn short(name: &str) -> String {
+    let end = name.rsplit(['/', ' ']).next().unwrap_or(name);
+    end.chars().take(24).collect()
 }
 
-fn line(f: &FileProgress) -> String {
+/// A failure is a diagnostic (stderr); every other line is a result.
+fn print_line(results: Results, line: &str, f: &FileProgress) {
+    match f.state {
+        FileState::Failed { .. } => eprintln!("{line}"),
+        _ => results.print(line),
+    }
+}
+
+fn line(f: &FileProgress, names: &Names) -> String {
+    let name = names.show(&f.path);
     match &f.state {
-        FileState::Staged => format!("staged {} ({})", f.path.display(), format_bytes(f.total)),
-        FileState::AlreadyStaged => format!("already staged {}", f.path.display()),
+        FileState::Staged => format!("staged {name} ({})", format_bytes(f.total)),
+        FileState::AlreadyStaged => format!("already staged {name}"),
         FileState::Failed {
             error,
             remedy: None,
-        } => format!("FAILED {}: {error}", f.path.display()),
+        } => format!("FAILED {name}: {error}"),
         FileState::Failed {
             error,
             remedy: Some(remedy),
         } => format!(
-            "FAILED {}: {error}; {}",
-            f.path.display(),
+            "FAILED {name}: {error}; {}",
             crate::args::flag_hint(*remedy)
         ),
-        FileState::Waiting | FileState::Copying => format!("pending {}", f.path.display()),
+        FileState::Waiting | FileState::Copying => format!("pending {name}"),
     }
 }
 
@@ -232,6 +305,8 @@ mod tests {
 
     #[test]
     fn a_failed_file_names_the_flag_to_try_when_there_is_one() {
+        let names = Names::offline(&[], false);
+        let line = |f: &FileProgress| line(f, &names);
         assert_eq!(
             line(&failed(Some(Remedy::MoreRoom))),
             "FAILED o/m/model.safetensors: o/m/model.safetensors: needs 3.0 MiB but the cache cannot make room; raise --max-size, lower --min-free, free disk space, or close models in use"

@@ -37,12 +37,12 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
     ensure_mounted(&spec)?;
     if !args.models.is_empty() {
         // COMMAND owns stdout; everything stagefs says goes to stderr.
-        let summary = crate::prefetch::stage(
-            &spec.cache_dir,
-            &args.models,
-            args.revision.as_deref(),
-            STAGE_PARALLEL,
-        )?;
+        let stage = crate::prefetch::Stage {
+            parallel: STAGE_PARALLEL,
+            verbose: false,
+            results: crate::prefetch::Results::Stderr,
+        };
+        let summary = stage.run(&spec.cache_dir, &args.models, args.revision.as_deref())?;
         eprintln!("stagefs: {summary}");
     }
     // The source, not the mount: through the mount, staged files may be links.
@@ -64,7 +64,9 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
 }
 
 /// The mount asked for; with none given or configured, the one the cache directory
-/// already serves (so `stagefs mount SRC MNT` then `stagefs run -- ...` just works).
+/// serves (so `stagefs mount SRC MNT` then `stagefs run -- ...` just works), else the
+/// one it recorded last (mounted again). The cache directory is the flag's, the
+/// config file's, or the running mount's (`mounts::cache_dir`).
 fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let asked = config.mount_spec(
         args.source.as_deref(),
@@ -74,12 +76,18 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let Err(missing) = asked else {
         return asked;
     };
-    let cache_dir = config.cache_dir(args.options.cache_dir.as_deref())?;
-    match live_mount(&cache_dir)? {
+    let cache_dir = crate::mounts::cache_dir(config, args.options.cache_dir.as_deref(), &[])?;
+    let known = match live_mount(&cache_dir)? {
+        Some(live) => Some(live),
+        None => crate::mounts::recorded(&cache_dir).map(|r| (r.source, r.mountpoint)),
+    };
+    let mut options = args.options.clone();
+    options.cache_dir = Some(cache_dir);
+    match known {
         Some((source, mountpoint)) => config.mount_spec(
             Some(args.source.as_deref().unwrap_or(&source)),
             Some(args.mountpoint.as_deref().unwrap_or(&mountpoint)),
-            &args.options,
+            &options,
         ),
         None => Err(missing),
     }

@@ -4,6 +4,11 @@
 
 pub(crate) use stagefs_cache::units::{format_bytes, parse_duration, parse_size};
 
+/// `1 file`, `2 files`: a count with its noun in the right number.
+pub(crate) fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Parses a path inside the source (`model_dirs`): relative, without `..`.
 pub(crate) fn parse_source_dir(text: &str) -> Result<std::path::PathBuf, String> {
     let path = std::path::Path::new(text.trim_end_matches('/'));
@@ -23,6 +28,13 @@ pub(crate) fn parse_source_dir(text: &str) -> Result<std::path::PathBuf, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_agree_with_their_nouns() {
+        assert_eq!(count(1, "link", "links"), "1 link");
+        assert_eq!(count(0, "mismatch", "mismatches"), "0 mismatches");
+        assert_eq!(count(2, "file", "files"), "2 files");
+    }
 
     #[test]
     fn source_dirs_are_relative_and_inside() {

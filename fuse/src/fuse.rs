@@ -15,7 +15,7 @@ use fuser::{
 use stagefs_cache::{Remedy, Stager};
 use stagefs_policy::{FsConfig, FsError, Keepalive, Policy, backing_file};
 use tokio::runtime::Handle;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::attr::{file_attr, file_type};
 use crate::passthrough::Passthrough;
@@ -85,11 +85,14 @@ impl Filesystem for StageFs {
         let policy = &self.policy;
         self.passthrough
             .negotiate(policy.config().passthrough, config);
-        if policy.redirects_enabled() {
-            info!(
-                "staged files are presented as links to their local copies where kernel passthrough does not serve them"
-            );
-        }
+        // The mount logged how it serves before mounting (`crate::read_path`).
+        debug!(
+            passthrough = policy
+                .kernel_passthrough()
+                .load(std::sync::atomic::Ordering::Relaxed),
+            redirects = policy.redirects_enabled(),
+            "FUSE init"
+        );
         platform::tune_kernel(config);
         Ok(())
     }

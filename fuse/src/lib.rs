@@ -16,9 +16,38 @@ mod platform;
 use std::path::PathBuf;
 
 use fuser::{Config, MountOption, SessionACL};
-use stagefs_policy::FsConfig;
+use stagefs_policy::{FsConfig, ReadPath};
 
 pub use fuse::StageFs;
+
+/// How a FUSE mount configured by `config` will serve staged files in this process,
+/// and why not by passthrough when not: asked of the kernel version and this
+/// process's capabilities, so no open has to find out. Redirects are off with
+/// `allow_other` (other users could not follow links into a private cache).
+pub fn read_path(config: &FsConfig) -> (ReadPath, Option<&'static str>) {
+    let why_not = match config.passthrough {
+        false => Some("turned off (--no-passthrough)"),
+        true => passthrough::unavailable(),
+    };
+    let Some(why_not) = why_not else {
+        return (ReadPath::Passthrough, None);
+    };
+    match config.redirect && !config.allow_other {
+        true => (ReadPath::Links, Some(why_not)),
+        false => (ReadPath::Daemon, Some(why_not)),
+    }
+}
+
+/// The one line that says how a FUSE mount serves staged files and why.
+pub fn describe_read_path(config: &FsConfig) -> String {
+    match read_path(config) {
+        (path, None) => format!("staged files are {}", path.describe()),
+        (path, Some(why)) => format!(
+            "staged files are {} (kernel passthrough: {why})",
+            path.describe()
+        ),
+    }
+}
 
 /// The fuser session configuration for a mount of `source` configured by `config`.
 pub fn session_config(config: &FsConfig, source: &std::path::Path) -> Config {

@@ -6,9 +6,9 @@
 //! Elsewhere (macOS) this module compiles to a stand-in that never offers passthrough.
 
 #[cfg(target_os = "linux")]
-pub(crate) use linux::Passthrough;
+pub(crate) use linux::{Passthrough, unavailable};
 #[cfg(not(target_os = "linux"))]
-pub(crate) use other::Passthrough;
+pub(crate) use other::{Passthrough, unavailable};
 
 /// The backing file reference a passthrough handle keeps alive.
 pub(crate) type Backing = std::sync::Arc<fuser::BackingId>;
@@ -21,7 +21,7 @@ mod linux {
     use std::sync::{Arc, Mutex, PoisonError, Weak};
 
     use fuser::{BackingId, InitFlags, KernelConfig, ReplyOpen};
-    use tracing::{info, warn};
+    use tracing::warn;
 
     use super::Backing;
 
@@ -36,6 +36,29 @@ mod linux {
     // The cache dir may itself sit on a stacked filesystem (overlayfs in containers).
     const MAX_STACK_DEPTH: u32 = 2;
 
+    /// Why this process cannot use passthrough, probed before mounting so that the
+    /// mount serves one way from its first open: the kernel must be 6.9 or newer and
+    /// registering backing files needs CAP_SYS_ADMIN. None: it can.
+    pub(crate) fn unavailable() -> Option<&'static str> {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release.trim().split(|c: char| !c.is_ascii_digit());
+        let mut number = || parts.next().and_then(|p| p.parse::<u32>().ok());
+        if (number(), number()) < (Some(6), Some(9)) {
+            return Some("the kernel is older than 6.9");
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let caps = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or(0);
+        const CAP_SYS_ADMIN: u32 = 21;
+        if caps & (1 << CAP_SYS_ADMIN) == 0 {
+            return Some("it needs CAP_SYS_ADMIN (root)");
+        }
+        None
+    }
+
     impl Passthrough {
         /// Passthrough state kept in `active`, the policy's flag.
         pub(crate) fn new(active: Arc<AtomicBool>) -> Self {
@@ -48,16 +71,16 @@ mod linux {
 
         /// Asks the kernel for passthrough during `init`, if `wanted`.
         pub(crate) fn negotiate(&self, wanted: bool, config: &mut KernelConfig) {
+            // The mount said before mounting which way it serves (`FsConfig::read_path`).
             if !wanted {
-                info!("kernel passthrough disabled in the mount's configuration");
                 return;
             }
             let accepted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
                 && config.set_max_stack_depth(MAX_STACK_DEPTH).is_ok();
-            if accepted {
-                info!("kernel passthrough enabled for staged files");
-            } else {
-                info!("this kernel does not offer FUSE passthrough");
+            if !accepted {
+                warn!(
+                    "this kernel refused FUSE passthrough at init; staged files are served without it"
+                );
             }
             self.active.store(accepted, Ordering::Relaxed);
         }
@@ -102,6 +125,11 @@ mod other {
     /// Stand-in for platforms without FUSE passthrough.
     #[derive(Debug)]
     pub(crate) struct Passthrough;
+
+    /// Passthrough is Linux's.
+    pub(crate) fn unavailable() -> Option<&'static str> {
+        Some("it is Linux-only")
+    }
 
     impl Passthrough {
         /// The policy's flag stays unset: the kernel never reads copies itself here.

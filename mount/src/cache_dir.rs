@@ -138,6 +138,25 @@ fn open_locally(dir: &Path) -> Result<(Store, Option<MountRecord>), CacheDirErro
     Ok((store, record))
 }
 
+/// How users know the files at `paths` (source paths), in order
+/// ([`stagefs_cache::admin::names`]): asked of the mount serving from `dir`, else
+/// worked out from the source its last mount recorded (no lock needed: only the
+/// source is read), else from the paths alone.
+pub fn names(dir: &Path, paths: &[PathBuf]) -> Vec<String> {
+    let request = Request::Names {
+        paths: paths.to_vec(),
+    };
+    match control::query(&control::socket_path(dir), &request) {
+        Ok(Response::Names { names }) if names.len() == paths.len() => return names,
+        Err(e) if no_mount(&e) => {
+            let tree = MountRecord::read(dir).and_then(|r| SourceTree::new(r.source).ok());
+            return stagefs_cache::admin::names(tree.as_ref(), paths);
+        }
+        _ => {}
+    }
+    stagefs_cache::admin::names(None, paths)
+}
+
 /// Stages `targets` into the cache at `dir`, through its mount if one runs, else
 /// straight into the directory; `progress` hears about every file now and then.
 /// Returns every file's final state (failures included: they are not an error here).

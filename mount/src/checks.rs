@@ -7,10 +7,10 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tracing::warn;
+use tracing::info;
 
 use crate::bounded::{self, Kind};
-use crate::{MountError, MountSpec, unmount};
+use crate::{MountError, MountSpec};
 
 /// What checking a mount did besides looking.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -151,11 +151,12 @@ fn dir_error(e: io::Error, what: &'static str, path: &Path) -> MountError {
 fn recover_stale_mount(mountpoint: &Path) -> Result<bool, MountError> {
     match fs::metadata(mountpoint) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            unmount(mountpoint, true).map_err(|source| MountError::StaleMount {
+            crate::unmount::clear_dead(mountpoint).map_err(|source| MountError::StaleMount {
                 mountpoint: mountpoint.to_path_buf(),
                 source,
             })?;
-            warn!(mountpoint = %mountpoint.display(), "cleared a stale mount left by a crashed daemon");
+            // The caller says so to the user; this is for the log.
+            info!(mountpoint = %mountpoint.display(), "cleared a stale mount left by a crashed daemon");
             Ok(true)
         }
         _ => Ok(false),

@@ -32,6 +32,8 @@ pub(crate) struct ControlServer {
     model_dirs: Arc<[PathBuf]>,
     /// How the mount reaches the kernel, and an NFS export's URL.
     backend: (Backend, Option<String>),
+    /// How staged files are served, as `status` says it.
+    pub(crate) read_path: String,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -55,6 +57,8 @@ pub(crate) async fn bind(
         prefetch_parallel: spec.fs.prefetch_parallel,
         model_dirs: spec.model_dirs.clone().into(),
         backend: (spec.backend, export),
+        // Set by the caller, which decided it before mounting.
+        read_path: String::new(),
     })
 }
 
@@ -201,8 +205,28 @@ impl ControlServer {
                 })
             }
             Request::Evict { .. } => self.answer_locally(request, false).await,
+            Request::Names { paths } => self.names(paths).await,
             // Stats only names the source; verify reads the cache alone.
             request => self.answer_locally(request, true).await,
+        }
+    }
+
+    /// Names from the source's snapshots while it answers, else from the paths alone.
+    async fn names(&self, paths: Vec<PathBuf>) -> Response {
+        let asked = paths.clone();
+        let from_source = self.while_the_source_answers(move |stager, source| {
+            control::answer(
+                Request::Names { paths: asked },
+                stager.store(),
+                Some(source),
+                Live::default(),
+            )
+        });
+        match from_source.await {
+            Some(response) => response,
+            None => Response::Names {
+                names: stagefs_cache::admin::names(None, &paths),
+            },
         }
     }
 
@@ -270,6 +294,7 @@ impl ControlServer {
             mountpoint: Some(self.mountpoint.clone()),
             source_health: Some(self.stager.source_pool().health()),
             backend: Some(self.backend.clone()),
+            read_path: Some(self.read_path.clone()),
         }
     }
 

@@ -16,7 +16,8 @@
 //! Around it: [`live_mount`] asks a cache directory's control socket which mount it
 //! serves; [`cache_dir`] sends a request to that mount, or works on the directory
 //! itself when none runs; [`bounded`] asks questions about paths that may lie on a
-//! dead share in a child process under a deadline; [`unmount()`] unmounts.
+//! dead share in a child process under a deadline; [`unmount()`] unmounts a mount of ours
+//! (and only one: [`table`] and [`registry`] tell ours from anything else mounted).
 //!
 //! Errors are typed ([`MountError`], [`CacheDirError`], [`UnmountError`]) and
 //! describe the condition; a caller with flags to offer (the CLI) adds what to try.
@@ -29,8 +30,10 @@ mod checks;
 mod control;
 mod error;
 mod live;
+pub mod registry;
 mod running;
 mod spec;
+pub mod table;
 pub mod unmount;
 
 pub use cache_dir::CacheDirError;
@@ -39,4 +42,5 @@ pub use error::MountError;
 pub use live::live_mount;
 pub use running::Running;
 pub use spec::MountSpec;
-pub use unmount::{UnmountError, unmount};
+pub use unmount::{How as UnmountHow, unmount_how};
+pub use unmount::{UnmountError, Unmounted, unmount};

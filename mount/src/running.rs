@@ -11,7 +11,7 @@ use stagefs_cache::control::{Backend, MountRecord};
 use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, StagerOptions, Store, StoreError};
 use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
-use stagefs_policy::{FsConfig, Policy};
+use stagefs_policy::{FsConfig, Policy, ReadPath};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -39,6 +39,7 @@ pub struct Running {
     stager: Stager,
     socket: PathBuf,
     mountpoint: PathBuf,
+    cache_dir: PathBuf,
 }
 
 /// What serves the kernel.
@@ -125,11 +126,19 @@ impl Running {
             stager: stager.clone(),
             socket: stagefs_cache::control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
+            cache_dir: spec.cache_dir.clone(),
         };
-        running.start_control(spec, stager, Some(export))
+        let serving = format!("staged files are {}", ReadPath::NfsServer.describe());
+        running.start_control(spec, stager, Some(export), serving)
     }
 
     fn start_fuse(spec: &MountSpec) -> Result<Running, MountError> {
+        // Decided before mounting: passthrough only where it is known to work.
+        let (read_path, _) = stagefs_fuse::read_path(&spec.fs);
+        let serving = stagefs_fuse::describe_read_path(&spec.fs);
+        let mut spec = spec.clone();
+        spec.fs.passthrough = read_path == ReadPath::Passthrough;
+        let spec = &spec;
         spec.create_cache_dir()?;
         let runtime = Self::runtime()?;
         let stager = open_stager(spec, &runtime)?;
@@ -154,8 +163,9 @@ impl Running {
             stager: stager.clone(),
             socket: stagefs_cache::control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
+            cache_dir: spec.cache_dir.clone(),
         };
-        running.start_control(spec, stager, None)
+        running.start_control(spec, stager, None, serving)
     }
 
     /// Starts the control socket; without it the mount could never be asked or
@@ -165,18 +175,29 @@ impl Running {
         spec: &MountSpec,
         stager: Stager,
         export: Option<String>,
+        serving: String,
     ) -> Result<Running, MountError> {
         let bound = self
             .runtime
             .block_on(control::bind(&self.socket, spec, stager, export));
         match bound {
-            Ok(server) => self.runtime.spawn(server.serve()),
+            Ok(mut server) => {
+                server.read_path = serving.clone();
+                self.runtime.spawn(server.serve())
+            }
             Err(e) => {
                 let _ = self.stop();
                 return Err(e);
             }
         };
+        // `stagefs serve` mounts nothing: there is no mount point to find it by.
+        if !spec.mountpoint.as_os_str().is_empty()
+            && let Err(e) = crate::registry::add(&spec.mountpoint, &spec.cache_dir)
+        {
+            warn!(error = %e, mountpoint = %spec.mountpoint.display(), "could not record the mount for commands run without --cache-dir");
+        }
         info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), backend = %spec.backend, "mounted");
+        info!("{serving}");
         Ok(self)
     }
 
@@ -258,6 +279,9 @@ impl Running {
 
     fn cleanup(self) {
         let _ = fs::remove_file(&self.socket);
+        if !self.mountpoint.as_os_str().is_empty() {
+            crate::registry::remove(&self.mountpoint, &self.cache_dir);
+        }
         info!(metrics = ?self.metrics(), "stopped");
         if let Session::Nfs { serving, .. } = self.session {
             let _guard = self.runtime.enter();

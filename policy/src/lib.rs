@@ -90,3 +90,29 @@ impl Default for FsConfig {
         }
     }
 }
+
+/// How reads of staged files are served, decided before the first file is read (by
+/// the adapter: FUSE probes passthrough, the NFS server always reads the copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadPath {
+    /// The kernel reads the copy itself (FUSE passthrough).
+    Passthrough,
+    /// A staged file is presented as a link to its copy, which the kernel opens.
+    Links,
+    /// The daemon reads the copy for every request.
+    Daemon,
+    /// The NFS server reads the copy for every READ.
+    NfsServer,
+}
+
+impl ReadPath {
+    /// How it is said everywhere (log, `status`, `doctor`).
+    pub fn describe(self) -> &'static str {
+        match self {
+            ReadPath::Passthrough => "read by the kernel through FUSE passthrough",
+            ReadPath::Links => "presented as links to their local copies",
+            ReadPath::Daemon => "read through the daemon",
+            ReadPath::NfsServer => "read from their local copies by the NFS server",
+        }
+    }
+}

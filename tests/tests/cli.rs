@@ -73,7 +73,13 @@ fn a_second_mount_on_the_same_cache_dir_is_refused() {
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("in use by another stagefs process"), "{err}");
+    // Named by the mount that holds it (issue 19), with the command that frees it.
+    let holder = format!("is in use by the mount at {}", s.mnt.display());
+    assert!(err.contains(&holder), "{err}");
+    assert!(
+        err.contains(&format!("`stagefs unmount {}`", s.mnt.display())),
+        "{err}"
+    );
     assert!(!is_mounted(&other));
 }
 

@@ -300,7 +300,16 @@ fn a_model_id_is_resolved_in_the_configured_source() {
         "{}",
         missing.stderr
     );
-    let unconfigured = stagefs(&[&"--no-config", &"doctor", &"stagefs/demo-model"], &[]);
+    // A fresh account: no running mount of its own, no cache recording a source.
+    let fresh = s.dir.path().join("fresh-home");
+    let unconfigured = stagefs(
+        &[&"--no-config", &"doctor", &"stagefs/demo-model"],
+        &[
+            ("HOME", &fresh),
+            ("XDG_STATE_HOME", &fresh.join("state")),
+            ("XDG_CACHE_HOME", &fresh.join("cache")),
+        ],
+    );
     assert!(!unconfigured.success);
     assert!(
         unconfigured.stderr.contains("no source is configured"),

@@ -252,7 +252,7 @@ fn a_cache_disk_filling_up_mid_copy_gives_enospc_and_keeps_what_was_staged() {
     );
     let (ok, out, err) = run_stagefs(&[&"verify", &"--cache-dir", &cache]);
     assert!(
-        ok && out.contains("checked 1 staged files") && out.contains("0 mismatches"),
+        ok && out.contains("checked 1 staged file ") && out.contains("0 mismatches"),
         "{out}{err}"
     );
     fs::remove_file(disk.0.join("filler")).expect("free the disk");

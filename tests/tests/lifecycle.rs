@@ -124,7 +124,7 @@ fn open_files_are_never_evicted_and_the_least_recent_closed_one_goes() {
     let (ok, out, err) =
         run_stagefs(&[&"evict", &mount.path(&shards[0]), &"--cache-dir", &s.cache]);
     assert!(ok, "{err}");
-    assert!(out.contains("evicted 1 files"), "{out}");
+    assert!(out.contains("evicted 1 file,"), "{out}");
     assert_eq!(status_json(&s.cache)["usage"]["entries"], 1);
     let log = mount.log_text();
     assert!(
@@ -180,7 +180,7 @@ fn status_evict_and_verify_work_with_and_without_a_mount() {
     assert_eq!(staged_files(&s.cache).len(), 1);
 
     let (ok, out, err) = run_stagefs(&[&"evict", &"acme/admin", &"--cache-dir", cache]);
-    assert!(ok && out.contains("evicted 1 files"), "{out}{err}");
+    assert!(ok && out.contains("evicted 1 file,"), "{out}{err}");
     assert!(staged_files(&s.cache).is_empty());
     let (ok, _, err) = run_stagefs(&[&"evict", &"--all", &"--older-than", &"1d"]);
     assert!(!ok && err.contains("cannot be used with"), "{err}");
@@ -215,7 +215,7 @@ fn evicting_a_snapshot_directory_drops_the_blobs_it_links_to() {
     drop(mount);
     let in_source = s.hub.join(&dropped.snapshot_rel);
     let (ok, out, err) = run_stagefs(&[&"evict", &in_source, &"--cache-dir", cache]);
-    assert!(ok && out.contains("evicted 1 files"), "{out}{err}");
+    assert!(ok && out.contains("evicted 1 file,"), "{out}{err}");
     assert_eq!(staged_files(&s.cache).len(), 2);
 }
 

@@ -141,11 +141,15 @@ fn prefetch_command_through_the_mount_and_without_one() {
             out.contains("3 staged, 0 already staged, 0 failed"),
             "{out}"
         );
+        // Each file staged is a result: on stdout, named by its snapshot's name.
         assert_eq!(
-            err.lines().filter(|l| l.starts_with("staged ")).count(),
+            out.lines()
+                .filter(|l| l.starts_with("staged acme/cmd: model-"))
+                .count(),
             3,
-            "{err}"
+            "{out}"
         );
+        assert!(err.is_empty(), "{err}");
         let (ok, out, _) = run_stagefs(&[&"prefetch", &"acme/cmd", &"--cache-dir", cache]);
         assert!(ok && out.contains("0 staged, 3 already staged"), "{out}");
         let (ok, _, err) = run_stagefs(&[&"prefetch", &"acme/absent", &"--cache-dir", cache]);
@@ -214,9 +218,27 @@ fn prefetch_dry_run_lists_what_would_be_copied_and_copies_nothing() {
             dry_run(&"acme/plan").contains("1 already staged")
         });
         let out = dry_run(&"acme/plan");
+        // Named as users know it (issue 19), the blob's path only with -v.
         assert!(
-            out.contains(&format!("already staged {}", blob.display())),
+            out.contains(&format!("already staged acme/plan: {name}\n")),
             "{out}"
+        );
+        assert!(!out.contains("blobs/"), "{out}");
+        let verbose = run_stagefs(&[
+            &"-v",
+            &"prefetch",
+            &"acme/plan",
+            &"--dry-run",
+            &"--cache-dir",
+            &s.cache,
+        ])
+        .1;
+        assert!(
+            verbose.contains(&format!(
+                "already staged acme/plan: {name} [{}]",
+                blob.display()
+            )),
+            "{verbose}"
         );
         assert!(
             out.contains("dry run: 2 to stage (4.0 MiB), 1 already staged (2.0 MiB)"),

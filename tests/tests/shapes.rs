@@ -164,8 +164,12 @@ fn evict(layout: Layout) {
     let (ok, out, err) = stagefs_on(&s, &[&"evict", &ID]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("evicted 3 files"), "{out}");
+    // Named as users know them: a repository's files by the snapshot's names.
     for name in src.shard_names() {
-        let line = format!("evicted {}", src.stored_path(&name).display());
+        let line = match layout {
+            Layout::PlainFolder => format!("evicted {}", src.stored_path(&name).display()),
+            _ => format!("evicted {ID}: {name}"),
+        };
         assert!(out.contains(&line), "{line} in {out}");
     }
     assert_eq!(staged_shards(&s), 0);

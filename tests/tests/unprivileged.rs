@@ -878,3 +878,111 @@ fn eviction_racing_opens_never_gives_enoent_or_wrong_bytes() {
     }
     assert!(staged.values().sum::<u64>() <= 20 << 20, "{staged:?}");
 }
+
+/// Issue 19: an ordinary user's mount decides before the first read that staged
+/// files are links to their copies (no CAP_SYS_ADMIN, so no passthrough is tried),
+/// and says so the same way in the log, `status` and `doctor`.
+#[test]
+fn the_read_path_is_decided_at_mount_time_and_told_the_same_everywhere() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let model = generate(&s.hub, "acme/graced", 1, "3M");
+    let shard = model.shards().remove(0);
+    let mount = s.mount(&["--no-prefetch"]);
+    let links = "staged files are presented as links to their local copies";
+    let log = mount.log_text();
+    assert!(
+        log.contains(&format!(
+            "{links} (kernel passthrough: it needs CAP_SYS_ADMIN"
+        )),
+        "{log}"
+    );
+    for never in [
+        "passthrough enabled",
+        "registering a passthrough file failed",
+    ] {
+        assert!(!log.contains(never), "{log}");
+    }
+    let sha = blob_sha256(&model, &s.hub, file_name(&shard));
+    assert_eq!(user.sha256(&mount.path(&shard)), Ok(sha));
+    wait_for_link(user, &mount.path(model.blob_of(&s.hub, file_name(&shard))));
+    let log = mount.log_text();
+    assert!(!log.contains("WARN"), "{log}");
+
+    let mut status = user.command(stagefs_bin());
+    status.arg("status").arg("--cache-dir").arg(&s.cache);
+    let out = user.output(&mut status);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("serving   {links}")), "{text}");
+    let mut doctor = user.command(stagefs_bin());
+    doctor.arg("doctor").arg(&s.hub);
+    let out = user.output(&mut doctor);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(links) && !text.contains("served by the daemon"),
+        "{text}"
+    );
+}
+
+/// Issue 19: `evict` right after a read names the redirect grace as the reason a copy
+/// was kept, not a reader.
+#[test]
+fn evict_right_after_a_read_names_the_grace_not_a_reader() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let model = generate(&s.hub, "acme/graced", 1, "3M");
+    let shard = model.shards().remove(0);
+    let mount = s.mount(&["--no-prefetch"]);
+    let sha = blob_sha256(&model, &s.hub, file_name(&shard));
+    assert_eq!(user.sha256(&mount.path(&shard)), Ok(sha));
+    wait_for_link(user, &mount.path(model.blob_of(&s.hub, file_name(&shard))));
+
+    // The link was just followed: nothing has it open, the 30 s grace keeps it.
+    let mut evict = user.command(stagefs_bin());
+    evict
+        .args(["evict", &model.repo, "--cache-dir"])
+        .arg(&s.cache);
+    let out = user.output(&mut evict);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("--redirect-grace") && !stderr.contains("close the programs"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "in use, kept: {}: {} (its link was followed",
+            model.repo,
+            file_name(&shard)
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("evicted 0 files, 0 B"), "{stdout}");
+}
+
+/// Issue 19: `stagefs demo` as an ordinary user prints its table and nothing else: no
+/// raw WARN about passthrough in the middle of it, and no `0MiB/s` for small files.
+#[test]
+fn the_demo_as_an_ordinary_user_prints_a_clean_table() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let mut demo = user.command(stagefs_bin());
+    demo.args(["demo", "--shards", "2", "--shard-size", "2M"])
+        .env("TMPDIR", &user.home);
+    let out = user.output(&mut demo);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+    assert!(
+        !stdout.contains("WARN") && !stdout.contains(" 0MiB/s"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("every byte matched the source"), "{stdout}");
+}

@@ -86,7 +86,11 @@ fn judge_linux(facts: &LinuxFuse) -> Check {
         (true, false) => "no CAP_SYS_ADMIN".to_string(),
     };
     Check::ok(NAME, format!("/dev/fuse is usable; no passthrough ({missing})"))
-        .advise("staged files are served by the daemon; kernel 6.9+ and root let the kernel serve them directly")
+        .advise(format!(
+            "staged files are {} (with --no-redirect or --allow-other, {}); kernel 6.9+ and root let the kernel read them directly",
+            stagefs_policy::ReadPath::Links.describe(),
+            stagefs_policy::ReadPath::Daemon.describe()
+        ))
 }
 
 /// `6.18.44-fc-v657` -> (6, 18).

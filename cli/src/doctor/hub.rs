@@ -47,6 +47,22 @@ pub(crate) fn shape_check(path: &Path, survey: &Survey, advise_mounting: bool) -
         true => "",
         false => "; the search stopped early, the source is large",
     };
+    // A repository's own directory (or one inside it) is one model, not a source
+    // of the three shapes, although its snapshot looks like a plain folder.
+    if let Some(repo) = stagefs_cache::hf::repo_of(path) {
+        let id = repo
+            .file_name()
+            .and_then(|n| stagefs_cache::hf::id_of_repo_dir(&n.to_string_lossy()))
+            .unwrap_or_default();
+        let hub = repo.parent().unwrap_or(&repo).display().to_string();
+        return Check::ok(
+            "shape",
+            format!("{shown}: the HF repository {id}, inside the hub cache {hub}"),
+        )
+        .advise(format!(
+            "mount the hub cache, not the repository (`stagefs mount {hub} MOUNTPOINT`), and load {id} by its id"
+        ));
+    }
     if survey.shape == Shape::Unknown {
         return Check::note("shape", format!(
             "{shown}: no model found (no models--org--name, no folder of weight files with a config.json or index, no .gguf file within {SEARCH_DEPTH} levels{stopped})"
@@ -266,6 +282,9 @@ pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (C
             Check::warn("mount", format!("{cache} serves another mount: {mirrored} at {serving}"))
                 .advise("unmount it, or give this mount its own --cache-dir")
         }
+        Some(Ok(None)) if stagefs_mount::registry::dead_mount_of(cache).is_some() => {
+            Check::fail("mount", crate::mounts::dead_line(mount))
+        }
         Some(Ok(None)) if got!(gathered, MountFs).is_some_and(stagefs) => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
             .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
         Some(Ok(None)) => Check::note("mount", format!("{shown} is not mounted"))
@@ -352,5 +371,34 @@ mod tests {
         let nothing = check(Shape::Unknown, &[]);
         assert_eq!(nothing.verdict, Verdict::Note);
         assert!(nothing.advice.unwrap_or_default().contains("model_dirs"));
+        // A repository given by its own path (its snapshot looks like a folder).
+        let catalog = Catalog {
+            models: vec![ModelRef {
+                id: String::new(),
+                kind: Folder,
+                path: PathBuf::new(),
+            }],
+            complete: true,
+        };
+        let survey = Survey {
+            shape: Shape::ModelFolders,
+            catalog,
+        };
+        for path in [
+            "/nas/hub/models--org--name",
+            "/nas/hub/models--org--name/snapshots/abc",
+        ] {
+            let repo = shape_check(Path::new(path), &survey, true);
+            assert_eq!(
+                repo.summary,
+                format!("{path}: the HF repository org/name, inside the hub cache /nas/hub")
+            );
+            assert!(!repo.summary.contains("plain model folder"));
+            let advice = repo.advice.unwrap_or_default();
+            assert!(
+                advice.contains("`stagefs mount /nas/hub MOUNTPOINT`"),
+                "{advice}"
+            );
+        }
     }
 }

@@ -100,13 +100,30 @@ struct Report {
     mount: Option<hub::MountState>,
 }
 
-/// Runs the checks; exits non-zero when one fails.
-pub(crate) fn run(args: &DoctorArgs, config: &Config) -> anyhow::Result<ExitCode> {
+/// Runs the checks; exits non-zero when one fails. `config_error`: the config file
+/// could not be read, so the checks run without it and that is reported first.
+pub(crate) fn run(
+    args: &DoctorArgs,
+    config: &Config,
+    config_error: Option<String>,
+) -> anyhow::Result<ExitCode> {
     if args.worker {
         return worker::serve();
     }
-    let cache_dir = config.cache_dir_for(&args.cache)?;
-    let report = examine(args.target.as_deref(), &cache_dir, config)?;
+    let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
+    let cache_dir = config.cache_dir_for(&args.cache, &targets)?;
+    // The mount this cache serves (or served last) stands in for a configured one.
+    let config = match crate::mounts::recorded(&cache_dir) {
+        Some(record) => config.clone().filled_from(&record),
+        None => config.clone(),
+    };
+    let mut report = examine(args.target.as_deref(), &cache_dir, &config)?;
+    if let Some(error) = config_error {
+        let check = Check::fail("config", error)
+            .advise("fix that line (keys and values are the flags'; see the README); the checks below ran without the file");
+        report.checks.insert(0, check);
+        report.failed = true;
+    }
     match args.json {
         true => println!("{}", serde_json::to_string_pretty(&report)?),
         false => print!("{}", render(&report.checks)),

@@ -15,7 +15,7 @@ use stagefs_cache::{SourceTree, hf};
 use super::model::{self, Model, Probe};
 use super::worker::{Gathered, Line, StepError, Tx, reply};
 use super::{Check, Verdict, hub};
-use crate::units::format_bytes;
+use crate::units::{count, format_bytes};
 
 /// Below this rate a model takes long enough to stage that it deserves a warning.
 const SLOW_RATE: f64 = 25.0 * (1 << 20) as f64;
@@ -379,8 +379,9 @@ fn model_check(model: &Model) -> Check {
         }
         (kind, _) => format!("{} {}", kind.describe(), model.path.display()),
     };
-    let (id, files, size) = (&model.id, model.files, format_bytes(model.size_bytes));
-    Check::ok("model", format!("{id}: {files} files, {size} ({place})"))
+    let (id, size) = (&model.id, format_bytes(model.size_bytes));
+    let files = count(model.files, "file", "files");
+    Check::ok("model", format!("{id}: {files}, {size} ({place})"))
 }
 
 /// Seconds to stage `model` at the measured rate (one stream; a mount copies with

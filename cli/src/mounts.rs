@@ -1,0 +1,147 @@
+//! Which mount and cache a command is about when no flag says: the flag, else the
+//! config file's `cache_dir`, else the running mounts this user's stagefs made (the
+//! mount table and the caches' records, `stagefs_mount::registry`), picked by a path
+//! the command names, by a model only one of their sources holds, or as the only
+//! one, else the default cache directory.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::bail;
+use stagefs_cache::control::MountRecord;
+use stagefs_mount::bounded;
+use stagefs_mount::registry::{self, KnownMount};
+use stagefs_mount::table;
+
+use crate::config::Config;
+
+/// The cache directory a command works on. `targets` are what the command names
+/// (model ids or paths): when several mounts run, a path inside one's mount point or
+/// source picks it, else a model id that only one's source holds. With several and
+/// nothing to pick by, asks for one.
+pub(crate) fn cache_dir(
+    config: &Config,
+    flag: Option<&Path>,
+    targets: &[&str],
+) -> anyhow::Result<PathBuf> {
+    if flag.is_some() || config.configured_cache_dir().is_some() {
+        return config.cache_dir(flag);
+    }
+    let known = registry::known();
+    match pick(&known, targets) {
+        Picked::One(mount) => {
+            if known.len() > 1 {
+                eprintln!(
+                    "stagefs: using the mount at {} (cache {})",
+                    mount.mountpoint.display(),
+                    mount.cache_dir.display()
+                );
+            }
+            Ok(mount.cache_dir.clone())
+        }
+        Picked::None => config.cache_dir(None),
+        Picked::Several => bail!(
+            "{} stagefs mounts are running ({}); name one with --cache-dir",
+            known.len(),
+            known
+                .iter()
+                .map(|m| format!(
+                    "{} with cache {}",
+                    m.mountpoint.display(),
+                    m.cache_dir.display()
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+enum Picked<'a> {
+    One(&'a KnownMount),
+    None,
+    Several,
+}
+
+fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
+    let inside = |mount: &KnownMount, target: &str| {
+        let Ok(path) = table::resolve(Path::new(target)) else {
+            return false;
+        };
+        [&mount.mountpoint, &mount.record.source]
+            .iter()
+            .any(|root| path.starts_with(table::resolve(root).unwrap_or((*root).clone())))
+    };
+    let mut by_path: Vec<&KnownMount> = known
+        .iter()
+        .filter(|m| targets.iter().any(|t| inside(m, t)))
+        .collect();
+    if by_path.is_empty() && known.len() > 1 {
+        by_path = known
+            .iter()
+            .filter(|m| targets.iter().any(|t| holds_model(m, t)))
+            .collect();
+    }
+    match (by_path.as_slice(), known) {
+        ([one], _) => Picked::One(one),
+        (_, []) => Picked::None,
+        (_, [one]) => Picked::One(one),
+        _ => Picked::Several,
+    }
+}
+
+/// How long asking a mount's source whether it holds a model may take.
+const MODEL_LOOKUP_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether `mount`'s source holds the model `id` where a repository id or a
+/// folder's path puts it (the root, `hub/`): asked in a child process under a
+/// deadline, since the source may be a dead share.
+fn holds_model(mount: &KnownMount, id: &str) -> bool {
+    if !stagefs_cache::models::is_model_id(id) {
+        return false;
+    }
+    let source = &mount.record.source;
+    let mut places = vec![source.join(id)];
+    if let Some(repo) = stagefs_cache::hf::repo_dir_for(id) {
+        places.extend([source.join(&repo), source.join("hub").join(&repo)]);
+    }
+    places
+        .iter()
+        .any(|place| matches!(bounded::stat(place, MODEL_LOOKUP_WAIT), Ok(Ok(_))))
+}
+
+/// The mount point `unmount` acts on: the argument, the config file's, else the one
+/// mount of ours that runs (several: asks for one).
+pub(crate) fn mountpoint(config: &Config, arg: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if arg.is_some() || config.configured_mountpoint().is_some() {
+        return config.mountpoint(arg);
+    }
+    match registry::known().as_slice() {
+        [one] => Ok(one.mountpoint.clone()),
+        [] => config.mountpoint(None),
+        several => bail!(
+            "{} stagefs mounts are running ({}); name the one to unmount",
+            several.len(),
+            several
+                .iter()
+                .map(|m| m.mountpoint.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// What the cache at `cache_dir` knows of its mount: the one serving from it now, or
+/// else the last one it recorded.
+pub(crate) fn recorded(cache_dir: &Path) -> Option<MountRecord> {
+    MountRecord::read(cache_dir)
+}
+
+/// What `status` and `doctor` say of the dead mount at `mountpoint` (its daemon died
+/// and left it in the mount table), with the command that clears it.
+pub(crate) fn dead_line(mountpoint: &Path) -> String {
+    format!(
+        "{} is a dead mount: its daemon is gone (crashed or killed); clear it with `stagefs unmount --lazy {}`",
+        mountpoint.display(),
+        mountpoint.display()
+    )
+}

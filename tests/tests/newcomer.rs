@@ -1,0 +1,430 @@
+//! A new user's first hour (issue 19), on real mounts and the real binary:
+//! `unmount` acts only on mounts of ours and returns once the daemon let go of its
+//! cache; every command finds a running mount with a custom cache directory without
+//! flags; a crashed daemon's dead mount is named with the command that clears it.
+//!
+//! Each test gives its commands a HOME of its own (and no XDG variables), as a fresh
+//! account has: no config file, and a registry of running mounts that only this
+//! test's mounts write to, so tests running at once never see each other's mounts.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use stagefs_mount::registry;
+use stagefs_tests::{Scratch, TEST_RESERVE, Tmpfs, generate, is_mounted, stagefs_bin, wait_for};
+
+/// A user with a fresh HOME, running the `stagefs` binary.
+struct Newcomer {
+    home: PathBuf,
+}
+
+impl Newcomer {
+    fn new(s: &Scratch) -> Newcomer {
+        let home = s.dir.path().join("home");
+        fs::create_dir_all(&home).expect("mkdir home");
+        Newcomer { home }
+    }
+
+    fn command(&self, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Command {
+        let mut command = Command::new(stagefs_bin());
+        command
+            .args(args.iter().map(|a| a.as_ref()))
+            .env("HOME", &self.home)
+            .env("HF_HOME", self.home.join("hf"));
+        for var in [
+            "XDG_CONFIG_HOME",
+            "XDG_CACHE_HOME",
+            "XDG_STATE_HOME",
+            "STAGEFS_CONFIG",
+            "HF_HUB_CACHE",
+            "RUST_LOG",
+        ] {
+            command.env_remove(var);
+        }
+        command
+    }
+
+    /// Runs `stagefs ARGS`: (success, stdout, stderr).
+    fn run(&self, args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, String) {
+        let out: Output = self.command(args).output().expect("running stagefs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `stagefs mount` in the background, as a user types it.
+    fn mount(&self, s: &Scratch) -> (String, String) {
+        let reserve = TEST_RESERVE.to_string();
+        let (ok, out, err) = self.run(&[
+            &"mount",
+            &s.hub,
+            &s.mnt,
+            &"--cache-dir",
+            &s.cache,
+            &"--min-free",
+            &reserve,
+        ]);
+        assert!(ok, "mount failed: {err}");
+        (out, err)
+    }
+}
+
+/// Unmounts whatever stagefs left at the mount point when a test fails midway.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// A bind mount for one test, unmounted even if the test fails.
+struct Bind(PathBuf);
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn one_line(text: &str) -> bool {
+    text.trim_end().lines().count() == 1
+}
+
+#[test]
+fn unmount_leaves_a_tmpfs_and_a_bind_mount_alone() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let tmp = s.dir.path().join("t");
+    let _tmpfs = Tmpfs::mount(&tmp, "size=1m");
+    fs::write(tmp.join("mine"), "the user's own file").expect("write");
+    let bound = s.dir.path().join("b");
+    fs::create_dir_all(&bound).expect("mkdir");
+    fs::write(s.hub.join("theirs"), "x").expect("write");
+    let ok = Command::new("mount")
+        .arg("--bind")
+        .arg(&s.hub)
+        .arg(&bound)
+        .status()
+        .is_ok_and(|st| st.success());
+    assert!(ok, "a bind mount needs root");
+    let _bind = Bind(bound.clone());
+    for (dir, kind, kept) in [(&tmp, "tmpfs", "mine"), (&bound, "", "theirs")] {
+        for flags in [&[][..], &["--lazy"][..], &["--force"][..]] {
+            let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"unmount"];
+            args.extend(flags.iter().map(|f| f as &dyn AsRef<std::ffi::OsStr>));
+            args.push(dir);
+            let (ok, out, err) = user.run(&args);
+            assert!(!ok, "{} {flags:?} was unmounted: {out}{err}", dir.display());
+            assert!(one_line(&err), "{err}");
+            assert!(
+                err.contains("is not a stagefs mount") && err.contains(kind),
+                "{err}"
+            );
+            assert!(is_mounted(dir), "{} is gone after {flags:?}", dir.display());
+            assert!(dir.join(kept).exists(), "{}", dir.display());
+        }
+    }
+}
+
+#[test]
+fn unmount_returns_once_the_daemon_has_released_the_cache() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/bye", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let shard = model.shards().remove(0);
+    fs::read(s.mnt.join(&shard)).expect("read through the mount");
+    assert!(registry::locked(&s.cache), "the daemon holds its cache");
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    assert!(
+        !registry::locked(&s.cache),
+        "unmount returned while the daemon still held the cache"
+    );
+    let (ok, out, err) = user.run(&[&"status", &"--cache-dir", &s.cache]);
+    assert!(ok && out.contains("mount     not running"), "{out}{err}");
+    // Forced, the same: gone, and the daemon has let go when it returns.
+    user.mount(&s);
+    let (ok, _, err) = user.run(&[&"unmount", &"--force", &s.mnt]);
+    assert!(ok, "{err}");
+    assert!(!is_mounted(&s.mnt) && !registry::locked(&s.cache));
+}
+
+#[test]
+fn every_command_finds_a_running_mount_with_a_custom_cache_dir() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/found", 2, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let cache = s.cache.display().to_string();
+    let mnt = s.mnt.display().to_string();
+
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("cache     {cache}")), "{out}");
+    assert!(out.contains(&format!("mount     {mnt} (running)")), "{out}");
+
+    let (_, out, err) = user.run(&[&"doctor", &model.repo]);
+    let model_line = out
+        .lines()
+        .find(|l| l.contains(" model ") || l.starts_with("ok    model"));
+    assert!(
+        model_line.is_some_and(|l| l.starts_with("ok") && l.contains(&model.repo)),
+        "{out}{err}"
+    );
+    assert!(!out.contains("no source is configured"), "{out}");
+
+    let (ok, out, err) = user.run(&[&"prefetch", &model.repo]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = user.run(&[&"verify", &model.repo]);
+    assert!(ok && out.contains("0 mismatches"), "{out}{err}");
+    let (ok, out, err) = user.run(&[&"evict", &model.repo]);
+    assert!(ok && out.contains("evicted"), "{out}{err}");
+
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    // After the unmount, the cache still knows what it mirrored.
+    let (ok, _, err) = user.run(&[&"run", &"--cache-dir", &s.cache, &"--", &"true"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(
+        ok && out.contains(&format!("mount     {mnt} (running)")),
+        "{out}{err}"
+    );
+    // The one running mount is the one to unmount.
+    let (ok, _, err) = user.run(&[&"unmount"]);
+    assert!(ok, "{err}");
+    assert!(!is_mounted(&s.mnt));
+}
+
+#[test]
+fn a_dead_mount_is_named_with_the_command_that_clears_it() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/crash", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let pid = fs::read_to_string(s.cache.join("lock")).expect("pid");
+    let killed = Command::new("kill").args(["-9", pid.trim()]).status();
+    assert!(killed.is_ok_and(|st| st.success()));
+    wait_for("the daemon to die", || !registry::locked(&s.cache));
+    let err = fs::metadata(&s.mnt).expect_err("a dead mount");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+
+    let clear = format!("stagefs unmount --lazy {}", s.mnt.display());
+    let (_, out, err) = user.run(&[&"status"]);
+    let mount_line = out
+        .lines()
+        .find(|l| l.starts_with("mount"))
+        .unwrap_or_default();
+    assert!(
+        mount_line.contains(&format!("{} is a dead mount", s.mnt.display()))
+            && mount_line.contains(&clear),
+        "{out}{err}"
+    );
+    let (ok, out, err) = user.run(&[&"doctor"]);
+    assert!(!ok, "a dead mount fails doctor: {out}{err}");
+    let check = out.lines().find(|l| l.starts_with("fail  mount"));
+    assert!(check.is_some_and(|l| l.contains(&clear)), "{out}{err}");
+
+    let (_, err) = user.mount(&s);
+    assert!(err.contains("cleared a stale mount"), "{err}");
+    assert!(!err.contains("WARN") && !err.contains("INFO"), "{err}");
+    let log = fs::read_to_string(s.cache.join("stagefs.log")).expect("log");
+    assert!(log.contains("cleared a stale mount"), "{log}");
+    let shard = model.shards().remove(0);
+    assert!(
+        fs::read(s.mnt.join(&shard)).expect("read") == fs::read(s.hub.join(&shard)).expect("src")
+    );
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    assert!(
+        !is_mounted(Path::new(&s.mnt)),
+        "{}",
+        fs::read_to_string("/proc/self/mountinfo").unwrap_or_default()
+    );
+}
+
+#[test]
+fn output_names_models_and_files_as_users_know_them() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/named", 2, "2M");
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let mount = s.mount(&["--no-prefetch"]);
+    let first = "model-00001-of-00002.safetensors";
+
+    let out = Command::new(stagefs_bin())
+        .args(["prefetch", &model.repo, "--cache-dir"])
+        .arg(&s.cache)
+        .output()
+        .expect("prefetch");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // Results, per file and in sum, on stdout; nothing on stderr.
+    assert!(
+        stdout.contains(&format!("staged {}: {first} (2.0 MiB)\n", model.repo)),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("staged, 0 already staged, 0 failed"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("blobs/") && stderr.is_empty(),
+        "{stdout}{stderr}"
+    );
+
+    // verify names the corrupt copy by its file, and blames the copy, not the source.
+    let victim = model.blob_of(&s.hub, first);
+    let key = victim.file_name().expect("blob name").to_string_lossy();
+    let copy = s.cache.join(format!("v1/data/sha256-{key}"));
+    let mut bytes = fs::read(&copy).expect("copy");
+    bytes[4096] ^= 1;
+    fs::write(&copy, bytes).expect("corrupt");
+    let out = Command::new(stagefs_bin())
+        .args(["verify", "--cache-dir"])
+        .arg(&s.cache)
+        .output()
+        .expect("verify");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success());
+    let mismatch = format!("MISMATCH {}: {first}: sha256 differs", model.repo);
+    assert!(stdout.contains(&mismatch), "{stdout}");
+    assert!(stdout.contains("the cached copy changed"), "{stdout}");
+    assert!(!stdout.contains("source blob"), "{stdout}");
+    assert!(stdout.contains("): 1 mismatch\n"), "{stdout}");
+    assert!(
+        one_line(&stderr) && stderr.contains("1 staged copy does not match"),
+        "{stderr}"
+    );
+    let (ok, out, err) =
+        stagefs_tests::run_stagefs(&[&"evict", &model.repo, &"--cache-dir", cache]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("evicted {}: {first} (2.0 MiB)", model.repo)),
+        "{out}"
+    );
+    assert!(out.contains("evicted 2 files, 4.0 MiB"), "{out}");
+    drop(mount);
+}
+
+#[test]
+fn durations_accept_what_the_help_says_and_a_bad_one_lists_only_that() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--source-timeout", &"5x"]);
+    assert!(!ok && one_line(&err), "{err}");
+    assert!(
+        err.contains("unknown unit 'x'") && err.contains("s, m, h, d or w"),
+        "{err}"
+    );
+    assert!(!err.contains("months") && !err.contains("µs"), "{err}");
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--source-timeout", &"1month"]);
+    assert!(!ok && err.contains("unknown unit 'month'"), "{err}");
+    let (_, out, _) = user.run(&[&"mount", &"--help"]);
+    assert!(
+        out.contains("s, m, h, d or w: 45s, 2m"),
+        "the help names the forms: {out}"
+    );
+}
+
+#[test]
+fn doctor_reports_a_broken_config_file_and_a_repository_by_its_id() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/doctored", 1, "2M");
+    let config = user.home.join(".config/stagefs/config.toml");
+    fs::create_dir_all(config.parent().expect("config dir")).expect("mkdir");
+    fs::write(&config, "max_size = \"20X\"\n").expect("write config");
+    let repo = s.hub.join("models--acme--doctored");
+    let (ok, out, err) = user.run(&[&"doctor", &repo]);
+    assert!(!ok, "a broken config fails doctor: {out}{err}");
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("fail  config") && first.contains("line 1, key `max_size`"),
+        "{out}{err}"
+    );
+    // The other checks still ran, and the repository is named as one.
+    let shape = out
+        .lines()
+        .find(|l| l.contains(" shape "))
+        .unwrap_or_default();
+    assert!(
+        shape.contains(&format!("the HF repository {}", model.repo))
+            && !shape.contains("plain model folder"),
+        "{out}"
+    );
+    assert!(err.is_empty(), "{err}");
+}
+
+#[test]
+fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let a = generate(&s.hub, "acme/first", 1, "2M");
+    let (hub2, mnt2, cache2) = (
+        s.dir.path().join("hub2"),
+        s.dir.path().join("mnt2"),
+        s.dir.path().join("cache2"),
+    );
+    fs::create_dir_all(&hub2).expect("mkdir");
+    fs::create_dir_all(&mnt2).expect("mkdir");
+    let b = generate(&hub2, "acme/second", 1, "2M");
+    let (_c1, _c2) = (Cleanup(s.mnt.clone()), Cleanup(mnt2.clone()));
+    user.mount(&s);
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[
+        &"mount",
+        &hub2,
+        &mnt2,
+        &"--cache-dir",
+        &cache2,
+        &"--min-free",
+        &reserve,
+    ]);
+    assert!(ok, "{err}");
+
+    let (ok, _, err) = user.run(&[&"status"]);
+    assert!(!ok && one_line(&err), "{err}");
+    assert!(
+        err.contains("2 stagefs mounts are running") && err.contains("name one with --cache-dir"),
+        "{err}"
+    );
+    // A model only the second source holds picks the second mount, and says so.
+    let (ok, out, err) = user.run(&[&"prefetch", &b.repo]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains(&format!("using the mount at {}", mnt2.display())),
+        "{err}"
+    );
+    assert!(out.contains(&format!("staged {}: ", b.repo)), "{out}");
+    // A path inside the first mount picks the first (nothing opens it: a closed
+    // file's handle is released a moment after close returns).
+    let shard = a.shards().remove(0);
+    let (ok, out, err) = user.run(&[&"prefetch", &s.mnt.join(&shard)]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains(&format!("staged {}: ", a.repo)), "{out}");
+    let (ok, out, err) = user.run(&[&"evict", &b.repo]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains(&format!("evicted {}: ", b.repo)), "{out}");
+    let (ok, _, err) = user.run(&[&"unmount"]);
+    assert!(!ok && err.contains("name the one to unmount"), "{err}");
+    for mnt in [&s.mnt, &mnt2] {
+        let (ok, _, err) = user.run(&[&"unmount", mnt]);
+        assert!(ok, "{err}");
+    }
+}
