@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 /// How long an operation may run before the source counts as suspect: a healthy
 /// source answers a stat in milliseconds, and a loader must not wait on one that has
 /// just died when the answer is already known.
-pub const SUSPECT_AFTER: Duration = Duration::from_millis(250);
+pub const SUSPECT_AFTER: Duration = Duration::from_millis(60);
 
 /// Threads a mount gives to source operations unless told otherwise.
 pub const DEFAULT_SOURCE_THREADS: usize = 16;
@@ -173,7 +173,7 @@ impl SourcePool {
         op: impl FnOnce() -> T + Send + 'static,
         answer: impl FnOnce(T) + Send + 'static,
     ) -> Result<Arc<AtomicBool>, Unanswered> {
-        if self.health().stuck >= self.inner.threads {
+        if self.saturated() {
             return Err(Unanswered::Saturated);
         }
         let cancelled = Arc::new(AtomicBool::new(false));
@@ -191,6 +191,11 @@ impl SourcePool {
         lock(&self.inner.queue).push_back(job);
         self.inner.work.notify_one();
         Ok(cancelled)
+    }
+
+    /// Whether every source thread is stuck: a new operation would be refused.
+    pub fn saturated(&self) -> bool {
+        self.health().stuck >= self.inner.threads
     }
 
     /// Operations running now, how many are stuck, and whether the source answers.

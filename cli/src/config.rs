@@ -157,8 +157,10 @@ impl Config {
         mountpoint: Option<&Path>,
         flags: &MountOptions,
     ) -> anyhow::Result<MountSpec> {
+        // The source first: its absence is the first thing a newcomer hears about.
+        let source = self.required(source, self.file.source.as_deref(), "source")?;
         let mountpoint = self.mountpoint(mountpoint)?;
-        self.spec(source, mountpoint, flags)
+        self.spec(Some(&source), mountpoint, flags)
     }
 
     /// The spec `stagefs serve` serves: NFS on `listen`, and no mount point.

@@ -14,8 +14,9 @@
 //!   operation is overdue ([`SUSPECT_AFTER`]), instead of waiting out the timeout;
 //! - a blob named by its sha256 is its content: a stored copy is served without
 //!   asking the source anything, up or not;
-//! - what was never seen fails with EIO within the source timeout (at once, when every
-//!   source thread is already stuck);
+//! - what was never seen fails with EIO within the source timeout; when every source
+//!   thread is already stuck it waits, without a thread, for one to come free, so a
+//!   program retrying in a loop does not spin;
 //! - nothing marks the source back but a probe of it (its statfs, which network
 //!   clients cannot answer from a cache), and a request never skips the source just
 //!   because it was marked down: a source that came back serves the next request.
@@ -47,6 +48,9 @@ use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::redirect::{Presented, RedirectPolicy};
 use crate::{FsConfig, OnFull};
+
+/// How often a request waiting for a stuck source pool looks for a free thread.
+const SATURATED_RETRY: Duration = Duration::from_millis(250);
 
 /// The filesystem's state and decisions.
 #[derive(Debug)]
@@ -242,11 +246,12 @@ impl Policy {
     /// Runs `work` on the source pool. `recall` answers from memory: at once while the
     /// source is suspect, after [`SUSPECT_AFTER`] if the source has not answered by
     /// then (the work goes on, so a late answer still updates memory), and when the
-    /// work times out. With nothing to recall, the request waits up to the timeout.
+    /// work times out. With nothing to recall, the request waits up to the timeout,
+    /// also when every source thread is stuck ([`Self::wait_for_a_thread`]).
     async fn ask<T: Send + 'static>(
         self: &Arc<Self>,
         what: &Path,
-        work: impl FnOnce(&Policy) -> Result<T, FsError> + Send + 'static,
+        work: impl FnOnce(&Policy) -> Result<T, FsError> + Clone + Send + 'static,
         recall: impl Fn(&Policy) -> Option<T>,
     ) -> Result<T, FsError> {
         if self.source_suspect()
@@ -255,33 +260,58 @@ impl Policy {
             self.probe_if_down();
             return Ok(known);
         }
-        let worker = Arc::clone(self);
-        let mut asked = Box::pin(self.pool().run(move || work(&worker)));
-        let early = tokio::time::sleep(SUSPECT_AFTER);
-        tokio::pin!(early);
-        let answer = tokio::select! {
-            answer = &mut asked => answer,
-            () = &mut early => match recall(self) {
-                Some(known) => {
-                    self.listen_for_late_answer(asked);
-                    return Ok(known);
+        let deadline = tokio::time::Instant::now() + self.config.source_timeout;
+        loop {
+            let (worker, work) = (Arc::clone(self), work.clone());
+            let mut asked = Box::pin(self.pool().run(move || work(&worker)));
+            let early = tokio::time::sleep(SUSPECT_AFTER);
+            tokio::pin!(early);
+            let answer = tokio::select! {
+                answer = &mut asked => answer,
+                () = &mut early => match recall(self) {
+                    Some(known) => {
+                        self.listen_for_late_answer(asked);
+                        return Ok(known);
+                    }
+                    None => asked.await,
+                },
+            };
+            match answer {
+                Ok(result) => {
+                    // A network client may have answered from its own cache: only the
+                    // probe can tell that the source itself is back.
+                    self.probe_if_down();
+                    return result;
                 }
-                None => asked.await,
-            },
-        };
-        match answer {
-            Ok(result) => {
-                // A network client may have answered from its own cache: only the
-                // probe can tell that the source itself is back.
-                self.probe_if_down();
-                result
-            }
-            Err(why) => {
-                debug!(path = %what.display(), %why, "no answer from the source");
-                self.source_timed_out();
-                recall(self).ok_or_else(|| self.timeout_error(what))
+                Err(Unanswered::Saturated) if self.wait_for_a_thread(deadline).await => {
+                    if let Some(known) = recall(self) {
+                        return Ok(known);
+                    }
+                }
+                Err(why) => {
+                    debug!(path = %what.display(), %why, "no answer from the source");
+                    self.source_timed_out();
+                    return recall(self).ok_or_else(|| self.timeout_error(what));
+                }
             }
         }
+    }
+
+    /// Every source thread is stuck and memory has no answer. Failing at once would
+    /// let a program that retries in a loop spin, and a few hundred of them starve the
+    /// machine, staged reads included (measured: bench/outage.sh). So the request
+    /// waits, without a thread, until a source thread comes free or `deadline`
+    /// passes; true if it may ask again.
+    async fn wait_for_a_thread(self: &Arc<Self>, deadline: tokio::time::Instant) -> bool {
+        self.source_timed_out();
+        while tokio::time::Instant::now() < deadline {
+            self.probe_if_down();
+            tokio::time::sleep(SATURATED_RETRY.min(deadline - tokio::time::Instant::now())).await;
+            if !self.pool().saturated() {
+                return true;
+            }
+        }
+        false
     }
 
     fn probe_if_down(self: &Arc<Self>) {
@@ -541,16 +571,35 @@ impl Policy {
     /// is suspect (the source may be gone; the model is still here). Without one, the
     /// open fails with EIO once the source times out or the copy makes no progress
     /// for the timeout.
-    async fn stage_or_recall(&self, node: &Node, version: Stamp) -> Result<Staged, FsError> {
+    async fn stage_or_recall(
+        self: &Arc<Self>,
+        node: &Node,
+        version: Stamp,
+    ) -> Result<Staged, FsError> {
         let attempt = async {
-            let stage = self.stager.stage_version(&node.path, version);
-            let stall = stalled(&self.stager, &node.path, self.config.source_timeout);
-            tokio::select! {
-                staged = stage => match staged {
-                    Err(StageError::Source(SourceError::Unanswered { .. })) => Attempt::Unanswered,
-                    staged => Attempt::Answered(staged.map_err(FsError::from)),
-                },
-                () = stall => Attempt::Unanswered,
+            let deadline = tokio::time::Instant::now() + self.config.source_timeout;
+            loop {
+                let stage = self.stager.stage_version(&node.path, version);
+                let stall = stalled(&self.stager, &node.path, self.config.source_timeout);
+                let outcome = tokio::select! {
+                    staged = stage => match staged {
+                        // Every source thread is stuck: wait for one, then try again.
+                        Err(StageError::Source(SourceError::Unanswered {
+                            why: Unanswered::Saturated,
+                            ..
+                        })) => None,
+                        Err(StageError::Source(SourceError::Unanswered { .. })) => {
+                            Some(Attempt::Unanswered)
+                        }
+                        staged => Some(Attempt::Answered(staged.map_err(FsError::from))),
+                    },
+                    () = stall => Some(Attempt::Unanswered),
+                };
+                match outcome {
+                    Some(attempt) => break attempt,
+                    None if self.wait_for_a_thread(deadline).await => {}
+                    None => break Attempt::Unanswered,
+                }
             }
         };
         Ok(
@@ -565,6 +614,13 @@ impl Policy {
     /// source is suspect, so a staged model still loads with the NAS away.
     async fn open_small(self: &Arc<Self>, node: &Node, version: Stamp) -> Result<Opened, FsError> {
         let attempt = async {
+            let deadline = tokio::time::Instant::now() + self.config.source_timeout;
+            // Every source thread stuck: wait for one rather than fail at once.
+            while self.pool().saturated() {
+                if !self.wait_for_a_thread(deadline).await {
+                    return Attempt::Unanswered;
+                }
+            }
             match self.open_source(&node.path).await {
                 Err(FsError::SourceTimeout { .. }) => Attempt::Unanswered,
                 opened => Attempt::Answered(opened),
@@ -1199,7 +1255,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn once_every_source_thread_is_stuck_requests_fail_at_once() {
+    async fn once_every_source_thread_is_stuck_a_request_waits_without_one_then_fails() {
         let f = fixture(|c, o, _| {
             c.source_timeout = Duration::from_millis(200);
             o.source_threads = 2;
@@ -1208,10 +1264,7 @@ mod tests {
         for name in ["a", "b"] {
             assert_eq!(errno(f.lookup(name).await), libc::EIO);
         }
-        wait_until("both threads to be stuck", || {
-            f.policy.pool().health().stuck == 2
-        })
-        .await;
+        wait_until("both threads to be stuck", || f.policy.pool().saturated()).await;
         assert_eq!(errno(f.lookup("c").await), libc::EIO);
         assert_eq!(
             f.policy.pool().health().running,
@@ -1219,6 +1272,55 @@ mod tests {
             "no third thread was taken"
         );
         f.source.set(Behaviour::Healthy);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_request_waiting_for_a_stuck_pool_is_answered_once_a_thread_comes_free() {
+        let f = fixture(|c, o, _| {
+            c.source_timeout = Duration::from_millis(400);
+            o.source_threads = 1;
+        });
+        f.source.set(Behaviour::Hang);
+        assert_eq!(errno(f.lookup("a").await), libc::EIO);
+        wait_until("the thread to be stuck", || f.policy.pool().saturated()).await;
+        // Nothing in memory answers for config.json: rather than EIO at once (which
+        // lets a program retrying in a loop spin), it waits for the thread.
+        let policy = Arc::clone(&f.policy);
+        let waiting =
+            tokio::spawn(async move { policy.lookup(ROOT_INO, OsStr::new("config.json")).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "it did not fail at once");
+        f.source.set(Behaviour::Healthy);
+        let attr = tokio::time::timeout(PROMPTLY, waiting)
+            .await
+            .expect("answered")
+            .expect("task")
+            .expect("the source answered once its thread came free");
+        assert_eq!(attr.kind, EntryKind::File);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_open_waiting_for_a_stuck_pool_stages_once_a_thread_comes_free() {
+        let f = fixture(|c, o, _| {
+            c.source_timeout = Duration::from_millis(400);
+            c.prefetch = false;
+            o.source_threads = 1;
+        });
+        let attr = f.lookup("weights.bin").await.expect("lookup");
+        f.source.set(Behaviour::Hang);
+        assert_eq!(errno(f.lookup("a").await), libc::EIO);
+        wait_until("the thread to be stuck", || f.policy.pool().saturated()).await;
+        let policy = Arc::clone(&f.policy);
+        let opening = tokio::spawn(async move { policy.open(attr.ino).await.map(|o| o.stamp) });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!opening.is_finished(), "it did not fail at once");
+        f.source.set(Behaviour::Healthy);
+        let stamp = tokio::time::timeout(PROMPTLY, opening)
+            .await
+            .expect("answered")
+            .expect("task")
+            .expect("staged once the thread came free");
+        assert_eq!(stamp.size, 2 * MIB as u64);
     }
 
     #[tokio::test(flavor = "multi_thread")]
