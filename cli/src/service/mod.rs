@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
 
 use anyhow::{Context, bail};
+use stagefs_cache::control::Backend;
 
 use crate::args::{MountOptions, ServiceCommand};
 use crate::config::Config;
@@ -26,6 +27,8 @@ pub(crate) struct Service {
     pub(crate) mountpoint: PathBuf,
     /// Where launchd sends the daemon's output (systemd has the journal).
     pub(crate) log: PathBuf,
+    /// The config file's `backend`, if it names one.
+    pub(crate) backend: Option<Backend>,
 }
 
 impl Service {
@@ -79,6 +82,7 @@ fn service(config: &Config) -> anyhow::Result<Service> {
         exe,
         config: path.clone(),
         log: spec.cache_dir.join("stagefs.log"),
+        backend: config.backend(),
         source: spec.source,
         mountpoint: spec.mountpoint,
     })
@@ -199,5 +203,6 @@ pub(crate) fn sample() -> Service {
         source: "/mnt/nas/hub".into(),
         mountpoint: "/home/ann/hf".into(),
         log: "/home/ann/.cache/stagefs/stagefs.log".into(),
+        backend: None,
     }
 }
