@@ -1,7 +1,8 @@
 //! `stagefs service`: start the configured mount at login, as a launchd agent on
 //! macOS or a systemd user unit on Linux. The service runs `stagefs mount
 //! --foreground` with the config file, so editing the file and restarting the
-//! service is all a change needs.
+//! service is all a change needs; only the launchd agent's backend is fixed when it
+//! is installed (`--backend`, NFS unless the file named another).
 
 // Both managers are compiled (and unit-tested) everywhere; each platform uses one.
 #[cfg_attr(not(target_os = "macos"), allow(dead_code))]
