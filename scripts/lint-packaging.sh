@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lints what only GitHub and a Mac run, so that a broken workflow, formula or script
 # fails here: actionlint (with shellcheck) over .github/workflows, shellcheck over the
-# shell scripts, `ruby -c` over the Homebrew formula (the template and a rendered
+# scripts those run, `ruby -c` over the Homebrew formula (the template and a rendered
 # copy), the formula's `test do` block run against this machine's build
 # (packaging/homebrew/formula-test.rb), and a syntax check of the Python the macOS job
 # runs. Installs what it needs from the registries (Debian: ruby, shellcheck; PyPI:
@@ -36,7 +36,7 @@ fi
 echo "lint-packaging: actionlint .github/workflows"
 "$tools/bin/actionlint" .github/workflows/*.yml
 echo "lint-packaging: shellcheck"
-shellcheck .ci/run scripts/*.sh packaging/homebrew/*.sh
+shellcheck .ci/run scripts/mount-e2e.sh scripts/lint-packaging.sh packaging/homebrew/*.sh
 echo "lint-packaging: bash -n, py_compile"
 for f in .ci/run scripts/*.sh packaging/homebrew/*.sh; do bash -n "$f"; done
 python3 -m py_compile tests/py/*.py
