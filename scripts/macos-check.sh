@@ -3,9 +3,12 @@
 # macOS build fails here too. Nothing is linked or run, so no macOS SDK or macFUSE is needed.
 #   bash scripts/macos-check.sh [TARGET...]   (default: both Apple targets CI must keep building)
 #   MACOS_CHECK_TARGET_DIR=DIR overrides the target dir (default target/macos-check).
+#   MACOS_CHECK_FEATURES=F passes --features F (e.g. stagefs/no-macfuse, the Homebrew build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if (($#)); then targets=("$@"); else targets=(aarch64-apple-darwin x86_64-apple-darwin); fi
+features=()
+[[ -z ${MACOS_CHECK_FEATURES:-} ]] || features=(--features "$MACOS_CHECK_FEATURES")
 
 # Debian's rust-web-src ships the std sources that -Zbuild-std needs, so no rustup
 # target download is required: CI's only network is the package registries.
@@ -28,7 +31,7 @@ printf 'Name: fuse\nDescription: stand-in for macFUSE (type-check only)\nVersion
 
 failed=()
 for t in "${targets[@]}"; do
-  echo "macos-check: cargo check --target $t"
+  echo "macos-check: cargo check --target $t ${features[*]}"
   # Absolute paths keep rustup's proxies (first on PATH) out of it: they would want a downloaded
   # target. RUSTC_BOOTSTRAP unlocks -Zbuild-std on this stable compiler. CARGO_FEATURE_PURE
   # stops blake3's build script compiling C/asm against a macOS SDK we do not have. Own target
@@ -36,7 +39,7 @@ for t in "${targets[@]}"; do
   if ! PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH="$pc" PKG_CONFIG_LIBDIR="$pc" CARGO_FEATURE_PURE=1 \
     CC_aarch64_apple_darwin=clang CC_x86_64_apple_darwin=clang RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
     RUSTFLAGS="-D warnings" CARGO_TARGET_DIR="${MACOS_CHECK_TARGET_DIR:-target/macos-check}" \
-    /usr/bin/cargo check -q -Zbuild-std=std,panic_abort --target "$t" --workspace --all-targets; then
+    /usr/bin/cargo check -q -Zbuild-std=std,panic_abort --target "$t" --workspace --all-targets "${features[@]}"; then
     echo "macos-check: FAILED $t" >&2
     failed+=("$t")
   fi

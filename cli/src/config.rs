@@ -145,6 +145,11 @@ impl Config {
         self.file.mountpoint.as_deref()
     }
 
+    /// The file's `backend`, if it sets one (for `doctor` and `service`).
+    pub(crate) fn backend(&self) -> Option<stagefs_cache::control::Backend> {
+        self.file.backend.map(BackendArg::backend)
+    }
+
     /// The file's `model_dirs` (for `doctor`).
     pub(crate) fn model_dirs(&self) -> &[PathBuf] {
         self.file.model_dirs.as_deref().unwrap_or_default()

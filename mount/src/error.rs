@@ -129,6 +129,12 @@ pub enum MountError {
     /// The FUSE request loop ended without saying why (its thread died).
     #[error("the FUSE request loop died")]
     SessionDied,
+    /// `--backend fuse` asked of a macOS build without macFUSE (feature `no-macfuse`,
+    /// as Homebrew and the release binaries build it).
+    #[error(
+        "this stagefs was built without macFUSE (the Homebrew and release builds are), so it mounts only with --backend nfs; for --backend fuse install macFUSE and build stagefs with it (docs/MACOS.md)"
+    )]
+    FuseNotBuilt,
 }
 
 impl MountError {

@@ -24,6 +24,10 @@ const STOP_WAIT: Duration = Duration::from_secs(15);
 /// How often an NFS mount checks that it is still mounted.
 const NFS_MOUNT_WATCH: Duration = Duration::from_secs(1);
 
+/// Whether this build cannot mount FUSE: macOS without macFUSE (`no-macfuse`), where
+/// fuser's mount only fails with a message meant for its own tests.
+const FUSE_NOT_BUILT: bool = cfg!(all(target_os = "macos", feature = "no-macfuse"));
+
 /// Where the NFS backend keeps its inode numbers (and so its file handles) across
 /// restarts, in the cache directory.
 const NFS_INODE_JOURNAL: &str = "nfs-inodes.jsonl";
@@ -59,6 +63,9 @@ impl Running {
     /// mount point serves the source (FUSE: the kernel completed its handshake; NFS:
     /// the system's NFS client mounted the export).
     pub fn start(spec: &MountSpec) -> Result<Running, MountError> {
+        if spec.backend == Backend::Fuse && FUSE_NOT_BUILT {
+            return Err(MountError::FuseNotBuilt);
+        }
         let _ = spec.check()?;
         match spec.backend {
             Backend::Fuse => Self::start_fuse(spec),

@@ -6,6 +6,8 @@ use std::io::ErrorKind;
 
 use serde::Deserialize;
 
+use stagefs_cache::control::Backend;
+
 use super::Check;
 
 const NAME: &str = "fuse";
@@ -14,10 +16,14 @@ const SYSTEM_VERSION: &str = "/System/Library/CoreServices/SystemVersion.plist";
 /// Passthrough (reads of staged files served by the kernel) needs 6.9.
 const PASSTHROUGH_KERNEL: (u32, u32) = (6, 9);
 
-/// The FUSE check for this platform.
-pub(crate) fn check() -> Check {
+/// Whether this build can mount with macFUSE: not one built with `no-macfuse`
+/// (Homebrew's, the release binaries), which runs without macFUSE, NFS only.
+const MACFUSE_BUILT: bool = cfg!(not(feature = "no-macfuse"));
+
+/// The FUSE check for this platform, for mounts with `backend`.
+pub(crate) fn check(backend: Backend) -> Check {
     match cfg!(target_os = "macos") {
-        true => judge_macos(&macos_facts()),
+        true => judge_macos(&macos_facts(), backend, MACFUSE_BUILT),
         false => judge_linux(&linux_facts()),
     }
 }
@@ -136,13 +142,33 @@ fn macos_facts() -> MacFuse {
     MacFuse(version, system)
 }
 
-fn judge_macos(MacFuse(version, macos): &MacFuse) -> Check {
-    let Some(version) = version else {
+/// macFUSE matters only to `--backend fuse`; the NFS backend (the default) needs
+/// nothing installed.
+fn judge_macos(MacFuse(version, macos): &MacFuse, backend: Backend, built: bool) -> Check {
+    let nfs = "mounts use the NFS backend (the system's mount_nfs, no kernel extension)";
+    let shown = version
+        .as_deref()
+        .map(|v| if v.is_empty() { "(version unknown)" } else { v });
+    if backend == Backend::Nfs {
+        return match shown {
+            None => Check::ok(
+                NAME,
+                format!("{nfs}; macFUSE is not installed, and only --backend fuse needs it"),
+            ),
+            Some(shown) => Check::ok(
+                NAME,
+                format!("{nfs}; macFUSE {shown} is installed, for --backend fuse"),
+            ),
+        };
+    }
+    if !built {
+        return Check::fail(NAME, "the config file asks for backend fuse, but this stagefs was built without macFUSE (as Homebrew's and the release binaries are)")
+            .advise("set backend = \"nfs\" (the default), or build stagefs on this Mac with macFUSE installed (docs/MACOS.md)");
+    }
+    let (Some(version), Some(shown)) = (version, shown) else {
         return Check::fail(NAME, "macFUSE is not installed (no /Library/Filesystems/macfuse.fs)")
-            .advise("install it (`brew install --cask macfuse`) and allow its system extension; see docs/MACOS.md");
+            .advise("install it (`brew install --cask macfuse`) and allow its system extension, or use the NFS backend (backend = \"nfs\", the default); see docs/MACOS.md");
     };
-    let shown = Some(version.as_str()).filter(|v| !v.is_empty());
-    let shown = shown.unwrap_or("(version unknown)");
     let mut summary = format!("macFUSE {shown}; stagefs mounts with its kext backend");
     let major: Option<u32> = version.split('.').next().and_then(|m| m.parse().ok());
     let os = macos.as_deref().and_then(parse_kernel);
@@ -190,7 +216,8 @@ mod tests {
     #[test]
     fn macos_verdicts() -> Result<(), plist::Error> {
         let judge = |version: Option<&str>, macos: &str| {
-            judge_macos(&MacFuse(version.map(Into::into), Some(macos.into())))
+            let facts = MacFuse(version.map(Into::into), Some(macos.into()));
+            judge_macos(&facts, Backend::Fuse, true)
         };
         assert_eq!(judge(None, "15.5").verdict, Verdict::Fail);
         let five = judge(Some("5.0.6"), "15.5");
@@ -198,6 +225,32 @@ mod tests {
         assert!(five.summary.starts_with(expected), "{}", five.summary);
         assert!(!judge(Some("4.8.0"), "15.5").summary.contains("FSKit"));
         assert!(!judge(Some("5.0.0"), "14.6").summary.contains("FSKit"));
+        let nfs = |version: Option<&str>, built| {
+            let facts = MacFuse(version.map(Into::into), Some("15.5".into()));
+            judge_macos(&facts, Backend::Nfs, built)
+        };
+        // The default backend needs no macFUSE, in a build with it or without.
+        for built in [true, false] {
+            let none = nfs(None, built);
+            assert_eq!(none.verdict, Verdict::Ok, "{}", none.summary);
+            assert!(
+                none.summary.contains("only --backend fuse needs it"),
+                "{}",
+                none.summary
+            );
+        }
+        assert!(
+            nfs(Some("5.0.6"), true)
+                .summary
+                .contains("macFUSE 5.0.6 is installed")
+        );
+        let unbuilt = judge_macos(&MacFuse(Some("5.0.6".into()), None), Backend::Fuse, false);
+        assert_eq!(unbuilt.verdict, Verdict::Fail);
+        assert!(
+            unbuilt.summary.contains("built without macFUSE"),
+            "{}",
+            unbuilt.summary
+        );
         let xml = br#"<?xml version="1.0" encoding="UTF-8"?>
 <plist version="1.0"><dict><key>CFBundleShortVersionString</key><string>5.0.6</string><key>Other</key><integer>1</integer></dict></plist>"#;
         let info: BundleInfo = plist::from_bytes(xml)?;

@@ -22,7 +22,7 @@ use stagefs_cache::models::Shape;
 
 pub(crate) use hub::usage as shape_usage;
 
-use crate::args::DoctorArgs;
+use crate::args::{BackendArg, DoctorArgs};
 use crate::config::Config;
 use crate::run::RELAX_WATCHDOG_VAR;
 use source::{Findings, Target};
@@ -176,7 +176,10 @@ fn judge(
     let (mount_check, mount) = answered
         .map(|m| hub::mount_check(gathered, m, cache_dir))
         .unzip();
-    let mut checks = vec![fuse::check()];
+    let backend = config
+        .backend()
+        .unwrap_or_else(BackendArg::platform_default);
+    let mut checks = vec![fuse::check(backend)];
     checks.extend(found.checks.into_iter().chain(cache_checks));
     checks.push(hub_check);
     checks.extend(mount_check);

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use plist::{Dictionary, Value};
+use stagefs_cache::control::Backend;
 
 use super::{Plan, Service, output_of};
 
@@ -43,6 +44,16 @@ pub(super) fn state() -> String {
     }
 }
 
+/// The agent's command line: the service's, naming the backend, so the agent file
+/// says what it mounts with: NFS (no kernel extension) unless the config file named
+/// another when it was installed.
+fn arguments(service: &Service) -> Vec<String> {
+    let backend = service.backend.unwrap_or(Backend::Nfs);
+    let mut arguments = service.arguments();
+    arguments.extend(["--backend".into(), backend.to_string()]);
+    arguments
+}
+
 /// The agent plist. RunAtLoad starts it at login; KeepAlive on an unsuccessful exit,
 /// throttled, retries a NAS that is not mounted yet, while `stagefs unmount` (a clean
 /// exit) stays stopped.
@@ -54,7 +65,7 @@ pub(super) fn agent(service: &Service) -> anyhow::Result<String> {
     agent.insert("Label".into(), LABEL.into());
     agent.insert(
         "ProgramArguments".into(),
-        Value::Array(service.arguments().into_iter().map(Value::from).collect()),
+        Value::Array(arguments(service).into_iter().map(Value::from).collect()),
     );
     agent.insert("RunAtLoad".into(), true.into());
     agent.insert("KeepAlive".into(), keep_alive.into());
@@ -87,26 +98,30 @@ fn launchctl(args: &[&str]) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn program_arguments(dict: &Dictionary) -> Vec<String> {
+        let args = dict["ProgramArguments"].as_array().expect("array");
+        args.iter()
+            .filter_map(Value::as_string)
+            .map(str::to_string)
+            .collect()
+    }
+
     #[test]
-    fn agent_runs_the_configured_mount_at_login() {
+    fn agent_runs_the_configured_mount_at_login_over_nfs() {
         let text = agent(&super::super::sample()).expect("plist");
         let value: Value = plist::from_bytes(text.as_bytes()).expect("parses back");
         let dict = value.as_dictionary().expect("a dictionary");
         assert_eq!(dict["Label"].as_string(), Some(LABEL));
-        let args: Vec<&str> = dict["ProgramArguments"]
-            .as_array()
-            .expect("array")
-            .iter()
-            .filter_map(Value::as_string)
-            .collect();
         assert_eq!(
-            args,
+            program_arguments(dict),
             [
                 "/opt/stage fs/bin/stagefs",
                 "--config",
                 "/home/ann/.config/stagefs/config.toml",
                 "mount",
-                "--foreground"
+                "--foreground",
+                "--backend",
+                "nfs"
             ]
         );
         assert_eq!(dict["RunAtLoad"].as_boolean(), Some(true));
@@ -116,5 +131,17 @@ mod tests {
             dict["StandardErrorPath"].as_string(),
             Some("/home/ann/.cache/stagefs/stagefs.log")
         );
+    }
+
+    #[test]
+    fn agent_keeps_a_backend_the_config_file_names() {
+        let service = Service {
+            backend: Some(Backend::Fuse),
+            ..super::super::sample()
+        };
+        let text = agent(&service).expect("plist");
+        let value: Value = plist::from_bytes(text.as_bytes()).expect("parses back");
+        let args = program_arguments(value.as_dictionary().expect("a dictionary"));
+        assert_eq!(args[args.len() - 2..], ["--backend", "fuse"]);
     }
 }

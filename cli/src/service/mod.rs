@@ -1,7 +1,8 @@
 //! `stagefs service`: start the configured mount at login, as a launchd agent on
 //! macOS or a systemd user unit on Linux. The service runs `stagefs mount
 //! --foreground` with the config file, so editing the file and restarting the
-//! service is all a change needs.
+//! service is all a change needs; only the launchd agent's backend is fixed when it
+//! is installed (`--backend`, NFS unless the file named another).
 
 // Both managers are compiled (and unit-tested) everywhere; each platform uses one.
 #[cfg_attr(not(target_os = "macos"), allow(dead_code))]
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
 
 use anyhow::{Context, bail};
+use stagefs_cache::control::Backend;
 
 use crate::args::{MountOptions, ServiceCommand};
 use crate::config::Config;
@@ -26,6 +28,8 @@ pub(crate) struct Service {
     pub(crate) mountpoint: PathBuf,
     /// Where launchd sends the daemon's output (systemd has the journal).
     pub(crate) log: PathBuf,
+    /// The config file's `backend`, if it names one.
+    pub(crate) backend: Option<Backend>,
 }
 
 impl Service {
@@ -79,6 +83,7 @@ fn service(config: &Config) -> anyhow::Result<Service> {
         exe,
         config: path.clone(),
         log: spec.cache_dir.join("stagefs.log"),
+        backend: config.backend(),
         source: spec.source,
         mountpoint: spec.mountpoint,
     })
@@ -199,5 +204,6 @@ pub(crate) fn sample() -> Service {
         source: "/mnt/nas/hub".into(),
         mountpoint: "/home/ann/hf".into(),
         log: "/home/ann/.cache/stagefs/stagefs.log".into(),
+        backend: None,
     }
 }
