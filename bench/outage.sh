@@ -103,9 +103,12 @@ one_run() {
     local timeout_flag=(--source-timeout "$TIMEOUT")
     [[ $TIMEOUT == default ]] && timeout_flag=()
     as_mounter "$BIN" --no-config mount "$nas" "$mnt" --cache-dir "$cache" --no-prefetch "${timeout_flag[@]}" >/dev/null
-    STAGED=("$mnt"/models--acme--staged/snapshots/*/*)
+    # Paths in the mount, named from the source: root cannot list an ordinary
+    # user's mount.
     SOURCES=("$hub"/models--acme--staged/snapshots/*/*)
-    local never=("$mnt"/models--acme--never/snapshots/*/model-*.safetensors) missing=() i
+    STAGED=("${SOURCES[@]/#"$hub"/"$mnt"}")
+    local never=("$hub"/models--acme--never/snapshots/*/model-*.safetensors) missing=() i
+    never=("${never[@]/#"$hub"/"$mnt"}")
     for f in "${STAGED[@]}"; do as_mounter cat "$f" >/dev/null; done
     # LISTED=1: the never-staged files were listed before the cut (their names and
     # attributes are in memory), as a loader that scanned the cache would leave them.
@@ -137,7 +140,7 @@ one_run() {
     echo "$up $down $WRONG ${stagefs_ms:-none} ${sshfs_ms:-none}"
 }
 
-echo "outage: $RUNS runs; $PROGRAMS programs; --source-timeout $TIMEOUT; mounted by ${AS_USER:+$USER_NAME}${AS_USER:-root}; $ROUNDS re-reads of a 2 x 64 MiB staged model, $GAP s apart"
+echo "outage: $RUNS runs; $PROGRAMS programs; --source-timeout $TIMEOUT; mounted by $(if [[ -n ${AS_USER:-} ]]; then echo $USER_NAME; else echo root; fi); $ROUNDS re-reads of a 2 x 64 MiB staged model, $GAP s apart"
 ups=() downs=()
 for ((run = 1; run <= RUNS; run++)); do
     read -r up down wrong stagefs_ms sshfs_ms < <(one_run)

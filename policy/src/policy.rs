@@ -15,8 +15,9 @@
 //! - a blob named by its sha256 is its content: a stored copy is served without
 //!   asking the source anything, up or not;
 //! - what was never seen fails with EIO within the source timeout; when every source
-//!   thread is already stuck it waits, without a thread, for one to come free, so a
-//!   program retrying in a loop does not spin;
+//!   thread is already stuck, a lookup fails at once (the kernel serializes lookups
+//!   of one name, so waiting would multiply), and an open waits, without a thread,
+//!   for one to come free, so a program retrying opens in a loop does not spin;
 //! - nothing marks the source back but a probe of it (its statfs, which network
 //!   clients cannot answer from a cache), and a request never skips the source just
 //!   because it was marked down: a source that came back serves the next request.
@@ -247,11 +248,13 @@ impl Policy {
     /// source is suspect, after [`SUSPECT_AFTER`] if the source has not answered by
     /// then (the work goes on, so a late answer still updates memory), and when the
     /// work times out. With nothing to recall, the request waits up to the timeout,
-    /// also when every source thread is stuck ([`Self::wait_for_a_thread`]).
+    /// or fails at once when every source thread is stuck: the kernel serializes
+    /// lookups of one name, so a lookup that waited would make each of N programs
+    /// asking for the same missing directory wait a timeout more than the one before.
     async fn ask<T: Send + 'static>(
         self: &Arc<Self>,
         what: &Path,
-        work: impl FnOnce(&Policy) -> Result<T, FsError> + Clone + Send + 'static,
+        work: impl FnOnce(&Policy) -> Result<T, FsError> + Send + 'static,
         recall: impl Fn(&Policy) -> Option<T>,
     ) -> Result<T, FsError> {
         if self.source_suspect()
@@ -260,48 +263,41 @@ impl Policy {
             self.probe_if_down();
             return Ok(known);
         }
-        let deadline = tokio::time::Instant::now() + self.config.source_timeout;
-        loop {
-            let (worker, work) = (Arc::clone(self), work.clone());
-            let mut asked = Box::pin(self.pool().run(move || work(&worker)));
-            let early = tokio::time::sleep(SUSPECT_AFTER);
-            tokio::pin!(early);
-            let answer = tokio::select! {
-                answer = &mut asked => answer,
-                () = &mut early => match recall(self) {
-                    Some(known) => {
-                        self.listen_for_late_answer(asked);
-                        return Ok(known);
-                    }
-                    None => asked.await,
-                },
-            };
-            match answer {
-                Ok(result) => {
-                    // A network client may have answered from its own cache: only the
-                    // probe can tell that the source itself is back.
-                    self.probe_if_down();
-                    return result;
+        let worker = Arc::clone(self);
+        let mut asked = Box::pin(self.pool().run(move || work(&worker)));
+        let early = tokio::time::sleep(SUSPECT_AFTER);
+        tokio::pin!(early);
+        let answer = tokio::select! {
+            answer = &mut asked => answer,
+            () = &mut early => match recall(self) {
+                Some(known) => {
+                    self.listen_for_late_answer(asked);
+                    return Ok(known);
                 }
-                Err(Unanswered::Saturated) if self.wait_for_a_thread(deadline).await => {
-                    if let Some(known) = recall(self) {
-                        return Ok(known);
-                    }
-                }
-                Err(why) => {
-                    debug!(path = %what.display(), %why, "no answer from the source");
-                    self.source_timed_out();
-                    return recall(self).ok_or_else(|| self.timeout_error(what));
-                }
+                None => asked.await,
+            },
+        };
+        match answer {
+            Ok(result) => {
+                // A network client may have answered from its own cache: only the
+                // probe can tell that the source itself is back.
+                self.probe_if_down();
+                result
+            }
+            Err(why) => {
+                debug!(path = %what.display(), %why, "no answer from the source");
+                self.source_timed_out();
+                recall(self).ok_or_else(|| self.timeout_error(what))
             }
         }
     }
 
-    /// Every source thread is stuck and memory has no answer. Failing at once would
-    /// let a program that retries in a loop spin, and a few hundred of them starve the
-    /// machine, staged reads included (measured: bench/outage.sh). So the request
-    /// waits, without a thread, until a source thread comes free or `deadline`
-    /// passes; true if it may ask again.
+    /// Every source thread is stuck and an open has no stored copy to fall back on.
+    /// Failing at once would let a program that retries in a loop spin, and a few
+    /// hundred of them starve the machine, staged reads included (measured:
+    /// bench/outage.sh). So the open waits, without a thread, until a source thread
+    /// comes free or `deadline` passes; true if it may try again. (Opens of one file
+    /// are not serialized by the kernel, as lookups of one name are.)
     async fn wait_for_a_thread(self: &Arc<Self>, deadline: tokio::time::Instant) -> bool {
         self.source_timed_out();
         while tokio::time::Instant::now() < deadline {
@@ -1255,7 +1251,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
-    async fn once_every_source_thread_is_stuck_a_request_waits_without_one_then_fails() {
+    async fn once_every_source_thread_is_stuck_a_lookup_fails_at_once() {
         let f = fixture(|c, o, _| {
             c.source_timeout = Duration::from_millis(200);
             o.source_threads = 2;
@@ -1272,31 +1268,6 @@ mod tests {
             "no third thread was taken"
         );
         f.source.set(Behaviour::Healthy);
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn a_request_waiting_for_a_stuck_pool_is_answered_once_a_thread_comes_free() {
-        let f = fixture(|c, o, _| {
-            c.source_timeout = Duration::from_millis(400);
-            o.source_threads = 1;
-        });
-        f.source.set(Behaviour::Hang);
-        assert_eq!(errno(f.lookup("a").await), libc::EIO);
-        wait_until("the thread to be stuck", || f.policy.pool().saturated()).await;
-        // Nothing in memory answers for config.json: rather than EIO at once (which
-        // lets a program retrying in a loop spin), it waits for the thread.
-        let policy = Arc::clone(&f.policy);
-        let waiting =
-            tokio::spawn(async move { policy.lookup(ROOT_INO, OsStr::new("config.json")).await });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!waiting.is_finished(), "it did not fail at once");
-        f.source.set(Behaviour::Healthy);
-        let attr = tokio::time::timeout(PROMPTLY, waiting)
-            .await
-            .expect("answered")
-            .expect("task")
-            .expect("the source answered once its thread came free");
-        assert_eq!(attr.kind, EntryKind::File);
     }
 
     #[tokio::test(flavor = "multi_thread")]

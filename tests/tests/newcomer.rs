@@ -170,7 +170,10 @@ fn every_command_finds_a_running_mount_with_a_custom_cache_dir() {
     let (ok, out, err) = user.run(&[&"status"]);
     assert!(ok, "{err}");
     assert!(out.contains(&format!("cache     {cache}")), "{out}");
-    assert!(out.contains(&format!("mount     {mnt} (running)")), "{out}");
+    assert!(
+        out.contains(&format!("mount     {mnt} (running, fuse)")),
+        "{out}"
+    );
 
     let (_, out, err) = user.run(&[&"doctor", &model.repo]);
     let model_line = out
@@ -196,7 +199,7 @@ fn every_command_finds_a_running_mount_with_a_custom_cache_dir() {
     assert!(ok, "{err}");
     let (ok, out, err) = user.run(&[&"status"]);
     assert!(
-        ok && out.contains(&format!("mount     {mnt} (running)")),
+        ok && out.contains(&format!("mount     {mnt} (running, fuse)")),
         "{out}{err}"
     );
     // The one running mount is the one to unmount.
