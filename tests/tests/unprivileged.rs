@@ -1044,7 +1044,11 @@ fn an_ordinary_users_staged_model_is_served_while_programs_hammer_a_dead_source(
 
     // The programs had seen the other model's snapshot, as a loader listing it would:
     // its names are answered from memory, its opens wait for the source.
-    let listed = user.output(user.command("ls").arg("-lL").arg(mount.path(&never.snapshot_rel)));
+    let listed = user.output(
+        user.command("ls")
+            .arg("-lL")
+            .arg(mount.path(&never.snapshot_rel)),
+    );
     assert!(listed.status.success());
     remote.cut();
     let stop = Arc::new(AtomicBool::new(false));
