@@ -28,7 +28,7 @@ impl MountSpec {
     /// outside both; the size limit no smaller than the smallest staged file. A mount
     /// point left dead by a crashed daemon is unmounted first.
     pub fn check(&self) -> Result<Checked, MountError> {
-        self.check_source_and_cache()?;
+        let cache = self.check_source_and_cache()?;
         let checked = Checked {
             cleared_stale_mount: recover_stale_mount(&self.mountpoint)?,
         };
@@ -45,7 +45,6 @@ impl MountSpec {
                 mountpoint: self.mountpoint.clone(),
             });
         }
-        let cache = canonical_prefix(&self.cache_dir)?;
         if cache.starts_with(&mountpoint) {
             return Err(MountError::CacheInside {
                 cache_dir: self.cache_dir.clone(),
@@ -56,7 +55,7 @@ impl MountSpec {
 
     /// The checks that do not involve a mount point (all `stagefs serve` needs): the
     /// source answers and is a directory, the cache directory lies outside it, and
-    /// the size limit can hold a staged file. Returns the resolved source.
+    /// the size limit can hold a staged file. Returns the resolved cache directory.
     pub fn check_source_and_cache(&self) -> Result<PathBuf, MountError> {
         let source = answering_dir(&self.source, self.fs.source_timeout)?;
         let cache = canonical_prefix(&self.cache_dir)?;
@@ -73,7 +72,7 @@ impl MountSpec {
                 min_stage_size: self.fs.min_stage_size,
             });
         }
-        Ok(source)
+        Ok(cache)
     }
 
     /// Creates the cache directory (private to its owner) if missing and makes sure

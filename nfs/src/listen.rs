@@ -28,7 +28,7 @@ use stagefs_policy::Policy;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use crate::reads::IDLE;
+use crate::reads::{IDLE, Reads};
 use crate::server::StageNfs;
 
 /// How often handles nobody reads are looked for.
@@ -39,31 +39,19 @@ const IDLE_SWEEP: Duration = Duration::from_secs(5);
 pub struct Serving {
     /// Where it listens.
     pub addr: SocketAddr,
-    export: Arc<ServedExport>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-/// What the server tasks share with [`Serving`].
-#[derive(Debug)]
-struct ServedExport {
     policy: Arc<Policy>,
-    reads: Arc<crate::reads::Reads>,
+    reads: Arc<Reads>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Serving {
     /// The export's libnfs URL (`nfs-ls`, `nfs-cat`: append a path after the `/`).
     pub fn url(&self) -> String {
-        url(self.addr, "")
-    }
-
-    /// How many files are open for reads now (each pins its copy).
-    pub fn open_files(&self) -> usize {
-        self.export.reads.open_count()
-    }
-
-    /// The policy behind the export.
-    pub fn policy(&self) -> &Arc<Policy> {
-        &self.export.policy
+        let port = self.addr.port();
+        format!(
+            "nfs://{}/?nfsport={port}&mountport={port}&version=3",
+            self.addr.ip()
+        )
     }
 
     /// Stops listening and closes every handle; connections already made end with
@@ -72,19 +60,8 @@ impl Serving {
         for task in &self.tasks {
             task.abort();
         }
-        self.export
-            .reads
-            .close_idle(&self.export.policy, Duration::ZERO);
+        self.reads.close_idle(&self.policy, Duration::ZERO);
     }
-}
-
-/// The libnfs URL of `path` (no leading slash) in the export at `addr`.
-pub fn url(addr: SocketAddr, path: &str) -> String {
-    let port = addr.port();
-    format!(
-        "nfs://{}/{path}?nfsport={port}&mountport={port}&version=3",
-        addr.ip()
-    )
 }
 
 /// Serves `policy`'s mount over NFSv3 at `listen` (port 0: any free one) to `owner`
@@ -131,7 +108,8 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
     };
     Ok(Serving {
         addr,
-        export: Arc::new(ServedExport { policy, reads }),
+        policy,
+        reads,
         tasks: vec![server, janitor],
     })
 }

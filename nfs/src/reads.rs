@@ -164,14 +164,6 @@ impl Reads {
         idle_handles.len()
     }
 
-    /// How many files are open for reads now.
-    pub fn open_count(&self) -> usize {
-        self.lock()
-            .values()
-            .filter(|slot| matches!(slot, Slot::Open { .. }))
-            .count()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }

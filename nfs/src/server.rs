@@ -37,11 +37,6 @@ impl StageNfs {
         }
     }
 
-    /// The policy behind the export.
-    pub fn policy(&self) -> &Arc<Policy> {
-        &self.policy
-    }
-
     /// The files open for reads.
     pub fn reads(&self) -> &Arc<Reads> {
         &self.reads

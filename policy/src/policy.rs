@@ -164,11 +164,6 @@ impl Policy {
         &self.config
     }
 
-    /// The stager behind the mount.
-    pub fn stager(&self) -> &Stager {
-        &self.stager
-    }
-
     /// The flag an adapter sets while its kernel reads staged copies itself.
     pub fn kernel_passthrough(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.kernel_passthrough)
@@ -182,16 +177,6 @@ impl Policy {
     /// The generation of this mount's inode numbers (0 unless they are journaled).
     pub fn inode_generation(&self) -> u64 {
         self.inodes.generation()
-    }
-
-    /// Whether `ino` is an inode this mount handed out.
-    pub fn knows(&self, ino: u64) -> bool {
-        self.inodes.get(ino).is_some()
-    }
-
-    /// The path inode `ino` stands for, relative to the source root.
-    pub fn path_of(&self, ino: u64) -> Option<PathBuf> {
-        self.inodes.get(ino).map(|node| node.path)
     }
 
     fn pool(&self) -> &SourcePool {
