@@ -23,19 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nfs3_client::nfs3_types::nfs3::{
-    LOOKUP3args, Nfs3Result, READ3args, diropargs3, filename3, nfs_fh3, nfsstat3,
-};
-use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
-use nfs3_client::nfs3_types::xdr_codec::Opaque;
-use nfs3_client::tokio::{TokioConnector, TokioIo};
-use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
+use nfs3_client::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 use serde_json::{Value, json};
 use stagefs_cache::{Budget, Key, SourceTree, Stager, StagerOptions, Store};
+use stagefs_nfs::client::{self, Client};
 use stagefs_policy::{FsConfig, Policy};
-use tokio::net::TcpStream;
-
-type Client = Nfs3Connection<TokioIo<TcpStream>>;
 
 /// Serves `source` with a cache in `cache`, stages `file` through the server, then
 /// times `rounds` rounds of reading it over NFS and from its copy.
@@ -130,14 +122,9 @@ pub(crate) fn jukebox(
         let mut copied = None;
         let mut jukeboxes = 0u32;
         loop {
-            let args = READ3args {
-                file: fh.clone(),
-                offset: 0,
-                count: 1 << 20,
-            };
-            match client.nfs3_client.read(&args).await? {
-                Nfs3Result::Ok(_) => break,
-                Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)) => {
+            match client::read(&mut client, &fh, 0, 1 << 20).await {
+                Ok(_) => break,
+                Err(nfsstat3::NFS3ERR_JUKEBOX) => {
                     if copied.is_none() {
                         let (stager, file) = (stager.clone(), file.to_path_buf());
                         copied = Some(tokio::spawn(async move {
@@ -148,7 +135,7 @@ pub(crate) fn jukebox(
                     tokio::time::sleep(backoff.delay(jukeboxes)).await;
                     jukeboxes += 1;
                 }
-                Nfs3Result::Err((stat, _)) => bail!("read: {stat}"),
+                Err(stat) => bail!("read: {stat}"),
             }
         }
         let first_byte = started.elapsed().as_secs_f64();
@@ -199,37 +186,15 @@ async fn serve_tree(tree: SourceTree, cache: &Path) -> anyhow::Result<(SocketAdd
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {
-    let credential = opaque_auth::auth_unix(&auth_unix {
-        stamp: 1,
-        machinename: Opaque::owned(b"readbench".to_vec()),
-        uid: 0,
-        gid: 0,
-        gids: Vec::new(),
-    });
-    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", "/")
-        .mount_port(addr.port())
-        .nfs3_port(addr.port())
-        .credential(credential)
-        .mount()
+    client::connect(addr, 0, "/")
         .await
         .map_err(|e| anyhow::anyhow!("mounting the export (run as root): {e}"))
 }
 
 async fn lookup(client: &mut Client, rel: &Path) -> anyhow::Result<nfs_fh3> {
-    let mut fh = client.root_nfs_fh3();
-    for name in rel.iter() {
-        let args = LOOKUP3args {
-            what: diropargs3 {
-                dir: fh.clone(),
-                name: filename3::from(name.as_encoded_bytes().to_vec()),
-            },
-        };
-        fh = match client.nfs3_client.lookup(&args).await? {
-            Nfs3Result::Ok(ok) => ok.object,
-            Nfs3Result::Err((stat, _)) => bail!("lookup {}: {stat}", rel.display()),
-        };
-    }
-    Ok(fh)
+    client::lookup(client, rel)
+        .await
+        .map_err(|stat| anyhow::anyhow!("lookup {}: {stat}", rel.display()))
 }
 
 /// Reads chunks `first`, `first + step`, ... of `fh` up to `end` (or its end of file),
@@ -248,22 +213,12 @@ async fn read_range(
         if offset >= end {
             return Ok(end);
         }
-        let args = READ3args {
-            file: fh.clone(),
-            offset,
-            count: chunk,
-        };
-        match client.nfs3_client.read(&args).await? {
-            Nfs3Result::Ok(ok) => {
-                if ok.eof {
-                    return Ok(offset + ok.data.0.len() as u64);
-                }
-                index += step;
-            }
-            Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Nfs3Result::Err((stat, _)) => bail!("read: {stat}"),
+        // However long the staging takes: the benchmark times it.
+        let read = client::read_waiting(client, fh, offset, chunk, Duration::MAX).await;
+        match read {
+            Ok((data, true)) => return Ok(offset + data.len() as u64),
+            Ok((_, false)) => index += step,
+            Err(stat) => bail!("read: {stat}"),
         }
     }
 }

@@ -17,6 +17,8 @@
 //! - mounting with the system's NFS client, with deliberate options ([`kernel_mount`]).
 
 pub mod attrs;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod handle;
 pub mod kernel_mount;
 pub mod listen;

@@ -10,29 +10,25 @@ use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nfs3_client::tokio::{TokioConnector, TokioIo};
-use nfs3_client::{Nfs3Connection, Nfs3ConnectionBuilder};
+use nfs3_client::Nfs3ConnectionBuilder;
+use nfs3_client::tokio::TokioConnector;
 use nfs3_server::nfs3_types::nfs3::{
-    GETATTR3args, LOOKUP3args, Nfs3Result, READ3args, READDIRPLUS3args, READLINK3args, cookieverf3,
-    diropargs3, filename3, ftype3, nfs_fh3, nfsstat3,
+    GETATTR3args, Nfs3Result, READDIRPLUS3args, READLINK3args, cookieverf3, ftype3, nfs_fh3,
+    nfsstat3,
 };
-use nfs3_server::nfs3_types::rpc::{auth_unix, opaque_auth};
-use nfs3_server::nfs3_types::xdr_codec::Opaque;
 use sha2::{Digest, Sha256};
 use stagefs_cache::faulty::{Behaviour, FaultySource};
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::Serving;
+use stagefs_nfs::client::{self, Client, read, read_all};
 use stagefs_policy::{FsConfig, Policy};
 use tempfile::TempDir;
-use tokio::net::TcpStream;
 
 const MIB: usize = 1 << 20;
 /// Far longer than anything here may take.
 const PATIENT: Duration = Duration::from_secs(60);
-
-type Client = Nfs3Connection<TokioIo<TcpStream>>;
 
 struct Fixture {
     _dirs: (TempDir, TempDir),
@@ -117,22 +113,8 @@ async fn fixture(source_timeout: Duration) -> Fixture {
     }
 }
 
-fn credential(uid: u32) -> opaque_auth<'static> {
-    opaque_auth::auth_unix(&auth_unix {
-        stamp: 1,
-        machinename: Opaque::owned(b"stagefs-test".to_vec()),
-        uid,
-        gid: uid,
-        gids: Vec::new(),
-    })
-}
-
 async fn connect(addr: SocketAddr, uid: u32, path: &str) -> Result<Client, String> {
-    Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", path)
-        .mount_port(addr.port())
-        .nfs3_port(addr.port())
-        .credential(credential(uid))
-        .mount()
+    client::connect(addr, uid, path)
         .await
         .map_err(|e| e.to_string())
 }
@@ -154,60 +136,7 @@ impl Fixture {
 }
 
 async fn lookup(client: &mut Client, path: &str) -> Result<nfs_fh3, nfsstat3> {
-    let mut fh = client.root_nfs_fh3();
-    for name in path.split('/') {
-        let args = LOOKUP3args {
-            what: diropargs3 {
-                dir: fh.clone(),
-                name: filename3::from(name.as_bytes().to_vec()),
-            },
-        };
-        match client.nfs3_client.lookup(&args).await.expect("rpc") {
-            Nfs3Result::Ok(ok) => fh = ok.object,
-            Nfs3Result::Err((stat, _)) => return Err(stat),
-        }
-    }
-    Ok(fh)
-}
-
-async fn read(
-    client: &mut Client,
-    fh: &nfs_fh3,
-    offset: u64,
-    count: u32,
-) -> Result<(Vec<u8>, bool), nfsstat3> {
-    let args = READ3args {
-        file: fh.clone(),
-        offset,
-        count,
-    };
-    match client.nfs3_client.read(&args).await.expect("rpc") {
-        Nfs3Result::Ok(ok) => Ok((ok.data.0.into_owned(), ok.eof)),
-        Nfs3Result::Err((stat, _)) => Err(stat),
-    }
-}
-
-/// Reads a whole file in 1 MiB READs, retrying JUKEBOX as a client does; returns the
-/// bytes and how many JUKEBOX answers came.
-async fn read_all(client: &mut Client, fh: &nfs_fh3) -> Result<(Vec<u8>, usize), nfsstat3> {
-    let (mut out, mut jukeboxes) = (Vec::new(), 0);
-    let deadline = Instant::now() + PATIENT;
-    loop {
-        match read(client, fh, out.len() as u64, MIB as u32).await {
-            Ok((data, eof)) => {
-                out.extend_from_slice(&data);
-                if eof {
-                    return Ok((out, jukeboxes));
-                }
-            }
-            Err(nfsstat3::NFS3ERR_JUKEBOX) => {
-                assert!(Instant::now() < deadline, "still JUKEBOX after {PATIENT:?}");
-                jukeboxes += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(stat) => return Err(stat),
-        }
-    }
+    client::lookup(client, Path::new(path)).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -224,7 +153,7 @@ async fn a_read_of_a_file_still_staging_answers_jukebox_then_the_whole_file() {
     );
     assert_eq!(f.copies(), 0, "nothing served before the copy is whole");
     f.source.set(Behaviour::Healthy);
-    let (data, _) = read_all(&mut client, &fh).await.expect("read");
+    let data = read_all(&mut client, &fh).await.expect("read");
     assert!(
         data == f.source_bytes("weights.bin"),
         "the bytes are the source's"
@@ -308,7 +237,7 @@ async fn a_snapshot_link_is_served_verbatim_and_its_blob_matches_its_name() {
     )
     .await
     .expect("lookup");
-    let (data, _) = read_all(&mut client, &blob).await.expect("read");
+    let data = read_all(&mut client, &blob).await.expect("read");
     assert_eq!(format!("{:x}", Sha256::digest(&data)), f.blob_sha);
 }
 
@@ -317,7 +246,7 @@ async fn a_dead_source_fails_a_never_staged_file_with_eio_and_a_staged_one_still
     let f = fixture(Duration::from_secs(1)).await;
     let mut client = f.client().await;
     let staged = lookup(&mut client, "weights.bin").await.expect("lookup");
-    let (before, _) = read_all(&mut client, &staged).await.expect("stage");
+    let before = read_all(&mut client, &staged).await.expect("stage");
     let blob = lookup(
         &mut client,
         &format!("models--acme--tiny/blobs/{}", f.blob_sha),
@@ -330,7 +259,7 @@ async fn a_dead_source_fails_a_never_staged_file_with_eio_and_a_staged_one_still
         Err(nfsstat3::NFS3ERR_IO),
         "never staged: EIO once the source times out"
     );
-    let (again, _) = read_all(&mut client, &staged).await.expect("staged copy");
+    let again = read_all(&mut client, &staged).await.expect("staged copy");
     assert!(
         again == before,
         "the staged copy answers while the source is away"

@@ -11,13 +11,8 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use nfs3_client::Nfs3ConnectionBuilder;
-use nfs3_client::nfs3_types::nfs3::{
-    LOOKUP3args, Nfs3Result, READ3args, diropargs3, filename3, nfs_fh3, nfsstat3,
-};
-use nfs3_client::nfs3_types::rpc::{auth_unix, opaque_auth};
-use nfs3_client::nfs3_types::xdr_codec::Opaque;
-use nfs3_client::tokio::TokioConnector;
+use nfs3_client::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
+use stagefs_nfs::client;
 use stagefs_tests::{
     Layout, NetFs, Scratch, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least,
     stagefs_bin, status_json, temp_files, wait_for,
@@ -298,70 +293,21 @@ fn an_ordinary_user_can_serve_and_root_reads_it() {
     served.stop();
 }
 
-fn credential() -> opaque_auth<'static> {
-    opaque_auth::auth_unix(&auth_unix {
-        stamp: 1,
-        machinename: Opaque::owned(b"stagefs-it".to_vec()),
-        uid: 0,
-        gid: 0,
-        gids: Vec::new(),
-    })
-}
-
 /// Looks `rel` up from the export's root with `nfs3_client` (from a reserved port,
-/// as root), and reads it whole, retrying JUKEBOX; the file's handle and bytes.
+/// as root), or takes `handle`, and reads the file whole, waiting out JUKEBOX; the
+/// file's handle and bytes.
 async fn lookup_and_read(
     addr: SocketAddr,
     rel: &Path,
     handle: Option<nfs_fh3>,
 ) -> Result<(nfs_fh3, Vec<u8>), nfsstat3> {
-    let mut conn = Nfs3ConnectionBuilder::new(TokioConnector, "127.0.0.1", "/")
-        .mount_port(addr.port())
-        .nfs3_port(addr.port())
-        .credential(credential())
-        .mount()
-        .await
-        .expect("mount");
+    let mut conn = client::connect(addr, 0, "/").await.expect("mount");
     let fh = match handle {
         Some(fh) => fh,
-        None => {
-            let mut fh = conn.root_nfs_fh3();
-            for name in rel.iter() {
-                let args = LOOKUP3args {
-                    what: diropargs3 {
-                        dir: fh.clone(),
-                        name: filename3::from(name.as_encoded_bytes().to_vec()),
-                    },
-                };
-                fh = match conn.nfs3_client.lookup(&args).await.expect("rpc") {
-                    Nfs3Result::Ok(ok) => ok.object,
-                    Nfs3Result::Err((stat, _)) => return Err(stat),
-                };
-            }
-            fh
-        }
+        None => client::lookup(&mut conn, rel).await?,
     };
-    let mut data = Vec::new();
-    for _ in 0..600 {
-        let args = READ3args {
-            file: fh.clone(),
-            offset: data.len() as u64,
-            count: 1 << 20,
-        };
-        match conn.nfs3_client.read(&args).await.expect("rpc") {
-            Nfs3Result::Ok(ok) => {
-                data.extend_from_slice(&ok.data.0);
-                if ok.eof {
-                    return Ok((fh, data));
-                }
-            }
-            Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Nfs3Result::Err((stat, _)) => return Err(stat),
-        }
-    }
-    panic!("{} never read to its end", rel.display());
+    let data = client::read_all(&mut conn, &fh).await?;
+    Ok((fh, data))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
