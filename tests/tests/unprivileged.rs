@@ -831,6 +831,11 @@ fn eviction_racing_opens_never_gives_enoent_or_wrong_bytes() {
         Duration::from_millis(20),
         || mount.in_flight().is_empty(),
     );
+    // A's copies stay in their 2 s redirect grace after the readers' last link
+    // resolution, while B's first shard, staged through an open (no link yet), has
+    // none: B's second shard would then evict B's first instead of A's. "Once A's
+    // readers are gone" includes their grace.
+    sleep(Duration::from_millis(2500));
     // Once A's readers are gone, B gets staged: a pass over B succeeds within 30 s.
     let b_stager = finish(spawn(&b, "30", 9, true));
     let evictions = mount.log_text().matches("evicted").count();
