@@ -265,6 +265,8 @@ pub fn evict(
     dry_run: bool,
     now_secs: u64,
 ) -> Result<EvictReport, AdminError> {
+    // A copy waiting for its commit is pinned: committed first, it can go.
+    store.commit_now();
     let chosen = select(store, source, selector, now_secs)?;
     let mut report = EvictReport {
         evicted: Vec::new(),

@@ -3,15 +3,23 @@
 //!
 //! The [`Index`] is memory only: its changes queue records, which the owner writes to
 //! the [`Journal`] after letting go of the lock that guards the index, so nothing that
-//! only reads the index waits for a disk. Durability: the store writes `put` and
-//! `remove` records with an fdatasync before it goes on, so the journal never names a
-//! copy that is not complete on disk (and a copy the journal names but that is gone is
-//! dropped at startup). `touch` records (recency) are written without a sync: losing
-//! the last few on power loss only makes the LRU order slightly older. A torn last
-//! line (kill -9 mid-append) is skipped.
+//! only reads the index waits for a disk.
+//!
+//! Durability: a copy enters the index *uncommitted* ([`Index::put_uncommitted`]) as
+//! soon as it is whole and verified, before its bytes are known to be on disk. Its
+//! journal line then records no file identity ([`CopyId::UNVERIFIED`]), which no file
+//! matches, so a restart re-hashes the copy against its recorded digest before it
+//! serves it, and drops it if the digest differs (power lost before the data reached
+//! the disk). Once the data and its name are synced, [`Index::commit`] journals the
+//! entry again with its identity. So the journal never vouches for bytes that may not
+//! be on disk, and a copy the journal names but that is gone is dropped at startup.
+//! `touch` records (recency) are written without a sync: losing the last few on power
+//! loss only makes the LRU order slightly older. A torn last line (kill -9
+//! mid-append) is skipped.
 //! Recency lives in memory in an LRU list and is persisted in the journal; it is never
 //! read from atime.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -55,6 +63,13 @@ pub struct CopyId {
 }
 
 impl CopyId {
+    /// No file's identity (no file has inode 0): recorded for a copy whose bytes may
+    /// not be on disk yet, so it is re-hashed before it is served after a restart.
+    pub const UNVERIFIED: CopyId = CopyId {
+        ino: 0,
+        ctime_ns: 0,
+    };
+
     /// The identity of the file `meta` describes.
     pub fn of(meta: &std::fs::Metadata) -> CopyId {
         use std::os::unix::fs::MetadataExt;
@@ -105,6 +120,8 @@ pub(crate) struct Index {
     entries: LruCache<Key, Entry>,
     bytes: u64,
     pending: Vec<Record>,
+    /// Entries whose copies are not yet known to be on disk ([`Index::put_uncommitted`]).
+    uncommitted: HashSet<Key>,
 }
 
 /// The journal file, appended to in the order the index changed.
@@ -131,6 +148,7 @@ impl Index {
             entries,
             bytes,
             pending: Vec::new(),
+            uncommitted: HashSet::new(),
         };
         let journal = Journal {
             path: path.to_path_buf(),
@@ -158,11 +176,43 @@ impl Index {
         self.entries.iter().rev()
     }
 
+    /// Makes `entry` the entry for `key`, its copy durable (synced, and so is its name).
     pub(crate) fn put(&mut self, key: Key, entry: Entry) {
+        self.uncommitted.remove(&key);
         self.pending.push(Record::Put {
             key: key.as_str().to_string(),
             entry: entry.clone(),
         });
+        self.insert(key, entry);
+    }
+
+    /// Makes `entry` the entry for `key` while its copy may not be on disk yet: the
+    /// journal records it without its identity until [`Index::commit`].
+    pub(crate) fn put_uncommitted(&mut self, key: Key, entry: Entry) {
+        self.pending.push(Record::Put {
+            key: key.as_str().to_string(),
+            entry: unverified(&entry),
+        });
+        self.uncommitted.insert(key.clone());
+        self.insert(key, entry);
+    }
+
+    /// Records that the uncommitted copy for `key` whose identity is `copy` is now on
+    /// disk. False (nothing recorded) if the entry is no longer that copy.
+    pub(crate) fn commit(&mut self, key: &Key, copy: CopyId) -> bool {
+        let current = self.entries.peek(key).is_some_and(|e| e.copy == copy);
+        if !current || !self.uncommitted.remove(key) {
+            return false;
+        }
+        let entry = self.entries.peek(key).cloned();
+        self.pending.extend(entry.map(|entry| Record::Put {
+            key: key.as_str().to_string(),
+            entry,
+        }));
+        true
+    }
+
+    fn insert(&mut self, key: Key, entry: Entry) {
         self.bytes += entry.stamp.size;
         if let Some(old) = self.entries.push(key, entry) {
             self.bytes -= old.1.stamp.size;
@@ -171,6 +221,7 @@ impl Index {
 
     pub(crate) fn remove(&mut self, key: &Key) -> Option<Entry> {
         let old = self.entries.pop(key)?;
+        self.uncommitted.remove(key);
         self.pending.push(Record::Remove {
             key: key.as_str().to_string(),
         });
@@ -200,13 +251,26 @@ impl Index {
         !self.pending.is_empty()
     }
 
-    /// A copy of every entry, least recently used first, for a compaction.
+    /// A copy of every entry, least recently used first, for a compaction: an
+    /// uncommitted one without its identity, as its journal line has it.
     pub(crate) fn snapshot(&self) -> LruCache<Key, Entry> {
         let mut copy = LruCache::unbounded();
         for (key, entry) in self.entries.iter().rev() {
-            copy.push(key.clone(), entry.clone());
+            let entry = match self.uncommitted.contains(key) {
+                true => unverified(entry),
+                false => entry.clone(),
+            };
+            copy.push(key.clone(), entry);
         }
         copy
+    }
+}
+
+/// `entry` as the journal records it before its copy is on disk.
+fn unverified(entry: &Entry) -> Entry {
+    Entry {
+        copy: CopyId::UNVERIFIED,
+        ..entry.clone()
     }
 }
 

@@ -9,8 +9,10 @@
 //!   the first byte to after the last one, and exactly that many bytes were read;
 //! - a [`Staged`] carries an open descriptor of the verified copy, so later renames in
 //!   the store cannot change what its holder reads;
-//! - a caller gets the copy once it is committed (synced, renamed into place and
-//!   journaled), so a copy anyone reads is one `status` lists and eviction can see.
+//! - a caller gets the copy once it is whole, verified and in the index (renamed into
+//!   place), so a copy anyone reads is one `status` lists and eviction can see; it is
+//!   made durable in the background ([`crate::store`]), so no caller waits for the
+//!   cache disk to write it.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -461,11 +463,9 @@ impl Inner {
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        // The caller gets the copy once it is committed, not as soon as it is whole and
-        // verified: serving it before the commit saved 20-30 ms per 256 MiB shard here
-        // (writeback runs during the copy, so the final sync is short), while a copy
-        // already read but not yet in the index made status lag behind reads and could
-        // not be evicted to make room for the next open.
+        // The caller gets the copy once it is in the index (status lists it, eviction
+        // sees it), and not only once it is durable: the store syncs it in the
+        // background, so the loader never waits for the disk to write what it reads.
         let hit = self.store.commit(key, tmp, entry, reservation)?;
         let secs = started.elapsed().as_secs_f64();
         info!(
@@ -566,9 +566,11 @@ impl Inner {
             if count_bytes {
                 self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
             }
-            // The disk writes while the copy goes on, so the final sync has
-            // little left to do (it was most of a fast copy's time).
-            if copied - started >= WRITEBACK_STEP {
+            // From a network source the disk is idle while the link is the limit:
+            // it writes as the copy goes on, so the commit's sync has little left.
+            // From a local disk it would write while the next bytes are read, maybe
+            // from the same disk; there the commit writes once the copies are done.
+            if !plan.local_source && copied - started >= WRITEBACK_STEP {
                 writeback.start(started, copied - started);
                 started = copied;
             }
@@ -826,7 +828,7 @@ mod tests {
         };
         let placed = store.place(&key, tmp, &entry).expect("place");
         // The cache directory as a crash between the rename and the journal leaves it.
-        copy_tree(cache.path(), image.path());
+        crate::store::tests::copy_tree(cache.path(), image.path());
         drop((placed, reservation));
         // The copy is in place, named by no index entry.
         assert_eq!(
@@ -841,19 +843,6 @@ mod tests {
             image.path().join("v1/data").read_dir().expect("ls").count(),
             0
         );
-    }
-
-    fn copy_tree(from: &Path, to: &Path) {
-        for entry in fs::read_dir(from).expect("ls") {
-            let entry = entry.expect("entry");
-            let target = to.join(entry.file_name());
-            if entry.file_type().expect("type").is_dir() {
-                fs::create_dir_all(&target).expect("mkdir");
-                copy_tree(&entry.path(), &target);
-            } else if entry.file_name() != "lock" {
-                fs::copy(entry.path(), &target).expect("copy");
-            }
-        }
     }
 
     #[test]

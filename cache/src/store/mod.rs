@@ -3,17 +3,20 @@
 //! Layout under the cache directory:
 //! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
 //! - `v1/index.jsonl`: the [`Index`] journal;
-//! - `v1/data/<key>`: complete staged copies, only ever created by rename (of a
-//!   verified copy, which is synced before the index names it);
+//! - `v1/data/<key>`: complete staged copies, only ever created by rename of a
+//!   verified copy;
 //! - `v1/tmp/`: copies in progress, removed at startup.
 //!
 //! Invariants:
-//! - the index names a data file only once it is complete and synced: commit journals
-//!   the removal of any old entry, renames the new (verified) data into place, where
-//!   an open may be served it at once, syncs it and the directory, then journals the
-//!   new entry; startup drops entries whose data is missing or the wrong size and
-//!   deletes data files the index does not name;
-//! - a pinned copy (open, or being staged) is never evicted or removed;
+//! - the index names a data file only once it is complete and verified; the journal
+//!   vouches for its bytes (records its identity) only once they are synced: commit
+//!   journals the removal of any old entry, renames the new data into place and makes
+//!   it the entry, uncommitted, so an open is served it at once; the committer then
+//!   syncs it and the directory and journals it committed ([`committer`]); a restart
+//!   re-hashes an uncommitted copy before serving it; startup drops entries whose data
+//!   is missing or the wrong size and deletes data files the index does not name;
+//! - a pinned copy (open, being staged, or waiting for its commit) is never evicted
+//!   or removed;
 //! - space is reserved before a copy starts, evicting least-recently-used unpinned
 //!   copies to make room, so the budget holds even with copies in flight;
 //! - the state lock covers memory and renames only: journal writes and their syncs
@@ -46,6 +49,9 @@ use crate::error::StoreError;
 use crate::index::{CopyId, Entry, Index, Journal};
 use crate::key::Key;
 
+mod committer;
+use committer::{Commit, Committer};
+
 /// Name of the layout directory; a new layout gets a new name.
 pub const LAYOUT_DIR: &str = "v1";
 
@@ -66,14 +72,24 @@ const PRESENT_HOLD: Duration = Duration::from_secs(2);
 /// The cache directory, locked for the lifetime of this value.
 #[derive(Debug)]
 pub struct Store {
+    /// Declared first so it is dropped first: a store going away makes every copy it
+    /// answered durable before it lets go of the cache directory's lock.
+    committer: Committer,
     dir: PathBuf,
-    layout: PathBuf,
     budget: Budget,
     redirect_grace: Duration,
+    books: Books,
+    _lock: File,
+}
+
+/// The index, its journal and the data they describe: what the store and its
+/// committer both change.
+#[derive(Debug, Clone)]
+struct Books {
+    layout: PathBuf,
     state: Arc<Mutex<State>>,
     /// Taken after the state lock when both are, never the other way round.
-    journal: Mutex<Journal>,
-    _lock: File,
+    journal: Arc<Mutex<Journal>>,
 }
 
 #[derive(Debug)]
@@ -256,11 +272,8 @@ impl Store {
                 .append(&index.take_pending(), true)
                 .map_err(|e| StoreError::io(&index_path, e))?;
         }
-        Ok(Store {
-            dir,
+        let books = Books {
             layout,
-            budget,
-            redirect_grace: DEFAULT_REDIRECT_GRACE,
             state: Arc::new(Mutex::new(State {
                 index,
                 pins: HashMap::new(),
@@ -270,7 +283,15 @@ impl Store {
                 unlinking: 0,
                 next_evicted: 0,
             })),
-            journal: Mutex::new(journal),
+            journal: Arc::new(Mutex::new(journal)),
+        };
+        let committer = Committer::start(books.clone()).map_err(|e| StoreError::io(&dir, e))?;
+        Ok(Store {
+            committer,
+            dir,
+            budget,
+            redirect_grace: DEFAULT_REDIRECT_GRACE,
+            books,
             _lock: lock,
         })
     }
@@ -288,7 +309,7 @@ impl Store {
 
     /// Where the copy for `key` lives.
     pub fn data_path(&self, key: &Key) -> PathBuf {
-        self.layout.join("data").join(key.as_str())
+        self.books.data_path(key)
     }
 
     /// The usable copy for `key`, if one exists and `accept`s its entry. The copy is
@@ -296,9 +317,9 @@ impl Store {
     /// re-hashed; a damaged copy is dropped (a miss), never returned.
     pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
         let (mut entry, pin) = {
-            let mut state = lock_state(&self.state);
+            let mut state = lock_state(&self.books.state);
             let entry = state.index.get(key).filter(|e| accept(e))?.clone();
-            (entry, self.pin_locked(&mut state, key))
+            (entry, self.books.pin_locked(&mut state, key))
         };
         let path = self.data_path(key);
         let (file, rehashed) = match self.check_copy(&path, key, &entry) {
@@ -306,13 +327,25 @@ impl Store {
             Err(reason) => {
                 warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
                 drop(pin);
-                let _ = self.remove(key);
+                let _ = self.remove_unless_in_use(key);
                 return None;
             }
         };
         // Copies from before copies were made read-only become so once checked.
         let rehashed = make_read_only(&path, &file).or(rehashed);
-        let mut state = lock_state(&self.state);
+        // A new identity vouches for the bytes just hashed, which may be in memory
+        // only (a copy a crashed daemon never committed): on disk before it is recorded.
+        if rehashed.is_some()
+            && let Err(e) = file
+                .sync_data()
+                .and_then(|()| sync_dir(&self.books.layout.join("data")))
+        {
+            warn!(path = %entry.source.display(), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
+            drop(pin);
+            let _ = self.remove_unless_in_use(key);
+            return None;
+        }
+        let mut state = lock_state(&self.books.state);
         if let Some(copy) = rehashed {
             entry.copy = copy;
             state.index.put(key.clone(), entry.clone());
@@ -322,7 +355,7 @@ impl Store {
         // A new identity must be durable, so it waits for the journal (after a
         // re-hash that cost far more); recency alone need not, and does not.
         let identity = rehashed.is_some();
-        if self.write_journal(identity, identity).is_err() {
+        if self.books.write_journal(identity, identity).is_err() {
             warn!(path = %entry.source.display(), "could not record a re-hashed copy");
         }
         Some(Hit {
@@ -363,7 +396,7 @@ impl Store {
     /// inode and change time match). Never hashes; a copy that fails the check is
     /// left for [`Store::lookup`] to re-hash on the next open through the mount.
     pub fn redirectable(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
-        let entry = lock_state(&self.state)
+        let entry = lock_state(&self.books.state)
             .index
             .get(key)
             .filter(|e| accept(e))?
@@ -382,7 +415,7 @@ impl Store {
     /// the link up can still read it (`realpath` calls `lstat`, then `readlink`).
     pub fn present_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
         let path = self.redirectable(key, &accept)?;
-        let mut state = lock_state(&self.state);
+        let mut state = lock_state(&self.books.state);
         if !state.index.get(key).is_some_and(accept) {
             return None;
         }
@@ -395,7 +428,7 @@ impl Store {
     /// reaches us, so this is the only sign of use we get) and as recently used.
     pub fn resolve_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
         let path = self.redirectable(key, &accept)?;
-        let mut state = lock_state(&self.state);
+        let mut state = lock_state(&self.books.state);
         // It may have been evicted since it was checked; only a still-current
         // entry may be handed out.
         let current = state.index.get(key).is_some_and(accept);
@@ -408,7 +441,7 @@ impl Store {
             state.index.touch(key, now);
         }
         drop(state);
-        let _ = self.write_journal(false, false);
+        let _ = self.books.write_journal(false, false);
         Some(path)
     }
 
@@ -426,9 +459,15 @@ impl Store {
         may_evict: bool,
     ) -> Result<Reservation, StoreError> {
         let mut evicted = Vec::new();
-        let reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
+        let mut reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
         // The victims left the index under the lock; their bytes go now, outside it.
-        self.finish_evictions(evicted);
+        self.books.finish_evictions(std::mem::take(&mut evicted));
+        // Copies waiting for their commit are pinned: commit them, and look again.
+        if matches!(reserved, Err(StoreError::NoRoom { .. })) && self.committer.busy() {
+            self.committer.commit_now();
+            reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
+            self.books.finish_evictions(evicted);
+        }
         reserved
     }
 
@@ -441,7 +480,7 @@ impl Store {
         evicted: &mut Vec<Evicted>,
     ) -> Result<Reservation, StoreError> {
         let volume = self.volume()?;
-        let mut state = lock_state(&self.state);
+        let mut state = lock_state(&self.books.state);
         let volume = with_unlinking(volume, &state);
         let replaced = state.index.get(key).map_or(0, |e| e.stamp.size);
         let used = |s: &State| s.index.bytes() + s.reserved - replaced;
@@ -472,10 +511,10 @@ impl Store {
                 .fits(used(&state), state.reserved, bytes, volume)
             {
                 state.reserved += bytes;
-                let pin = self.pin_locked(&mut state, key);
+                let pin = self.books.pin_locked(&mut state, key);
                 return Ok(Reservation {
                     bytes,
-                    state: Arc::clone(&self.state),
+                    state: Arc::clone(&self.books.state),
                     _pin: pin,
                 });
             }
@@ -487,7 +526,7 @@ impl Store {
                 .cloned();
             match victim {
                 Some(victim) if may_evict => {
-                    let freed = self.evict_locked(&mut state, &victim, "to make room");
+                    let freed = self.books.evict_locked(&mut state, &victim, "to make room");
                     // Only a copy that was on disk frees space on the volume.
                     if let Some(Evicted {
                         path: Some(_),
@@ -527,7 +566,7 @@ impl Store {
 
     /// A new private temp file for a copy in progress, deleted if dropped uncommitted.
     pub fn create_temp(&self) -> Result<NamedTempFile, StoreError> {
-        let tmp_dir = self.layout.join("tmp");
+        let tmp_dir = self.books.layout.join("tmp");
         NamedTempFile::new_in(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))
     }
 
@@ -544,10 +583,10 @@ impl Store {
         self.record(key, placed, entry, reservation)
     }
 
-    /// Syncs a complete, verified temp file and moves it to where the copy for `key`
-    /// lives, not yet in the index: so nothing hands out its path or lists it, and a
-    /// crash leaves a data file the index does not name, which startup deletes. The
-    /// old entry goes (durably) first. [`Store::record`] makes it the entry.
+    /// Moves a complete, verified temp file to where the copy for `key` lives, not yet
+    /// in the index: so nothing hands out its path or lists it, and a crash leaves a
+    /// data file the index does not name, which startup deletes. The old entry goes
+    /// (durably) first. [`Store::record`] makes it the entry.
     pub(crate) fn place(
         &self,
         key: &Key,
@@ -561,24 +600,24 @@ impl Store {
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(COPY_MODE))
             .map_err(|e| StoreError::io(tmp.path(), e))?;
-        // Durable before it takes its name, so the file under a copy's name is whole as
-        // long as it is there, and it waits for its entry no longer than the journal.
-        tmp.as_file()
-            .sync_data()
-            .map_err(|e| StoreError::io(tmp.path(), e))?;
         // Out of the index first: nothing serves or evicts this key in between (one
         // copy per key is staged at a time), and the reservation pins it.
-        if lock_state(&self.state).index.remove(key).is_some() {
-            self.write_journal(true, true)?;
+        if lock_state(&self.books.state).index.remove(key).is_some() {
+            self.books.write_journal(true, true)?;
         }
         tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
         Ok(Placed { path: data_path })
     }
 
-    /// Makes a placed copy's rename durable and then the entry for
-    /// `key`. On failure the copy is unlinked: handles to it keep reading it, and the
-    /// next open stages it again.
+    /// Makes a placed copy the entry for `key` at once, uncommitted, and hands it to
+    /// the committer, which makes it durable in the background: the caller gets a
+    /// copy that is whole and verified, and never waits for the disk to write it
+    /// (with the source on the same disk, that wait was the write of the whole
+    /// model). Until it is committed the copy is pinned, so nothing evicts it while
+    /// its commit is pending, and its journal line makes a restart re-hash it. On
+    /// failure the copy is unlinked: handles to it keep reading it, and the next open
+    /// stages it again.
     pub(crate) fn record(
         &self,
         key: &Key,
@@ -586,28 +625,41 @@ impl Store {
         mut entry: Entry,
         mut reservation: Reservation,
     ) -> Result<Hit, StoreError> {
-        let durable = sync_dir(&self.layout.join("data")).and_then(|()| {
-            let file = File::open(&placed.path)?;
+        let opened = File::open(&placed.path).and_then(|file| {
             let meta = file.metadata()?;
-            Ok((file, meta))
+            let for_committer = file.try_clone()?;
+            Ok((file, for_committer, meta))
         });
-        let (file, meta) = match durable {
+        let (file, for_committer, meta) = match opened {
             Ok(opened) => opened,
             Err(e) => return Err(placed.discard(e)),
         };
         let path = placed.path;
         entry.copy = CopyId::of(&meta);
-        let pin = {
-            let mut state = lock_state(&self.state);
-            state.index.put(key.clone(), entry.clone());
+        let (pin, commit_pin) = {
+            let mut state = lock_state(&self.books.state);
+            state.index.put_uncommitted(key.clone(), entry.clone());
             // The copy now counts as used space, so its reservation goes in the same
-            // step: counted twice, even for the journal's sync, it would refuse
-            // (ENOSPC) another open's copy that fits.
+            // step: counted twice, it would refuse (ENOSPC) another open's copy that
+            // fits.
             state.reserved -= std::mem::take(&mut reservation.bytes);
-            self.pin_locked(&mut state, key)
+            let pin = self.books.pin_locked(&mut state, key);
+            (pin, self.books.pin_locked(&mut state, key))
         };
-        self.write_journal(true, true)?;
+        // Written at once but not synced: after a kill -9 the restart finds the copy
+        // and re-hashes it rather than copying it again.
+        if let Err(e) = self.books.write_journal(false, false) {
+            warn!(path = %entry.source.display(), error = %e, "could not journal a new copy yet");
+        }
         drop(reservation);
+        self.committer.submit(Commit {
+            key: key.clone(),
+            file: for_committer,
+            copy: entry.copy,
+            source: entry.source.clone(),
+            _pin: commit_pin,
+            queued: Instant::now(),
+        });
         Ok(Hit {
             entry,
             file,
@@ -616,6 +668,87 @@ impl Store {
         })
     }
 
+    /// Makes every copy answered so far durable and journaled as such, now: for a
+    /// caller about to evict, since a copy waiting for its commit is pinned.
+    pub fn commit_now(&self) {
+        if self.committer.busy() {
+            self.committer.commit_now();
+        }
+    }
+
+    /// The cache volume's space, asked without holding the state lock.
+    fn volume(&self) -> Result<VolumeSpace, StoreError> {
+        volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))
+    }
+
+    /// Removes the copy for `key`; refuses if it is in use (a copy waiting for its
+    /// commit is committed first, and is then not in use on that account).
+    pub fn remove(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        self.commit_now();
+        self.remove_unless_in_use(key)
+    }
+
+    /// [`Store::remove`] without waiting for commits: for a caller that must not wait
+    /// for the disk (it may be serving a request).
+    fn remove_unless_in_use(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        let mut state = lock_state(&self.books.state);
+        let Some(entry) = state.index.get(key).cloned() else {
+            return Ok(None);
+        };
+        if state.in_use(key, self.redirect_grace) {
+            return Err(StoreError::InUse { path: entry.source });
+        }
+        let evicted = self.books.evict_locked(&mut state, key, "on request");
+        drop(state);
+        self.books.finish_evictions(evicted.into_iter().collect());
+        Ok(Some(entry))
+    }
+
+    /// Keeps the copy for `key` from being evicted or removed while the pin is held,
+    /// including one committed after the pin was taken.
+    pub fn pin(&self, key: &Key) -> Pin {
+        self.books
+            .pin_locked(&mut lock_state(&self.books.state), key)
+    }
+
+    /// Whether a copy for `key` is stored.
+    pub fn contains(&self, key: &Key) -> bool {
+        lock_state(&self.books.state).index.get(key).is_some()
+    }
+
+    /// Every entry, least recently used first.
+    pub fn entries(&self) -> Vec<EntryInfo> {
+        let state = lock_state(&self.books.state);
+        state
+            .index
+            .iter_lru()
+            .map(|(k, e)| {
+                let hold = state.hold(k, self.redirect_grace);
+                EntryInfo {
+                    key: k.as_str().to_string(),
+                    entry: e.clone(),
+                    in_use: hold.is_some(),
+                    hold,
+                }
+            })
+            .collect()
+    }
+
+    /// How full the cache is.
+    pub fn usage(&self) -> Result<Usage, StoreError> {
+        let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+        let state = lock_state(&self.books.state);
+        Ok(Usage {
+            used: state.index.bytes(),
+            entries: state.index.len(),
+            reserved: state.reserved,
+            budget: self.budget,
+            volume,
+        })
+    }
+}
+
+impl Books {
     /// Writes the index's queued records to the journal, in order, with an fdatasync
     /// if `durable`. A caller that must not wait for another's sync (recency from a
     /// request) passes `wait` false and leaves its records for the next writer.
@@ -647,28 +780,8 @@ impl Store {
         written.map_err(|e| StoreError::io(journal.path(), e))
     }
 
-    /// The cache volume's space, asked without holding the state lock.
-    fn volume(&self) -> Result<VolumeSpace, StoreError> {
-        volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))
-    }
-
-    /// Removes the copy for `key`; refuses if it is in use.
-    pub fn remove(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
-        let mut state = lock_state(&self.state);
-        let Some(entry) = state.index.get(key).cloned() else {
-            return Ok(None);
-        };
-        if state.in_use(key, self.redirect_grace) {
-            return Err(StoreError::InUse { path: entry.source });
-        }
-        let evicted = self.evict_locked(&mut state, key, "on request");
-        drop(state);
-        self.finish_evictions(evicted.into_iter().collect());
-        Ok(Some(entry))
-    }
-
     /// Takes `key` out of the index and moves its copy aside into `tmp/` (a rename,
-    /// so a new copy of the same key can land at once); [`Store::finish_evictions`]
+    /// so a new copy of the same key can land at once); [`Books::finish_evictions`]
     /// journals the removal and unlinks it once the lock is released.
     fn evict_locked(&self, state: &mut State, key: &Key, why: &str) -> Option<Evicted> {
         let entry = state.index.remove(key)?;
@@ -715,12 +828,6 @@ impl Store {
         }
     }
 
-    /// Keeps the copy for `key` from being evicted or removed while the pin is held,
-    /// including one committed after the pin was taken.
-    pub fn pin(&self, key: &Key) -> Pin {
-        self.pin_locked(&mut lock_state(&self.state), key)
-    }
-
     fn pin_locked(&self, state: &mut State, key: &Key) -> Pin {
         *state.pins.entry(key.clone()).or_insert(0) += 1;
         Pin {
@@ -729,40 +836,8 @@ impl Store {
         }
     }
 
-    /// Whether a copy for `key` is stored.
-    pub fn contains(&self, key: &Key) -> bool {
-        lock_state(&self.state).index.get(key).is_some()
-    }
-
-    /// Every entry, least recently used first.
-    pub fn entries(&self) -> Vec<EntryInfo> {
-        let state = lock_state(&self.state);
-        state
-            .index
-            .iter_lru()
-            .map(|(k, e)| {
-                let hold = state.hold(k, self.redirect_grace);
-                EntryInfo {
-                    key: k.as_str().to_string(),
-                    entry: e.clone(),
-                    in_use: hold.is_some(),
-                    hold,
-                }
-            })
-            .collect()
-    }
-
-    /// How full the cache is.
-    pub fn usage(&self) -> Result<Usage, StoreError> {
-        let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
-        let state = lock_state(&self.state);
-        Ok(Usage {
-            used: state.index.bytes(),
-            entries: state.index.len(),
-            reserved: state.reserved,
-            budget: self.budget,
-            volume,
-        })
+    fn data_path(&self, key: &Key) -> PathBuf {
+        self.layout.join("data").join(key.as_str())
     }
 }
 
@@ -921,8 +996,9 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::index::Record;
     use crate::source::Stamp;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -1036,6 +1112,121 @@ mod tests {
         assert_eq!(names(&store), ["c"]);
         assert!(!orphan.exists() && !b.exists());
         assert_eq!(store.usage()?.used, 10);
+        Ok(())
+    }
+
+    /// Copies a cache directory as a crash leaves it (the lock aside).
+    pub(crate) fn copy_tree(from: &Path, to: &Path) {
+        for entry in fs::read_dir(from).expect("ls") {
+            let entry = entry.expect("entry");
+            let target = to.join(entry.file_name());
+            if entry.file_type().expect("type").is_dir() {
+                fs::create_dir_all(&target).expect("mkdir");
+                copy_tree(&entry.path(), &target);
+            } else if entry.file_name() != "lock" {
+                fs::copy(entry.path(), &target).expect("copy");
+            }
+        }
+    }
+
+    /// The identities the journal in `dir` records for `name`, in order.
+    fn journaled(dir: &Path, name: &str) -> Vec<CopyId> {
+        let journal =
+            fs::read_to_string(dir.join(LAYOUT_DIR).join("index.jsonl")).expect("journal");
+        journal
+            .lines()
+            .filter_map(|line| match serde_json::from_str(line) {
+                Ok(Record::Put { key: k, entry }) if k == key(name).as_str() => Some(entry.copy),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A copy in progress, which holds commits back.
+    fn copy_in_progress(store: &Store) -> Reservation {
+        store
+            .reserve(&key("in-progress"), 1, Path::new("in-progress"), false)
+            .expect("room")
+    }
+
+    #[test]
+    fn a_copy_is_served_before_its_commit_and_journaled_with_its_identity_once_synced() -> TestResult
+    {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        let other = copy_in_progress(&store);
+        let hit = stage(&store, "a", 100, 7)?;
+        let mut read = Vec::new();
+        io::Read::read_to_end(&mut &hit.file, &mut read)?;
+        assert_eq!(read, [7; 100], "served whole before its commit");
+        drop(hit);
+        // Not durable yet: the journal vouches for no file, and nothing may evict it.
+        assert_eq!(journaled(dir.path(), "a"), [CopyId::UNVERIFIED]);
+        assert_eq!(store.entries()[0].hold, Some(Hold::Open));
+        drop(other);
+        store.commit_now();
+        let identity = CopyId::of(&fs::metadata(store.data_path(&key("a")))?);
+        assert_eq!(journaled(dir.path(), "a"), [CopyId::UNVERIFIED, identity]);
+        assert_eq!(store.entries()[0].hold, None);
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_waiting_for_its_commit_is_committed_rather_than_refused_when_room_is_needed()
+    -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(150))?;
+        let other = copy_in_progress(&store);
+        drop(stage(&store, "a", 100, 1)?);
+        drop(stage(&store, "b", 100, 2)?);
+        assert_eq!(names(&store), ["b"], "a was committed, then evicted");
+        assert_eq!(store.remove(&key("b"))?.map(|e| e.stamp.size), Some(100));
+        drop(other);
+        Ok(())
+    }
+
+    #[test]
+    fn a_crash_before_the_commit_keeps_a_whole_copy_and_drops_one_whose_tail_was_lost() -> TestResult
+    {
+        let dir = tempfile::tempdir()?;
+        let image = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(10_000))?;
+        drop(stage(&store, "committed", 100, 1)?);
+        store.commit_now();
+        let other = copy_in_progress(&store);
+        drop(stage(&store, "whole", 100, 2)?);
+        drop(stage(&store, "torn", 100, 3)?);
+        // The cache directory as a kill -9 leaves it between the answers and the commits.
+        copy_tree(dir.path(), image.path());
+        drop(other);
+        drop(store);
+        assert_eq!(journaled(image.path(), "whole"), [CopyId::UNVERIFIED]);
+        // Power lost before the tail of "torn" reached the disk.
+        let torn = image
+            .path()
+            .join(LAYOUT_DIR)
+            .join("data")
+            .join(key("torn").as_str());
+        fs::set_permissions(&torn, fs::Permissions::from_mode(0o600))?;
+        let mut bytes = fs::read(&torn)?;
+        bytes[90..].fill(0);
+        fs::write(&torn, bytes)?;
+
+        let restarted = Store::open(image.path(), budget(10_000))?;
+        assert!(restarted.lookup(&key("torn"), |_| true).is_none());
+        let whole = restarted
+            .lookup(&key("whole"), |_| true)
+            .expect("re-hashed, kept");
+        assert_eq!(fs::read(&whole.path)?, [2; 100]);
+        let committed = restarted.lookup(&key("committed"), |_| true).expect("kept");
+        assert_eq!(fs::read(&committed.path)?, [1; 100]);
+        drop((whole, committed));
+        let mut kept = names(&restarted);
+        kept.sort();
+        assert_eq!(kept, ["committed", "whole"]);
+        // Re-hashed and synced, "whole" is vouched for again.
+        let identity = CopyId::of(&fs::metadata(restarted.data_path(&key("whole")))?);
+        assert_eq!(journaled(image.path(), "whole").last(), Some(&identity));
         Ok(())
     }
 
@@ -1199,7 +1390,11 @@ mod tests {
         let store = Arc::new(Store::open(dir.path(), budget(1000))?);
         drop(stage(&store, "a", 10, 1)?);
         // Another thread is in the middle of a slow journal sync.
-        let writing = store.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        let writing = store
+            .books
+            .journal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let (tx, rx) = std::sync::mpsc::channel();
         let server = Arc::clone(&store);
         std::thread::spawn(move || {
@@ -1226,7 +1421,7 @@ mod tests {
             0,
             "unlinked"
         );
-        assert_eq!(lock_state(&store.state).unlinking, 0);
+        assert_eq!(lock_state(&store.books.state).unlinking, 0);
         drop(stage(&store, "a", 100, 3)?);
         let hit = store.lookup(&key("a"), |_| true).ok_or("restaged")?;
         assert_eq!(fs::read(hit.path)?, vec![3; 100]);
