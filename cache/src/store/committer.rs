@@ -170,7 +170,13 @@ fn run(books: &Books, jobs: &Receiver<Commit>, outstanding: &Outstanding) {
 /// Waits while a copy is in progress (space is reserved only for those), at most
 /// until [`WAIT_FOR_COPIES_MAX`] after `queued`, and not while anyone is in a hurry.
 fn wait_for_copies(books: &Books, queued: Instant, hurry: &AtomicUsize) {
-    while hurry.load(Ordering::SeqCst) == 0
+    let hurried = || hurry.load(Ordering::SeqCst) > 0;
+    // A prefetch starts its next copy as the last one ends: looking at once would
+    // miss it, and sync the copy just made while the next one reads the disk.
+    if !hurried() {
+        std::thread::sleep(POLL);
+    }
+    while !hurried()
         && lock_state(&books.state).reserved > 0
         && queued.elapsed() < WAIT_FOR_COPIES_MAX
     {
