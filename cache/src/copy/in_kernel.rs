@@ -30,8 +30,11 @@ const WINDOW: u64 = 4 << 20;
 /// readahead window (128 KiB to a few MiB) in flight, and a disk that needs many
 /// requests at once to reach its speed (NVMe, a virtual disk, RAID) serves it at a
 /// fraction of what it can. Pages read ahead wait in the page cache, not in this
-/// process's memory.
-const READ_AHEAD: u64 = 64 << 20;
+/// process's memory. Not more: every read of anyone else's waits behind what is
+/// queued, and with 64 MiB per copy, a loader's own start (Python importing its
+/// modules from the same disk) took 4 s longer while two shards were prefetched
+/// (docs/BENCHMARKS.md).
+const READ_AHEAD: u64 = 16 << 20;
 
 /// The source is asked for read-ahead this much at a time.
 const READ_AHEAD_STEP: u64 = 8 << 20;
