@@ -573,7 +573,11 @@ impl Mount {
             .args(["--foreground", "--notify-ready"])
             .args(test_reserve(extra))
             .args(extra)
-            .env("RUST_LOG", "info,fuser=error")
+            // STAGEFS_TEST_LOG sets the daemon's filter, to debug a test.
+            .env(
+                "RUST_LOG",
+                std::env::var("STAGEFS_TEST_LOG").unwrap_or("info,fuser=error".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(fs::File::create(&log).expect("log file"))

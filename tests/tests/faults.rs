@@ -4,6 +4,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -303,6 +304,105 @@ fn kill_9_at_random_points_twenty_times_never_serves_a_partial_file() {
             assert!(ok, "{err}");
         }
     }
+}
+
+/// The blob path (relative to the source root) a snapshot file of `hub` links to.
+fn blob_of(hub: &Path, snapshot_file: &Path) -> PathBuf {
+    let blob = fs::canonicalize(hub.join(snapshot_file)).expect("resolve");
+    let root = fs::canonicalize(hub).expect("resolve");
+    blob.strip_prefix(root).expect("inside").to_path_buf()
+}
+
+/// The identities the journal in `cache` records for the copy of `blob`, in order:
+/// an inode of 0 is a copy not yet known to be on disk.
+fn journaled_inodes(cache: &Path, blob: &Path) -> Vec<u64> {
+    let key = stagefs_cache::Key::for_source_path(blob);
+    fs::read_to_string(cache.join("v1/index.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| match serde_json::from_str(line) {
+            Ok(stagefs_cache::index::Record::Put { key: k, entry }) if k == key.as_str() => {
+                Some(entry.copy.ino)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn data_file(cache: &Path, blob: &Path) -> PathBuf {
+    cache
+        .join("v1/data")
+        .join(stagefs_cache::Key::for_source_path(blob).as_str())
+}
+
+#[test]
+fn a_kill_9_between_the_answer_and_the_commit_serves_no_torn_copy_and_keeps_good_ones() {
+    let s = Scratch::new();
+    // Sizes differ so the blobs do: gen-demo's bytes depend on the size alone.
+    let committed = generate(&s.hub, "acme/committed", 1, "2M");
+    let torn = generate(&s.hub, "acme/torn", 1, "3M");
+    let whole = generate(&s.hub, "acme/whole", 1, "4M");
+    let slow = generate(&s.hub, "acme/slow", 1, "48M");
+    // Over a slow link the big copy runs for seconds, and commits wait for it.
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mut mount = Mount::start(
+        &remote.mnt,
+        &s.mnt,
+        &s.cache,
+        &["--no-prefetch", "--source-timeout", "60s"],
+    );
+    let shard = |m: &Model| m.shards().remove(0);
+    let blob = |m: &Model| blob_of(&s.hub, &shard(m));
+    let expected = |m: &Model| fs::read(s.hub.join(shard(m))).expect("source");
+
+    assert!(fs::read(mount.path(shard(&committed))).expect("read") == expected(&committed));
+    wait_for("the first copy committed", || {
+        journaled_inodes(&s.cache, &blob(&committed)).last() > Some(&0)
+    });
+    let committed_inode = fs::metadata(data_file(&s.cache, &blob(&committed))).map(|m| m.ino());
+    let slow_path = mount.path(shard(&slow));
+    let slow_reader = std::thread::spawn(move || fs::read(slow_path).map(|b| b.len()));
+    wait_for("the slow copy started", || !temp_files(&s.cache).is_empty());
+    for m in [&torn, &whole] {
+        assert!(fs::read(mount.path(shard(m))).expect("read") == expected(m));
+    }
+    // Answered, and killed before the commits (they wait up to 5 s for the slow copy).
+    mount.kill_daemon();
+    let _ = slow_reader.join();
+    for m in [&torn, &whole] {
+        assert_eq!(
+            journaled_inodes(&s.cache, &blob(m)),
+            [0],
+            "the kill landed between the answer and the commit"
+        );
+    }
+    // A stand-in for power lost before the torn copy's tail reached the disk.
+    let torn_file = data_file(&s.cache, &blob(&torn));
+    fs::set_permissions(&torn_file, fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut bytes = fs::read(&torn_file).expect("copy");
+    let tail = bytes.len() - 4096;
+    bytes[tail..].fill(0);
+    fs::write(&torn_file, bytes).expect("garble");
+    let whole_inode = fs::metadata(data_file(&s.cache, &blob(&whole))).map(|m| m.ino());
+    drop(mount); // `stagefs unmount` clears the dead mount
+
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    for m in [&committed, &torn, &whole] {
+        let served = fs::read(mount.path(shard(m))).expect("read after the restart");
+        assert!(
+            served == expected(m),
+            "{}: right bytes after the restart",
+            m.repo
+        );
+    }
+    // The good copies were kept (re-hashed, not copied again); the torn one replaced.
+    let inode = |m: &Model| fs::metadata(data_file(&s.cache, &blob(m))).map(|m| m.ino());
+    assert_eq!(inode(&committed).ok(), committed_inode.ok());
+    assert_eq!(inode(&whole).ok(), whole_inode.ok());
+    assert!(mount.log_text().contains("dropping a damaged staged copy"));
+    assert!(temp_files(&s.cache).is_empty());
+    mount.unmount();
+    drop(remote);
 }
 
 #[test]
