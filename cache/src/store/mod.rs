@@ -314,7 +314,8 @@ impl Store {
 
     /// The usable copy for `key`, if one exists and `accept`s its entry. The copy is
     /// checked for completeness and, if anything touched it since it was hashed,
-    /// re-hashed; a damaged copy is dropped (a miss), never returned.
+    /// re-hashed; a damaged copy is dropped (a miss), never returned. It may hash a
+    /// whole copy and wait for the disk: never call it where a request waits.
     pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
         let (mut entry, pin) = {
             let mut state = lock_state(&self.books.state);
@@ -327,7 +328,7 @@ impl Store {
             Err(reason) => {
                 warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
                 drop(pin);
-                let _ = self.remove_unless_in_use(key);
+                let _ = self.remove(key);
                 return None;
             }
         };
@@ -342,7 +343,7 @@ impl Store {
         {
             warn!(path = %entry.source.display(), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
             drop(pin);
-            let _ = self.remove_unless_in_use(key);
+            let _ = self.remove(key);
             return None;
         }
         let mut state = lock_state(&self.books.state);
@@ -685,12 +686,6 @@ impl Store {
     /// commit is committed first, and is then not in use on that account).
     pub fn remove(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         self.commit_now();
-        self.remove_unless_in_use(key)
-    }
-
-    /// [`Store::remove`] without waiting for commits: for a caller that must not wait
-    /// for the disk (it may be serving a request).
-    fn remove_unless_in_use(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
         let mut state = lock_state(&self.books.state);
         let Some(entry) = state.index.get(key).cloned() else {
             return Ok(None);
