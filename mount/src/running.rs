@@ -285,6 +285,10 @@ impl Running {
     }
 
     fn cleanup(self) {
+        // Every copy answered is made durable before an unmount returns: the store
+        // itself is dropped later, by whichever thread lets go of it last, and a
+        // remount must find its lock free and its journal complete.
+        self.stager.store().commit_now();
         let _ = fs::remove_file(&self.socket);
         if !self.mountpoint.as_os_str().is_empty() {
             crate::registry::remove(&self.mountpoint, &self.cache_dir);

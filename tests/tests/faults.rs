@@ -402,6 +402,11 @@ fn a_kill_9_between_the_answer_and_the_commit_serves_no_torn_copy_and_keeps_good
     assert!(mount.log_text().contains("dropping a damaged staged copy"));
     assert!(temp_files(&s.cache).is_empty());
     mount.unmount();
+    // An unmount commits what it answered: every copy is vouched for again.
+    for m in [&committed, &torn, &whole] {
+        let last = journaled_inodes(&s.cache, &blob(m)).last().copied();
+        assert!(last > Some(0), "{}: committed by the unmount", m.repo);
+    }
     drop(remote);
 }
 

@@ -148,7 +148,9 @@ impl Committer {
 
 impl Drop for Committer {
     fn drop(&mut self) {
-        // Closing the queue lets the thread finish what is queued, then stop.
+        // Closing the queue lets the thread finish what is queued, then stop; a store
+        // going away (an unmount) does not wait for copies that will never finish.
+        self.outstanding.hurry.fetch_add(1, Ordering::SeqCst);
         self.queue.take();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -1167,6 +1167,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_store_going_away_commits_what_it_answered_without_waiting_for_copies() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        let other = copy_in_progress(&store);
+        drop(stage(&store, "a", 100, 7)?);
+        let identity = CopyId::of(&fs::metadata(store.data_path(&key("a")))?);
+        let started = Instant::now();
+        drop(store);
+        assert!(started.elapsed() < committer::WAIT_FOR_COPIES_MAX);
+        assert_eq!(journaled(dir.path(), "a"), [CopyId::UNVERIFIED, identity]);
+        drop(other);
+        Ok(())
+    }
+
+    #[test]
     fn a_copy_waiting_for_its_commit_is_committed_rather_than_refused_when_room_is_needed()
     -> TestResult {
         let dir = tempfile::tempdir()?;
