@@ -200,15 +200,16 @@ impl Index {
     /// Records that the uncommitted copy for `key` whose identity is `copy` is now on
     /// disk. False (nothing recorded) if the entry is no longer that copy.
     pub(crate) fn commit(&mut self, key: &Key, copy: CopyId) -> bool {
-        let current = self.entries.peek(key).is_some_and(|e| e.copy == copy);
-        if !current || !self.uncommitted.remove(key) {
+        let Some(entry) = self.entries.peek(key).filter(|e| e.copy == copy).cloned() else {
+            return false;
+        };
+        if !self.uncommitted.remove(key) {
             return false;
         }
-        let entry = self.entries.peek(key).cloned();
-        self.pending.extend(entry.map(|entry| Record::Put {
+        self.pending.push(Record::Put {
             key: key.as_str().to_string(),
             entry,
-        }));
+        });
         true
     }
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::{Books, Pin, lock_state, sync_dir};
+use super::{Books, Pin, lock_state};
 use crate::index::CopyId;
 use crate::key::Key;
 
@@ -197,7 +197,7 @@ fn commit_all(books: &Books, batch: Vec<Commit>) {
             (commit, result)
         })
         .collect();
-    let dir = sync_dir(&books.layout.join("data"));
+    let dir = books.sync_data_dir();
     let mut evicted = Vec::new();
     {
         let mut state = lock_state(&books.state);

@@ -337,9 +337,7 @@ impl Store {
         // A new identity vouches for the bytes just hashed, which may be in memory
         // only (a copy a crashed daemon never committed): on disk before it is recorded.
         if rehashed.is_some()
-            && let Err(e) = file
-                .sync_data()
-                .and_then(|()| sync_dir(&self.books.layout.join("data")))
+            && let Err(e) = file.sync_data().and_then(|()| self.books.sync_data_dir())
         {
             warn!(path = %entry.source.display(), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
             drop(pin);
@@ -672,9 +670,7 @@ impl Store {
     /// Makes every copy answered so far durable and journaled as such, now: for a
     /// caller about to evict, since a copy waiting for its commit is pinned.
     pub fn commit_now(&self) {
-        if self.committer.busy() {
-            self.committer.commit_now();
-        }
+        self.committer.commit_now();
     }
 
     /// The cache volume's space, asked without holding the state lock.
@@ -833,6 +829,12 @@ impl Books {
 
     fn data_path(&self, key: &Key) -> PathBuf {
         self.layout.join("data").join(key.as_str())
+    }
+
+    /// Makes the names of the copies in `data/` durable (a rename is durable only once
+    /// its directory is synced).
+    fn sync_data_dir(&self) -> io::Result<()> {
+        sync_dir(&self.layout.join("data"))
     }
 }
 
