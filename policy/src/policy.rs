@@ -35,6 +35,7 @@ use std::time::Duration;
 use stagefs_cache::copy::read_at_most;
 use stagefs_cache::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
+use stagefs_cache::sys;
 use stagefs_cache::{
     Metrics, SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, StageError, Staged, Stager, Stamp,
     StoreError, Unanswered,
@@ -726,7 +727,7 @@ impl Policy {
             Reader::Copy(file) => {
                 let file = Arc::clone(file);
                 self.runtime
-                    .spawn_blocking(move || read_at_most(file.as_ref(), offset, size, |_| {}))
+                    .spawn_blocking(move || sys::pread_new(file.as_ref(), offset, size))
                     .await
                     .map_err(|e| FsError::Read(io::Error::other(e)))?
                     .map_err(FsError::Read)
