@@ -14,15 +14,20 @@
 //! - a loopback port is open to every local process: only AUTH_UNIX calls of the
 //!   serving user or root, and (on Linux) only connections from reserved ports, are
 //!   served ([`listen`]);
-//! - mounting with the system's NFS client, with deliberate options ([`kernel_mount`]).
+//! - mounting with the system's NFS client, with deliberate options ([`kernel_mount`]);
+//! - the READs of files open from a staged copy are answered by a connection front
+//!   straight from the page cache (`sendfile` on Linux), and every other call is
+//!   relayed to the library's listener behind it (`front`, `send_file`).
 
 pub mod attrs;
 #[cfg(feature = "client")]
 pub mod client;
+mod front;
 pub mod handle;
 pub mod kernel_mount;
 pub mod listen;
 pub mod reads;
+mod send_file;
 pub mod server;
 pub mod status;
 

@@ -9,6 +9,12 @@
 //!   anything else at connect, so a forged credential from an ordinary process never
 //!   reaches the server ([`reserved_ports_only`]).
 //!
+//! Clients connect to the connection front (`crate::front`), which relays what it
+//! does not answer itself to the library's listener on a second loopback port. Both
+//! listeners carry the port filter, and the front reaches the library from a
+//! reserved port when root serves; the front also answers only READs whose
+//! credentials the library would serve.
+//!
 //! Limits: root can always get in. On macOS, since 10.14 any user may bind a low
 //! port, so no port check could tell the kernel apart there, and none is made: any
 //! local process that writes the serving user's uid into its credentials is served.
@@ -28,6 +34,7 @@ use stagefs_policy::Policy;
 use tokio::task::JoinHandle;
 use tracing::info;
 
+use crate::front::{self, Front};
 use crate::reads::{IDLE, Reads};
 use crate::server::StageNfs;
 
@@ -74,29 +81,45 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
             format!("{listen} is not a loopback address; the export is for this machine only"),
         ));
     }
+    // Bound first: a busy port is the user's error, reported as such.
+    let front_listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = front_listener.local_addr()?;
     let export = StageNfs::new(Arc::clone(&policy), owner);
     let reads = Arc::clone(export.reads());
     let generation = policy.inode_generation();
-    let listener = NFSTcpListener::bind_with_generation(
-        &listen.to_string(),
+    // The library's own listener, behind the front, on a port of its own.
+    let library = NFSTcpListener::bind_with_generation(
+        &SocketAddr::new(addr.ip(), 0).to_string(),
         ReadOnlyAdapter::new(export),
         generation,
     )
     .await?;
-    let addr = SocketAddr::new(listener.get_listen_ip(), listener.get_listen_port());
-    match reserved_ports_only(addr) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            info!(%addr, "serving connections from any port: this kernel lets only a privileged process filter a listening socket, so credentials alone decide");
+    let library_addr = SocketAddr::new(library.get_listen_ip(), library.get_listen_port());
+    for listening in [addr, library_addr] {
+        match reserved_ports_only(listening) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                info!(addr = %listening, "serving connections from any port: this kernel lets only a privileged process filter a listening socket, so credentials alone decide");
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
     }
     info!(%addr, "serving NFSv3");
     let server = tokio::spawn(async move {
-        if let Err(e) = listener.handle_forever().await {
+        if let Err(e) = library.handle_forever().await {
             tracing::error!(error = %e, "the NFS server stopped");
         }
     });
+    let front = tokio::spawn(front::accept(
+        front_listener,
+        Front {
+            policy: Arc::clone(&policy),
+            reads: Arc::clone(&reads),
+            owner,
+            generation,
+            library: library_addr,
+        },
+    ));
     let janitor = {
         let (policy, reads) = (Arc::clone(&policy), Arc::clone(&reads));
         tokio::spawn(async move {
@@ -110,7 +133,7 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
         addr,
         policy,
         reads,
-        tasks: vec![server, janitor],
+        tasks: vec![front, server, janitor],
     })
 }
 

@@ -79,7 +79,7 @@ impl NfsReadFileSystem for StageNfs {
     /// AUTH_UNIX calls of the serving user or root; nothing else (AUTH_NULL would be
     /// served as root by the server library).
     fn authorize(&self, auth: Option<&auth_unix>) -> bool {
-        auth.is_some_and(|auth| auth.uid == 0 || auth.uid == self.owner)
+        auth.is_some_and(|auth| crate::front::serves(self.owner, auth))
     }
 
     async fn lookup(&self, dir: &NodeHandle, name: &filename3<'_>) -> Result<NodeHandle, nfsstat3> {

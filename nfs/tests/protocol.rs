@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use stagefs_cache::faulty::{Behaviour, FaultySource};
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::Serving;
-use stagefs_nfs::client::{self, Client, read, read_all};
+use stagefs_nfs::client::{self, Client, read, read_all, read_waiting};
 use stagefs_policy::{FsConfig, Policy};
 use tempfile::TempDir;
 
@@ -39,9 +39,11 @@ struct Fixture {
     blob_sha: String,
 }
 
+/// `len` bytes that repeat nowhere within a file, so a READ answered from the wrong
+/// offset never passes for the right one.
 fn bytes(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ seed)
         .collect()
 }
 
@@ -329,4 +331,39 @@ async fn a_connection_from_an_unreserved_port_is_never_accepted() {
     );
     // The same server accepts a reserved port's connection.
     assert!(self::connect(f.serving.addr, 0, "/").await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_of_an_open_copy_at_any_offset_and_length_get_exactly_its_bytes() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let want = f.source_bytes("weights.bin");
+    // The first READ opens (and stages) the file; the ones after it are answered
+    // from the open copy by the connection front, including those below.
+    let (first, _) = read_waiting(&mut client, &fh, 0, 16, PATIENT)
+        .await
+        .expect("read");
+    assert!(first == want[..16]);
+    let end = want.len() as u64;
+    for (offset, count, len, eof) in [
+        // An odd length needs XDR padding.
+        (12_345, 4_097, 4_097, false),
+        (1, 3, 3, false),
+        // Past the end: what is left, and the end of the file.
+        (end - 5, 1_000, 5, true),
+        (end, 10, 0, true),
+        (end + 7, 10, 0, true),
+        // More than the server's largest READ: that much, and more to come.
+        (0, 2 << 20, 1 << 20, false),
+    ] {
+        let (data, at_end) = read(&mut client, &fh, offset, count).await.expect("read");
+        assert_eq!((data.len(), at_end), (len, eof), "READ {count} at {offset}");
+        let from = offset.min(end) as usize;
+        assert!(
+            data == want[from..from + len],
+            "bytes of READ {count} at {offset}"
+        );
+    }
+    assert_eq!(f.copies(), 1, "one copy for every READ");
 }

@@ -751,6 +751,19 @@ impl Policy {
         }
     }
 
+    /// The staged copy that handle `fh` reads from, for an adapter that hands the
+    /// kernel a range of it rather than bytes (NFS replies by `sendfile`); `None`
+    /// when the handle reads from the source, whose reads must go through
+    /// [`Policy::read`] and its timeout. Counts as one read of the handle.
+    pub fn copy_of(&self, fh: u64) -> Result<Option<Arc<File>>, FsError> {
+        let open = self.files.get(fh).ok_or(FsError::UnknownHandle(fh))?;
+        Metrics::bump(&self.stager.metrics().daemon_reads);
+        Ok(match &open.reader {
+            Reader::Copy(file) => Some(Arc::clone(file)),
+            Reader::Source(_) => None,
+        })
+    }
+
     /// Closes handle `fh` off the request loop: unpinning a copy takes the store's
     /// lock, and closing a file open on a dead NAS may block.
     pub fn release(&self, fh: u64) {

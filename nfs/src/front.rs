@@ -1,0 +1,433 @@
+//! The connection front: what a client connects to. It answers the READs of files
+//! already open from a staged copy itself, by sending the copy's bytes from the page
+//! cache straight into the socket, and relays every other call, unchanged, to the
+//! `nfs3_server` library's listener behind it.
+//!
+//! Why: the library answers a READ with a `Vec` the filesystem filled, packs it into
+//! a second buffer and writes that to the socket: three passes over every byte
+//! before the kernel's own copy to the client. Over loopback those passes, not the
+//! disk, bounded what the server could serve (see docs/BENCHMARKS.md, "NFS server").
+//! Here the bytes of a staged copy reach the socket with one `sendfile` on Linux.
+//!
+//! Nothing is decided twice. A READ is taken here only when everything about it is
+//! settled already: an AUTH_UNIX call of the serving user or root, a handle of this
+//! server's generation, and a file open from a whole, verified copy. Everything
+//! else, including the first READ of a file (which opens and stages it, and may
+//! answer JUKEBOX), a stale handle, a refused credential and every other procedure,
+//! goes to the library and is answered by it as before.
+
+use std::fs::File;
+use std::io::{self, Cursor};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nfs3_server::nfs3_types::nfs3::{self as nfs, READ3args, nfsstat3};
+use nfs3_server::nfs3_types::rpc::{
+    accept_stat_data, accepted_reply, auth_flavor, auth_unix, msg_body, opaque_auth, reply_body,
+    rpc_msg,
+};
+use nfs3_server::nfs3_types::xdr_codec::{Pack, Unpack};
+use stagefs_policy::Policy;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use crate::attrs::fattr;
+use crate::reads::Reads;
+
+/// The largest record a client may send: a call with a 1 MiB WRITE and its headers.
+const MAX_RECORD: usize = (1 << 20) + 4096;
+
+/// The most bytes one READ is answered with, as the library's FSINFO advertises.
+const MAX_READ: u32 = 1 << 20;
+
+/// Replies queued per connection before its readers wait for the socket.
+const QUEUED_REPLIES: usize = 64;
+
+/// READ is procedure 6 of program 100003, version 3.
+const NFSPROC3_READ: u32 = 6;
+const NFS_VERSION: u32 = 3;
+
+/// What the front needs to answer a READ itself.
+#[derive(Debug, Clone)]
+pub(crate) struct Front {
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) reads: Arc<Reads>,
+    /// The user the export serves (besides root).
+    pub(crate) owner: u32,
+    /// The inode journal's generation, the first 8 bytes (little-endian) of every
+    /// handle the library hands out.
+    pub(crate) generation: u64,
+    /// The library's listener, which answers everything else.
+    pub(crate) library: SocketAddr,
+}
+
+/// One reply on its way to the client.
+enum Reply {
+    /// A whole record from the library, record marks included.
+    Record(Vec<u8>),
+    /// A READ answered here: its record mark and headers, then `len` bytes of
+    /// `file` at `offset`, then `pad` zero bytes.
+    Range {
+        head: Vec<u8>,
+        file: Arc<File>,
+        offset: u64,
+        len: usize,
+        pad: usize,
+    },
+}
+
+/// Accepts connections on `listener` for as long as the task lives.
+pub(crate) async fn accept(listener: TcpListener, front: Front) {
+    loop {
+        let (client, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                debug!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let front = front.clone();
+        tokio::spawn(async move {
+            debug!(%peer, "NFS connection");
+            if let Err(e) = front.serve(client).await {
+                debug!(%peer, error = %e, "NFS connection closed");
+            }
+        });
+    }
+}
+
+impl Front {
+    /// Serves one client connection until either side closes it.
+    async fn serve(self, client: TcpStream) -> io::Result<()> {
+        let _ = client.set_nodelay(true);
+        let library = connect_library(self.library).await?;
+        let _ = library.set_nodelay(true);
+        let (from_client, to_client) = client.into_split();
+        let (from_library, mut to_library) = library.into_split();
+        let (replies, queued) = mpsc::channel(QUEUED_REPLIES);
+        let writer = tokio::spawn(write_replies(to_client, queued));
+        let relay = tokio::spawn(relay_replies(from_library, replies.clone()));
+        let calls = self.take_calls(from_client, &mut to_library, replies).await;
+        relay.abort();
+        writer.abort();
+        calls
+    }
+
+    /// Reads the client's calls: READs this front can answer are answered on their
+    /// own task, the rest are passed to the library as they came.
+    async fn take_calls(
+        &self,
+        mut from_client: OwnedReadHalf,
+        to_library: &mut OwnedWriteHalf,
+        replies: mpsc::Sender<Reply>,
+    ) -> io::Result<()> {
+        loop {
+            let Some((record, body)) = read_record(&mut from_client).await? else {
+                return Ok(());
+            };
+            match self.servable_read(&body) {
+                Some(read) => {
+                    let (this, replies) = (self.clone(), replies.clone());
+                    tokio::spawn(async move {
+                        let reply = this.answer(read).await;
+                        let _ = replies.send(reply).await;
+                    });
+                }
+                None => to_library.write_all(&record).await?,
+            }
+        }
+    }
+
+    /// The READ in `call` if this front may answer it: see the module docs.
+    fn servable_read(&self, call: &[u8]) -> Option<ServableRead> {
+        let mut cursor = Cursor::new(call);
+        let (msg, _) = rpc_msg::unpack(&mut cursor).ok()?;
+        let msg_body::CALL(body) = msg.body else {
+            return None;
+        };
+        if body.prog != nfs::PROGRAM || body.vers != NFS_VERSION || body.proc != NFSPROC3_READ {
+            return None;
+        }
+        if body.cred.flavor != auth_flavor::AUTH_UNIX {
+            return None;
+        }
+        let (auth, _) = auth_unix::unpack(&mut Cursor::new(&body.cred.body.0)).ok()?;
+        if !serves(self.owner, &auth) {
+            return None;
+        }
+        let (args, _) = READ3args::unpack(&mut cursor).ok()?;
+        if cursor.position() != call.len() as u64 {
+            return None;
+        }
+        let ino = ino_of(&args.file.data, self.generation)?;
+        let open = self.reads.open_now(ino)?;
+        let file = self.policy.copy_of(open.fh).ok()??;
+        let offset = args.offset;
+        let count = u64::from(args.count.min(MAX_READ));
+        let len = open.size.saturating_sub(offset).min(count);
+        // A copy shorter than the size it was opened with is damaged: the library's
+        // path deals with it, and a reply here never promises bytes it cannot send.
+        if file.metadata().ok()?.len() < offset.saturating_add(len) {
+            return None;
+        }
+        Some(ServableRead {
+            xid: msg.xid,
+            ino,
+            file,
+            offset,
+            len: usize::try_from(len).ok()?,
+            eof: offset.saturating_add(len) >= open.size,
+        })
+    }
+
+    /// The reply to `read`: its headers, then the range of the copy.
+    async fn answer(&self, read: ServableRead) -> Reply {
+        // The library sends the file's attributes with every READ; so does this.
+        let attrs = self
+            .policy
+            .getattr_within(read.ino, self.policy.config().attr_ttl)
+            .await
+            .ok()
+            .map(|attr| fattr(&attr));
+        let pad = (4 - read.len % 4) % 4;
+        Reply::Range {
+            head: read_reply_head(read.xid, attrs, read.len, read.eof, pad),
+            file: read.file,
+            offset: read.offset,
+            len: read.len,
+            pad,
+        }
+    }
+}
+
+/// A READ this front answers.
+struct ServableRead {
+    xid: u32,
+    ino: u64,
+    file: Arc<File>,
+    offset: u64,
+    len: usize,
+    eof: bool,
+}
+
+/// Whether the export serves AUTH_UNIX credentials `auth`: the serving user's or
+/// root's (the library's `authorize` asks the same).
+pub(crate) fn serves(owner: u32, auth: &auth_unix) -> bool {
+    auth.uid == 0 || auth.uid == owner
+}
+
+/// The inode in handle bytes `fh` if the handle is of generation `generation`.
+fn ino_of(fh: &[u8], generation: u64) -> Option<u64> {
+    let (head, ino) = fh.split_first_chunk::<8>()?;
+    let ino: [u8; 8] = ino.try_into().ok()?;
+    (u64::from_le_bytes(*head) == generation).then(|| u64::from_be_bytes(ino))
+}
+
+/// The record mark, RPC reply header and READ3resok fields before the data, for a
+/// reply carrying `len` bytes and `pad` bytes of XDR padding.
+fn read_reply_head(
+    xid: u32,
+    attrs: Option<nfs::fattr3>,
+    len: usize,
+    eof: bool,
+    pad: usize,
+) -> Vec<u8> {
+    let rpc = rpc_msg {
+        xid,
+        body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
+            verf: opaque_auth::default(),
+            reply_data: accept_stat_data::SUCCESS,
+        })),
+    };
+    let attrs = match attrs {
+        Some(attrs) => nfs::post_op_attr::Some(attrs),
+        None => nfs::post_op_attr::None,
+    };
+    // Every field is a u32 or a fixed-size XDR struct, and `len` is at most MAX_READ.
+    let count = u32::try_from(len).unwrap_or(MAX_READ);
+    let mut head = Vec::with_capacity(256);
+    head.extend_from_slice(&[0; 4]);
+    let packed = rpc.pack(&mut head).and_then(|_| {
+        Ok(nfsstat3::NFS3_OK.pack(&mut head)?
+            + attrs.pack(&mut head)?
+            + count.pack(&mut head)?
+            + eof.pack(&mut head)?
+            + count.pack(&mut head)?)
+    });
+    debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
+    let record = (head.len() - 4 + len + pad) as u32;
+    head[..4].copy_from_slice(&(record | 0x8000_0000).to_be_bytes());
+    head
+}
+
+/// One whole record from `from`: its bytes as sent (record marks included) and its
+/// body (fragments joined). `None` at a clean end of the stream.
+async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    let (mut record, mut body) = (Vec::new(), Vec::new());
+    loop {
+        let mut mark = [0u8; 4];
+        match from.read_exact(&mut mark).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && record.is_empty() => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        let mark = u32::from_be_bytes(mark);
+        let (last, len) = (mark & 0x8000_0000 != 0, (mark & 0x7fff_ffff) as usize);
+        if body.len() + len > MAX_RECORD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a call of over {MAX_RECORD} bytes"),
+            ));
+        }
+        let start = body.len();
+        body.resize(start + len, 0);
+        from.read_exact(&mut body[start..]).await?;
+        record.extend_from_slice(&mark.to_be_bytes());
+        record.extend_from_slice(&body[start..]);
+        if last {
+            return Ok(Some((record, body)));
+        }
+    }
+}
+
+/// Passes the library's replies, whole records, to the client's queue.
+async fn relay_replies(mut from_library: OwnedReadHalf, replies: mpsc::Sender<Reply>) {
+    while let Ok(Some((record, _))) = read_record(&mut from_library).await {
+        if replies.send(Reply::Record(record)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes queued replies to the client, one whole reply at a time.
+async fn write_replies(mut to_client: OwnedWriteHalf, mut queued: mpsc::Receiver<Reply>) {
+    while let Some(reply) = queued.recv().await {
+        let written = match reply {
+            Reply::Record(record) => to_client.write_all(&record).await,
+            Reply::Range {
+                head,
+                file,
+                offset,
+                len,
+                pad,
+            } => write_range(&mut to_client, &head, &file, offset, len, pad).await,
+        };
+        if let Err(e) = written {
+            // A reply cut short leaves the stream unframed: the connection must end,
+            // and the client sends its calls again on a new one.
+            debug!(error = %e, "closing an NFS connection after a failed reply");
+            let _ = to_client.shutdown().await;
+            return;
+        }
+    }
+}
+
+async fn write_range(
+    to: &mut OwnedWriteHalf,
+    head: &[u8],
+    file: &Arc<File>,
+    offset: u64,
+    len: usize,
+    pad: usize,
+) -> io::Result<()> {
+    to.write_all(head).await?;
+    crate::send_file::send(to, file, offset, len).await?;
+    to.write_all(&[0u8; 3][..pad]).await
+}
+
+/// A connection to the library's listener. As root it is made from a reserved
+/// port, since the library's listener takes no other (see [`crate::listen`]).
+async fn connect_library(library: SocketAddr) -> io::Result<TcpStream> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return TcpStream::connect(library).await;
+    }
+    for port in (600..1024).rev() {
+        let socket = TcpSocket::new_v4()?;
+        socket.set_reuseaddr(true)?;
+        if socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], port)))
+            .is_err()
+        {
+            continue;
+        }
+        match socket.connect(library).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    info!("no reserved port is free to reach the NFS library's listener");
+    Err(io::Error::from_raw_os_error(libc::EADDRINUSE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nfs3_server::nfs3_types::nfs3::{READ3res, READ3resok};
+    use nfs3_server::nfs3_types::xdr_codec::Opaque;
+
+    #[test]
+    fn a_read_reply_is_framed_as_the_library_frames_it() {
+        for len in [0usize, 1, 3, 4, 1000, 4093] {
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let pad = (4 - len % 4) % 4;
+            let attrs = nfs::fattr3 {
+                type_: nfs::ftype3::NF3REG,
+                mode: 0o644,
+                nlink: 1,
+                uid: 501,
+                gid: 20,
+                size: len as u64,
+                used: len as u64,
+                rdev: nfs::specdata3::default(),
+                fsid: 9,
+                fileid: 1234,
+                atime: nfs::nfstime3::default(),
+                mtime: nfs::nfstime3 {
+                    seconds: 5,
+                    nseconds: 6,
+                },
+                ctime: nfs::nfstime3::default(),
+            };
+            let mut ours = read_reply_head(7, Some(attrs.clone()), len, true, pad);
+            ours.extend_from_slice(&data);
+            ours.extend(std::iter::repeat_n(0, pad));
+
+            let rpc = rpc_msg {
+                xid: 7,
+                body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
+                    verf: opaque_auth::default(),
+                    reply_data: accept_stat_data::SUCCESS,
+                })),
+            };
+            let res = READ3res::Ok(READ3resok {
+                file_attributes: nfs::post_op_attr::Some(attrs),
+                count: len as u32,
+                eof: true,
+                data: Opaque::owned(data),
+            });
+            let mut theirs = Vec::new();
+            rpc.pack(&mut theirs).expect("pack");
+            res.pack(&mut theirs).expect("pack");
+            let mark = (theirs.len() as u32 | 0x8000_0000).to_be_bytes();
+            assert_eq!(&ours[..4], &mark, "record mark for {len} bytes");
+            assert_eq!(&ours[4..], &theirs[..], "reply for {len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_handle_names_an_inode_only_in_its_own_generation() {
+        let mut fh = 42u64.to_le_bytes().to_vec();
+        fh.extend_from_slice(&7u64.to_be_bytes());
+        assert_eq!(ino_of(&fh, 42), Some(7));
+        assert_eq!(ino_of(&fh, 41), None);
+        assert_eq!(ino_of(&fh[..12], 42), None);
+    }
+}
