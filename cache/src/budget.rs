@@ -1,56 +1,38 @@
 //! How much the cache may hold: an upper bound on its size and free space to leave on
-//! its volume. Both hold at once; either may be off.
+//! its volume. Both hold at once; either may be off. The limits themselves
+//! ([`Budget`]) are part of the control protocol, which reports them; what they
+//! allow is decided here.
 
 use std::io;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+pub use stagefs_control::{Budget, VolumeSpace};
 
 use crate::defaults;
 
-/// The cache's limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Budget {
-    /// Most bytes of staged copies the cache may hold.
-    pub max_size: Option<u64>,
-    /// Bytes to leave free on the cache volume.
-    pub min_free: Option<u64>,
+/// The default free-space reserve: [`defaults::MIN_FREE_PERCENT`] of the volume, at
+/// most [`defaults::MIN_FREE_CAP`].
+pub fn default_min_free(volume: VolumeSpace) -> u64 {
+    let share = u128::from(volume.total) * u128::from(defaults::MIN_FREE_PERCENT) / 100;
+    u64::try_from(share)
+        .unwrap_or(u64::MAX)
+        .min(defaults::MIN_FREE_CAP)
 }
 
-/// Space on the volume holding a directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeSpace {
-    /// Size of the volume.
-    pub total: u64,
-    /// Bytes an unprivileged user may still write.
-    pub available: u64,
-}
-
-impl Budget {
-    /// The default free-space reserve: [`defaults::MIN_FREE_PERCENT`] of the volume,
-    /// at most [`defaults::MIN_FREE_CAP`].
-    pub fn default_min_free(volume: VolumeSpace) -> u64 {
-        let share = u128::from(volume.total) * u128::from(defaults::MIN_FREE_PERCENT) / 100;
-        u64::try_from(share)
-            .unwrap_or(u64::MAX)
-            .min(defaults::MIN_FREE_CAP)
-    }
-
-    /// Whether `incoming` more bytes fit when the cache holds `used` bytes
-    /// (staged plus reserved) and the volume has `volume.available` bytes free of
-    /// which `pending` are already promised to copies in progress.
-    pub fn fits(&self, used: u64, pending: u64, incoming: u64, volume: VolumeSpace) -> bool {
-        let under_max = self
-            .max_size
-            .is_none_or(|max| used.saturating_add(incoming) <= max);
-        let keeps_free = self.min_free.is_none_or(|min| {
-            volume
-                .available
-                .checked_sub(pending.saturating_add(incoming))
-                .is_some_and(|left| left >= min)
-        });
-        under_max && keeps_free
-    }
+/// Whether `incoming` more bytes fit within `budget` when the cache holds `used`
+/// bytes (staged plus reserved) and the volume has `volume.available` bytes free of
+/// which `pending` are already promised to copies in progress.
+pub fn fits(budget: &Budget, used: u64, pending: u64, incoming: u64, volume: VolumeSpace) -> bool {
+    let under_max = budget
+        .max_size
+        .is_none_or(|max| used.saturating_add(incoming) <= max);
+    let keeps_free = budget.min_free.is_none_or(|min| {
+        volume
+            .available
+            .checked_sub(pending.saturating_add(incoming))
+            .is_some_and(|left| left >= min)
+    });
+    under_max && keeps_free
 }
 
 /// Space on the volume holding `dir`.
@@ -79,9 +61,12 @@ mod tests {
             max_size: Some(300),
             min_free: Some(100),
         };
-        assert!(b.fits(200, 0, 100, VOL));
-        assert!(!b.fits(201, 0, 100, VOL), "over max_size");
-        assert!(!b.fits(0, 250, 200, VOL), "would leave less than min_free");
-        assert!(Budget::default().fits(u64::MAX - 1, 0, 1, VOL));
+        assert!(fits(&b, 200, 0, 100, VOL));
+        assert!(!fits(&b, 201, 0, 100, VOL), "over max_size");
+        assert!(
+            !fits(&b, 0, 250, 200, VOL),
+            "would leave less than min_free"
+        );
+        assert!(fits(&Budget::default(), u64::MAX - 1, 0, 1, VOL));
     }
 }

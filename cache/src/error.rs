@@ -7,6 +7,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use stagefs_control::Remedy;
 use thiserror::Error;
 
 use crate::budget::Budget;
@@ -14,21 +15,6 @@ use crate::units::format_bytes;
 
 /// A shared I/O error, so errors stay cloneable.
 pub type SharedIo = Arc<io::Error>;
-
-/// What a user can change so an error does not recur. The core's texts describe
-/// only the condition; each front end names the remedy in its own terms (the CLI
-/// as the flag to try), so no core text goes stale when a flag is renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Remedy {
-    /// Give the cache more room: a larger size limit or a smaller free-space
-    /// reserve, free disk space, or close models in use.
-    MoreRoom,
-    /// Wait longer for a slow source.
-    LongerSourceTimeout,
-    /// Ask for the model without a revision: it has none.
-    NoRevision,
-}
 
 /// Failures reading the source tree (the slow, mirrored directory).
 #[derive(Debug, Clone, Error)]

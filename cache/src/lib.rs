@@ -7,7 +7,6 @@
 
 pub mod admin;
 pub mod budget;
-pub mod control;
 pub mod copy;
 pub mod defaults;
 pub mod error;

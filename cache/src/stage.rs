@@ -28,7 +28,7 @@ use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
 use tracing::{info, warn};
 
-use serde::{Deserialize, Serialize};
+pub use stagefs_control::InFlight;
 
 use crate::copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
 use crate::defaults;
@@ -53,19 +53,6 @@ pub struct Staged {
     pub copied: bool,
     /// Keeps the copy from being evicted while any clone of this is held.
     pub pin: Arc<Pin>,
-}
-
-/// A copy in progress, as reported by [`Stager::in_flight`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InFlight {
-    /// Source path, relative to the source root.
-    pub path: PathBuf,
-    /// Bytes copied so far (written in order).
-    pub copied: u64,
-    /// Bytes read from the source so far, in any order: grows while the source answers.
-    pub read: u64,
-    /// Bytes to copy (0 until the source has been looked at).
-    pub total: u64,
 }
 
 #[derive(Debug, Default)]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::bail;
-use stagefs_cache::control::MountRecord;
+use stagefs_control::MountRecord;
 use stagefs_mount::bounded;
 use stagefs_mount::registry::{self, KnownMount};
 use stagefs_mount::table;

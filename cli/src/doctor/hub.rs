@@ -7,9 +7,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use stagefs_cache::control;
 use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_cache::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
+use stagefs_control as control;
 
 use super::Check;
 use super::worker::{Gathered, Line, Tx, reply};
