@@ -10,6 +10,7 @@ pub mod budget;
 pub mod copy;
 pub mod defaults;
 pub mod error;
+#[cfg(any(test, feature = "fault-injection"))]
 pub mod faulty;
 pub mod fskind;
 pub mod hf;

@@ -1,8 +1,8 @@
 //! The source tree: the slow directory (NAS share, USB disk) that stagefs mirrors.
 //!
 //! [`Source`] is what a backend implements: [`LocalDir`] for a mounted directory, and
-//! [`crate::faulty::FaultySource`] for tests that need a source that hangs, slows
-//! down, fails or changes under a copy. [`SourceTree`] is the handle the rest of the
+//! `faulty::FaultySource` (feature `fault-injection`) for tests that need a source
+//! that hangs, slows down, fails or changes under a copy. [`SourceTree`] is the handle the rest of the
 //! code holds: it checks every path before a backend sees it, so no request can reach
 //! outside the root. Symlinks are never followed: the mirror returns them verbatim.
 
