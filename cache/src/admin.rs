@@ -12,16 +12,13 @@ use stagefs_control::report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
     VerifyReport,
 };
-use stagefs_control::{Backend, Request, Response};
+use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
 
 use crate::error::StoreError;
-use crate::hf;
-use crate::key::Key;
-use crate::metrics::MetricsSnapshot;
-use crate::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
+use crate::layout::hf;
+use crate::layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
 use crate::source::SourceTree;
-use crate::source_pool::SourceHealth;
-use crate::stage::InFlight;
+use crate::store::key::Key;
 use crate::store::{CopyCheck, EntryInfo, Hold, Store, compare_with_record};
 
 /// What a running mount adds to the cache's own state.
@@ -509,8 +506,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::budget::Budget;
     use crate::stage::Stager;
+    use crate::store::budget::Budget;
 
     #[test]
     fn model_ids_and_paths_are_validated() {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
-use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::defaults;
+use stagefs_cache::stage::copy::CopyOptions;
 use stagefs_mount::MountSpec;
 use stagefs_policy::FsConfig;
 

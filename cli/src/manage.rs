@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use stagefs_cache::SourceHealth;
-use stagefs_cache::models::{self, ModelKind};
+use stagefs_cache::layout::models::{self, ModelKind};
 use stagefs_cache::store::Hold;
 use stagefs_control::{
     EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport, VerifyReport,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stagefs_cache::admin::{self, AdminError, Live};
-use stagefs_cache::models::ModelSource;
-use stagefs_cache::prefetch::{self, FileProgress, Job, Target};
+use stagefs_cache::layout::models::ModelSource;
+use stagefs_cache::stage::prefetch::{self, FileProgress, Job, Target};
 use stagefs_cache::{SourceError, SourceTree, Stager, Store, StoreError};
 use stagefs_control::{self as control, MountRecord, Request, Response};
 use tokio::runtime::Runtime;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use stagefs_cache::Stager;
 use stagefs_cache::admin::{self, Live};
-use stagefs_cache::models::ModelSource;
-use stagefs_cache::prefetch::{self, Job, Target};
+use stagefs_cache::layout::models::ModelSource;
+use stagefs_cache::stage::prefetch::{self, Job, Target};
 use stagefs_control::{Backend, Request, Response};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use stagefs_cache::Budget;
-use stagefs_cache::budget::{default_min_free, volume_space};
-use stagefs_cache::copy::CopyOptions;
+use stagefs_cache::stage::copy::CopyOptions;
 use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
+use stagefs_cache::store::budget::{default_min_free, volume_space};
 use stagefs_control::Backend;
 use stagefs_policy::FsConfig;
 

@@ -1,4 +1,5 @@
-//! The on-disk cache store.
+//! The store room: the on-disk cache ([`Store`]), its index and journal ([`index`]),
+//! the keys that name copies ([`key`]) and the limits on its size ([`budget`]).
 //!
 //! Layout under the cache directory:
 //! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
@@ -43,14 +44,18 @@ use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
 use tracing::{info, warn};
 
-use crate::budget::{self, Budget, VolumeSpace, volume_space};
-use crate::copy::{Digests, digest_file};
 use crate::error::StoreError;
-use crate::index::{CopyId, Entry, Index, Journal};
-use crate::key::Key;
+use crate::stage::copy::{Digests, digest_file};
 
+pub mod budget;
 mod committer;
+pub mod index;
+pub mod key;
+
+use budget::{Budget, VolumeSpace, volume_space};
 use committer::{Commit, Committer};
+use index::{CopyId, Entry, Index, Journal};
+use key::Key;
 
 pub use stagefs_control::{Hold, Usage};
 
@@ -960,8 +965,8 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::index::Record;
     use crate::source::Stamp;
+    use index::Record;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -17,8 +17,8 @@ use tracing::{debug, info};
 
 use crate::admin::AdminError;
 use crate::error::{StageError, StoreError};
-use crate::hf;
-use crate::models::{self, ModelSource};
+use crate::layout::hf;
+use crate::layout::models::{self, ModelSource};
 use crate::source::{SourceTree, Stamp};
 use crate::stage::Stager;
 use crate::store::Store;
@@ -334,7 +334,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::budget::Budget;
+    use crate::store::budget::Budget;
 
     /// A source with one model folder of two weight files and a config, and a stager
     /// over it with `staged` already staged and committed.

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use stagefs_control::ModelKind;
 
-use crate::hf;
+use crate::layout::hf;
 use crate::source::SourceTree;
 
 /// How many directory levels below the root (and below each of `model_dirs`) a search
