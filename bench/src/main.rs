@@ -149,8 +149,8 @@ fn main() -> ExitCode {
             cache,
             file,
         } => {
-            let defaults = stagefs_cache::copy::CopyOptions::default();
-            let copy = stagefs_cache::copy::CopyOptions {
+            let defaults = stagefs_cache::stage::copy::CopyOptions::default();
+            let copy = stagefs_cache::stage::copy::CopyOptions {
                 streams: streams.unwrap_or(defaults.streams),
                 chunk: chunk.map(|c| c as usize),
             };

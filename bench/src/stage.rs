@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use stagefs_cache::copy::CopyOptions;
+use stagefs_cache::stage::copy::CopyOptions;
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
 
 /// Stages `rel` of `source` into a store in `cache` (which must not exist or be

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::index::{CopyId, Entry, INDEX_VERSION, Record};
+use stagefs_cache::store::index::{CopyId, Entry, INDEX_VERSION, Record};
 use stagefs_cache::{Budget, Key, Stamp, Store};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

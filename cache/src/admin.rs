@@ -8,17 +8,18 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use stagefs_control::report::{
+    EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
+    VerifyReport,
+};
+use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
 
 use crate::error::StoreError;
-use crate::hf;
-use crate::key::Key;
-use crate::metrics::MetricsSnapshot;
-use crate::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
+use crate::layout::hf;
+use crate::layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
 use crate::source::SourceTree;
-use crate::source_pool::SourceHealth;
-use crate::stage::InFlight;
-use crate::store::{CopyCheck, EntryInfo, Hold, Store, Usage, compare_with_record};
+use crate::store::key::Key;
+use crate::store::{CopyCheck, EntryInfo, Hold, Store, compare_with_record};
 
 /// What a running mount adds to the cache's own state.
 #[derive(Debug, Clone, Default)]
@@ -32,173 +33,52 @@ pub struct Live {
     /// How the source answers the mount.
     pub source_health: Option<SourceHealth>,
     /// How the mount reaches the kernel, and an NFS export's URL.
-    pub backend: Option<(crate::control::Backend, Option<String>)>,
+    pub backend: Option<(Backend, Option<String>)>,
     /// How the mount serves staged files (`staged files are presented as links…`).
     pub read_path: Option<String>,
 }
 
-/// Everything `stagefs status` shows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StatusReport {
-    /// The cache directory.
-    pub cache_dir: PathBuf,
-    /// The mirrored source, when known.
-    pub source: Option<PathBuf>,
-    /// The mount point, when a mount is running.
-    pub mountpoint: Option<PathBuf>,
-    /// Space used, the budget and free space.
-    pub usage: Usage,
-    /// Staged files grouped by model.
-    pub models: Vec<ModelStatus>,
-    /// Counters since the mount started (running mounts only).
-    pub metrics: Option<MetricsSnapshot>,
-    /// Copies in progress (running mounts only).
-    pub in_flight: Vec<InFlight>,
-    /// How the source answers the mount (running mounts only).
-    #[serde(default)]
-    pub source_health: Option<SourceHealth>,
-    /// How the mount reaches the kernel (running mounts only).
-    #[serde(default)]
-    pub backend: Option<crate::control::Backend>,
-    /// The NFS export's libnfs URL (running NFS mounts only).
-    #[serde(default)]
-    pub export: Option<String>,
-    /// How the running mount serves staged files, as its log said at mount time.
-    #[serde(default)]
-    pub read_path: Option<String>,
-    /// Where a mount of this cache died and left a dead mount behind (filled in by
-    /// the front end, which reads the mount table).
-    #[serde(default)]
-    pub dead_mount: Option<PathBuf>,
-}
-
-/// One model's share of the cache.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelStatus {
-    /// `org/name` for an HF repository (datasets and spaces keep their type,
-    /// `datasets/org/name`); the path in the source for a folder or a file.
-    pub model: String,
-    /// The form it is kept in.
-    pub kind: ModelKind,
-    /// Relative to the source root: the repository directory, the folder, the file.
-    pub path: PathBuf,
-    /// Staged copies belonging to this model.
-    pub staged_files: usize,
-    /// Their bytes.
-    pub staged_bytes: u64,
-    /// Per snapshot of a repository, when the source is reachable.
-    pub revisions: Vec<RevisionStatus>,
-    /// Files of a folder or file model, when the source is reachable.
-    pub total_files: Option<usize>,
-    /// Their bytes.
-    pub total_bytes: Option<u64>,
-}
-
-impl ModelStatus {
-    fn empty(model: &ModelRef) -> ModelStatus {
-        ModelStatus {
-            model: model.id.clone(),
-            kind: model.kind,
-            path: model.path.clone(),
-            staged_files: 0,
-            staged_bytes: 0,
-            revisions: Vec::new(),
-            total_files: None,
-            total_bytes: None,
+/// Serves `request` against `store`; `live` carries what only a running mount knows.
+pub fn answer(
+    request: Request,
+    store: &Store,
+    source: Option<ModelSource<'_>>,
+    live: Live,
+) -> Response {
+    let result = match request {
+        Request::Stats => match (live.metrics, live.mountpoint, source) {
+            (Some(metrics), Some(mountpoint), Some(source)) => Ok(Response::Stats {
+                metrics,
+                mountpoint,
+                source: source.tree.root().to_path_buf(),
+                in_flight: live.in_flight,
+            }),
+            _ => Err(AdminError::BadRequest("no mount is running".into())),
+        },
+        Request::Status => status(store, source, live).map(|report| Response::Status {
+            report: Box::new(report),
+        }),
+        Request::Evict { selector, dry_run } => evict(
+            store,
+            source.map(|s| s.tree),
+            &selector,
+            dry_run,
+            crate::sys::now_secs(),
+        )
+        .map(|report| Response::Evicted { report }),
+        Request::Verify { model, repair } => {
+            verify(store, model.as_deref(), repair).map(|report| Response::Verified { report })
         }
-    }
-}
-
-/// One snapshot of a repository.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RevisionStatus {
-    /// The commit hash.
-    pub revision: String,
-    /// Refs (branches, tags) pointing at it.
-    pub refs: Vec<String>,
-    /// Files of the snapshot that are staged.
-    pub staged_files: usize,
-    /// Files of the snapshot.
-    pub total_files: usize,
-    /// Bytes of the staged files.
-    pub staged_bytes: u64,
-    /// Bytes of all files.
-    pub total_bytes: u64,
-}
-
-/// Which copies `evict` drops.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "by", rename_all = "snake_case")]
-pub enum EvictSelector {
-    /// Every copy of a repository, `org/name`.
-    Model {
-        /// The repository id.
-        id: String,
-    },
-    /// The copy of one source file, relative to the source root.
-    Path {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Every copy.
-    All,
-    /// Copies not used for this many seconds.
-    OlderThan {
-        /// Seconds.
-        secs: u64,
-    },
-    /// Least recently used copies until the cache holds at most this many bytes.
-    ToSize {
-        /// Bytes.
-        bytes: u64,
-    },
-}
-
-/// What `evict` did (or would do, with `dry_run`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EvictReport {
-    /// Copies dropped.
-    pub evicted: Vec<FileRef>,
-    /// Copies selected but kept because they are open or being staged.
-    pub in_use: Vec<FileRef>,
-    /// Bytes freed.
-    pub freed: u64,
-    /// Nothing was changed.
-    pub dry_run: bool,
-}
-
-/// A staged copy, named by its source path.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileRef {
-    /// Source path, relative to the source root.
-    pub path: PathBuf,
-    /// Size.
-    pub bytes: u64,
-    /// Why it was kept, for a copy in use.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold: Option<Hold>,
-}
-
-/// What `verify` found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VerifyReport {
-    /// Copies re-hashed.
-    pub checked: usize,
-    /// Bytes re-hashed.
-    pub bytes: u64,
-    /// Copies that do not match.
-    pub mismatches: Vec<Mismatch>,
-    /// Mismatched copies dropped (with `repair`).
-    pub repaired: Vec<PathBuf>,
-}
-
-/// A copy whose bytes do not match what was recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mismatch {
-    /// Source path.
-    pub path: PathBuf,
-    /// What did not match.
-    pub reason: String,
+        Request::Names { paths } => Ok(Response::Names {
+            names: names(source.map(|s| s.tree), &paths),
+        }),
+        Request::Prefetch { .. } => Err(AdminError::BadRequest(
+            "prefetch is served as a stream, not a single answer".into(),
+        )),
+    };
+    result.unwrap_or_else(|e| Response::Error {
+        message: e.to_string(),
+    })
 }
 
 /// Why an admin request failed.
@@ -233,7 +113,7 @@ pub fn status(
         };
         let model = models
             .entry(owner.path.clone())
-            .or_insert_with(|| ModelStatus::empty(&owner));
+            .or_insert_with(|| empty_status(&owner));
         model.staged_files += 1;
         model.staged_bytes += info.entry.stamp.size;
     }
@@ -526,13 +406,26 @@ fn add_totals(
     }
 }
 
+fn empty_status(model: &ModelRef) -> ModelStatus {
+    ModelStatus {
+        model: model.id.clone(),
+        kind: model.kind,
+        path: model.path.clone(),
+        staged_files: 0,
+        staged_bytes: 0,
+        revisions: Vec::new(),
+        total_files: None,
+        total_bytes: None,
+    }
+}
+
 fn model_entry<'a>(
     models: &'a mut BTreeMap<PathBuf, ModelStatus>,
     found: &ModelRef,
 ) -> &'a mut ModelStatus {
     models
         .entry(found.path.clone())
-        .or_insert_with(|| ModelStatus::empty(found))
+        .or_insert_with(|| empty_status(found))
 }
 
 fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionStatus> {
@@ -613,8 +506,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::budget::Budget;
     use crate::stage::Stager;
+    use crate::store::budget::Budget;
 
     #[test]
     fn model_ids_and_paths_are_validated() {

@@ -7,27 +7,24 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use stagefs_control::Budget;
+pub use stagefs_control::Remedy;
 use thiserror::Error;
 
-use crate::budget::Budget;
 use crate::units::format_bytes;
 
 /// A shared I/O error, so errors stay cloneable.
 pub type SharedIo = Arc<io::Error>;
 
-/// What a user can change so an error does not recur. The core's texts describe
-/// only the condition; each front end names the remedy in its own terms (the CLI
-/// as the flag to try), so no core text goes stale when a flag is renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Remedy {
-    /// Give the cache more room: a larger size limit or a smaller free-space
-    /// reserve, free disk space, or close models in use.
-    MoreRoom,
-    /// Wait longer for a slow source.
-    LongerSourceTimeout,
-    /// Ask for the model without a revision: it has none.
-    NoRevision,
+/// Why an operation produced no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum Unanswered {
+    /// It did not finish within the caller's deadline (it may still be running).
+    #[error("the source did not answer in time")]
+    TimedOut,
+    /// Every source thread is stuck on an operation older than the timeout.
+    #[error("every source thread is stuck waiting for the source")]
+    Saturated,
 }
 
 /// Failures reading the source tree (the slow, mirrored directory).
@@ -51,7 +48,7 @@ pub enum SourceError {
         /// Path relative to the source root.
         path: PathBuf,
         /// Timed out, or every source thread is stuck.
-        why: crate::source_pool::Unanswered,
+        why: Unanswered,
     },
     /// Any other I/O failure on the source.
     #[error("{path}: reading the source failed: {source}")]

@@ -1,37 +1,47 @@
-//! The core of stagefs, independent of FUSE.
+//! The core of stagefs, independent of FUSE and NFS.
 //!
-//! A [`source::SourceTree`] is the slow directory being mirrored; a [`store::Store`] is
-//! the local cache directory; a [`stage::Stager`] copies whole files from one to the
-//! other, one copy per file however many callers ask at once. Nothing here knows about
-//! inodes, replies or errno: the `fs` crate adapts these types to the kernel.
+//! A [`SourceTree`] is the slow directory being mirrored; a [`Store`] is the local
+//! cache directory; a [`Stager`] copies whole files from one to the other, one copy
+//! per file however many callers ask at once. Nothing here knows about inodes,
+//! replies or errno: the `policy` crate decides what a mount answers, and the `fuse`
+//! and `nfs` crates adapt it to the kernel.
+//!
+//! The modules are rooms by job:
+//! - [`source`]: the source and its backends, the bounded threads every source
+//!   operation runs on ([`source::pool`]), what kind of filesystem it is
+//!   ([`source::fskind`]), and the fault-injecting source for tests (feature
+//!   `fault-injection`);
+//! - [`stage`]: staging a file ([`Stager`]), the copy itself ([`stage::copy`]) and
+//!   prefetch ([`stage::prefetch`]);
+//! - [`store`]: the cache directory, its index, keys and budget;
+//! - [`layout`]: how a source's files form models (the HF hub layout, model folders,
+//!   GGUF files);
+//! - [`admin`]: status, evict and verify, and the server side of the control protocol
+//!   (whose requests and reports are the `stagefs-control` crate);
+//! - shared by all: [`error`], [`metrics`], [`defaults`], [`units`], [`sys`].
 
 pub mod admin;
-pub mod budget;
-pub mod control;
-pub mod copy;
 pub mod defaults;
 pub mod error;
-pub mod faulty;
-pub mod fskind;
-pub mod hf;
-pub mod index;
-pub mod key;
+pub mod layout;
 pub mod metrics;
-pub mod models;
-pub mod prefetch;
 pub mod source;
-pub mod source_pool;
 pub mod stage;
 pub mod store;
 pub mod sys;
 pub mod units;
 
-pub use budget::Budget;
+/// The fault-injecting source under its old path (`source::faulty`), which
+/// `readbench jukebox` still names.
+#[cfg(any(test, feature = "fault-injection"))]
+pub use source::faulty;
+
 pub use error::{Remedy, SourceError, StageError, StoreError};
-pub use index::Entry;
-pub use key::Key;
 pub use metrics::{Metrics, MetricsSnapshot};
+pub use source::pool::{SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
 pub use source::{EntryKind, LocalDir, ReadAt, Source, SourceFile, SourceMeta, SourceTree, Stamp};
-pub use source_pool::{SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
 pub use stage::{InFlight, Staged, Stager, StagerOptions};
 pub use store::Store;
+pub use store::budget::Budget;
+pub use store::index::Entry;
+pub use store::key::Key;

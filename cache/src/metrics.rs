@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::{Deserialize, Serialize};
+pub use stagefs_control::MetricsSnapshot;
 
 /// Live counters, shared by the stager and the filesystem adapter.
 #[derive(Debug, Default)]
@@ -27,31 +27,6 @@ pub struct Metrics {
     /// Staged files handed out as a link to their local copy (readlink answers):
     /// the kernel opens and reads the copy itself, so those reads never arrive here.
     pub redirects: AtomicU64,
-}
-
-/// A point-in-time copy of [`Metrics`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MetricsSnapshot {
-    /// See [`Metrics::stage_hits`].
-    pub stage_hits: u64,
-    /// See [`Metrics::stage_copies`].
-    pub stage_copies: u64,
-    /// See [`Metrics::bytes_copied`].
-    pub bytes_copied: u64,
-    /// See [`Metrics::kept_copies`].
-    #[serde(default)]
-    pub kept_copies: u64,
-    /// See [`Metrics::passthrough_opens`].
-    pub passthrough_opens: u64,
-    /// See [`Metrics::daemon_opens`].
-    pub daemon_opens: u64,
-    /// See [`Metrics::source_opens`].
-    pub source_opens: u64,
-    /// See [`Metrics::daemon_reads`].
-    pub daemon_reads: u64,
-    /// See [`Metrics::redirects`].
-    #[serde(default)]
-    pub redirects: u64,
 }
 
 impl Metrics {

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use stagefs_cache::index::CopyId;
 use stagefs_cache::store::Hit;
+use stagefs_cache::store::index::CopyId;
 use stagefs_cache::{Budget, Entry, Key, Stamp, Store, StoreError};
 
 const MAX: u64 = 1000;

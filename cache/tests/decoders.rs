@@ -5,9 +5,9 @@ use std::fs;
 use std::path::Path;
 
 use proptest::prelude::*;
-use stagefs_cache::admin::Live;
-use stagefs_cache::control::{Request, answer};
+use stagefs_cache::admin::{Live, answer};
 use stagefs_cache::{Budget, Store};
+use stagefs_control::Request;
 
 fn any_line() -> impl Strategy<Value = String> {
     prop_oneof![

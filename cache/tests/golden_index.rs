@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use stagefs_cache::index::{CopyId, Entry, INDEX_VERSION, Record};
 use stagefs_cache::source::Stamp;
+use stagefs_cache::store::index::{CopyId, Entry, INDEX_VERSION, Record};
 
 const GOLDEN: &str = include_str!("golden/index-v1.jsonl");
 

@@ -3,9 +3,9 @@
 
 use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use stagefs_cache::Remedy;
-use stagefs_cache::control::Backend;
 use stagefs_cache::defaults;
 use stagefs_cache::units::format_duration;
+use stagefs_control::Backend;
 use stagefs_policy::OnFull;
 use std::path::PathBuf;
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
-use stagefs_cache::copy::CopyOptions;
 use stagefs_cache::defaults;
+use stagefs_cache::stage::copy::CopyOptions;
 use stagefs_mount::MountSpec;
 use stagefs_policy::FsConfig;
 
@@ -113,7 +113,7 @@ impl Config {
     /// This config with the source, mount point and `model_dirs` a cache recorded
     /// filled in where the file sets none (for commands that find the mount a cache
     /// serves, or served last).
-    pub(crate) fn filled_from(mut self, record: &stagefs_cache::control::MountRecord) -> Config {
+    pub(crate) fn filled_from(mut self, record: &stagefs_control::MountRecord) -> Config {
         let file = &mut self.file;
         if file.source.is_none() && file.mountpoint.is_none() {
             file.source = Some(record.source.clone());
@@ -146,7 +146,7 @@ impl Config {
     }
 
     /// The file's `backend`, if it sets one (for `doctor` and `service`).
-    pub(crate) fn backend(&self) -> Option<stagefs_cache::control::Backend> {
+    pub(crate) fn backend(&self) -> Option<stagefs_control::Backend> {
         self.file.backend.map(BackendArg::backend)
     }
 
@@ -176,7 +176,7 @@ impl Config {
         flags: &MountOptions,
     ) -> anyhow::Result<MountSpec> {
         let mut spec = self.spec(source, PathBuf::new(), flags)?;
-        spec.backend = stagefs_cache::control::Backend::Nfs;
+        spec.backend = stagefs_control::Backend::Nfs;
         spec.nfs_listen = listen;
         Ok(spec)
     }

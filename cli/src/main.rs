@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::FromArgMatches as _;
 use stagefs_cache::Remedy;
-use stagefs_cache::models::ModelError;
+use stagefs_cache::layout::models::ModelError;
 use stagefs_cache::{StageError, StoreError};
 use stagefs_policy::FsError;
 use tracing_subscriber::EnvFilter;

@@ -8,12 +8,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use stagefs_cache::SourceHealth;
-use stagefs_cache::admin::{
-    EvictReport, EvictSelector, FileRef, ModelStatus, StatusReport, VerifyReport,
-};
-use stagefs_cache::control::{Request, Response};
-use stagefs_cache::models::{self, ModelKind};
+use stagefs_cache::layout::models::{self, ModelKind};
 use stagefs_cache::store::Hold;
+use stagefs_control::{
+    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport, VerifyReport,
+};
 use stagefs_mount::cache_dir::{self, CacheDirError};
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};

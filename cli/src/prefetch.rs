@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use stagefs_cache::prefetch::{FileProgress, FileState, Target};
+use stagefs_cache::stage::prefetch::{FileProgress, FileState, Target};
 use stagefs_mount::cache_dir::{self, CacheDirError};
 
 use crate::args::PrefetchArgs;
@@ -133,7 +133,7 @@ fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Targ
             path: cache_dir::source_relative(Path::new(text), dir)?,
         });
     }
-    if stagefs_cache::models::is_model_id(text) {
+    if stagefs_cache::layout::models::is_model_id(text) {
         return Ok(Target::Model {
             id: text.to_string(),
             revision: revision.map(str::to_string),

@@ -11,7 +11,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use stagefs_cache::models::Shape;
+use stagefs_cache::layout::models::Shape;
 
 use crate::args::RunArgs;
 use crate::config::Config;

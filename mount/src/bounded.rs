@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stagefs_cache::SourceTree;
-use stagefs_cache::models::{self, Shape};
+use stagefs_cache::layout::models::{self, Shape};
 
 /// Why a question has no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

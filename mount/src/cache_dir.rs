@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stagefs_cache::admin::{AdminError, Live};
-use stagefs_cache::control::{self, MountRecord, Request, Response};
-use stagefs_cache::models::ModelSource;
-use stagefs_cache::prefetch::{self, FileProgress, Job, Target};
+use stagefs_cache::admin::{self, AdminError, Live};
+use stagefs_cache::layout::models::ModelSource;
+use stagefs_cache::stage::prefetch::{self, FileProgress, Job, Target};
 use stagefs_cache::{SourceError, SourceTree, Stager, Store, StoreError};
+use stagefs_control::{self as control, MountRecord, Request, Response};
 use tokio::runtime::Runtime;
 
 /// Why a request on a cache directory got no answer.
@@ -117,7 +117,7 @@ fn answer_locally(dir: &Path, request: Request) -> Result<Response, CacheDirErro
         tree,
         model_dirs: &model_dirs,
     });
-    Ok(control::answer(request, &store, source, Live::default()))
+    Ok(admin::answer(request, &store, source, Live::default()))
 }
 
 /// Opens the cache directory itself (no mount may be running), with what its last

@@ -8,16 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stagefs_cache::Stager;
-use stagefs_cache::admin::Live;
-use stagefs_cache::control::{self, Request, Response};
-use stagefs_cache::models::ModelSource;
-use stagefs_cache::prefetch::{self, Job, Target};
+use stagefs_cache::admin::{self, Live};
+use stagefs_cache::layout::models::ModelSource;
+use stagefs_cache::stage::prefetch::{self, Job, Target};
+use stagefs_control::{Backend, Request, Response};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tracing::debug;
-
-use stagefs_cache::control::Backend;
 
 use crate::{MountError, MountSpec};
 
@@ -196,7 +194,7 @@ impl ControlServer {
                         tree: stager.source(),
                         model_dirs: &dirs,
                     };
-                    control::answer(request, stager.store(), Some(source), live)
+                    admin::answer(request, stager.store(), Some(source), live)
                 });
                 asked.await.unwrap_or_else(|why| Response::Error {
                     message: format!(
@@ -215,7 +213,7 @@ impl ControlServer {
     async fn names(&self, paths: Vec<PathBuf>) -> Response {
         let asked = paths.clone();
         let from_source = self.while_the_source_answers(move |stager, source| {
-            control::answer(
+            admin::answer(
                 Request::Names { paths: asked },
                 stager.store(),
                 Some(source),
@@ -235,7 +233,7 @@ impl ControlServer {
     async fn status(&self) -> Response {
         let live = self.live();
         let with_source = self.while_the_source_answers(move |stager, source| {
-            control::answer(Request::Status, stager.store(), Some(source), live)
+            admin::answer(Request::Status, stager.store(), Some(source), live)
         });
         match with_source.await {
             Some(response) => response,
@@ -307,7 +305,7 @@ impl ControlServer {
                 tree: stager.source(),
                 model_dirs: &dirs,
             });
-            control::answer(request, stager.store(), source, live)
+            admin::answer(request, stager.store(), source, live)
         })
         .await;
         answered.unwrap_or_else(|e| Response::Error {

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use stagefs_cache::control::{self, Request, Response};
+use stagefs_control::{self as control, Request, Response};
 
 /// The mount served from `cache_dir` right now, as (source, mountpoint), asked on its
 /// control socket; None when no daemon answers there (no socket, or one left by a

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::control::{self, MountRecord, Request, Response};
+use stagefs_control::{self as control, MountRecord, Request, Response};
 
 use crate::table::{self, MountEntry};
 

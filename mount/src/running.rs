@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::SessionUnmounter;
-use stagefs_cache::control::{Backend, MountRecord};
 use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, StagerOptions, Store, StoreError};
+use stagefs_control::{Backend, MountRecord};
 use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
 use stagefs_policy::{FsConfig, Policy, ReadPath};
@@ -131,7 +131,7 @@ impl Running {
                 mounted: mount,
             },
             stager: stager.clone(),
-            socket: stagefs_cache::control::socket_path(&spec.cache_dir),
+            socket: stagefs_control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
             cache_dir: spec.cache_dir.clone(),
         };
@@ -168,7 +168,7 @@ impl Running {
             runtime,
             session: Session::Fuse { unmounter, done },
             stager: stager.clone(),
-            socket: stagefs_cache::control::socket_path(&spec.cache_dir),
+            socket: stagefs_control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
             cache_dir: spec.cache_dir.clone(),
         };

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use stagefs_cache::Budget;
-use stagefs_cache::budget::volume_space;
-use stagefs_cache::control::Backend;
-use stagefs_cache::copy::CopyOptions;
+use stagefs_cache::stage::copy::CopyOptions;
 use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
+use stagefs_cache::store::budget::{default_min_free, volume_space};
+use stagefs_control::Backend;
 use stagefs_policy::FsConfig;
 
 use crate::MountError;
@@ -67,7 +67,7 @@ impl MountSpec {
     pub(crate) fn budget(&self) -> Result<Budget, MountError> {
         let min_free = match self.min_free {
             Some(bytes) => bytes,
-            None => Budget::default_min_free(
+            None => default_min_free(
                 volume_space(&self.cache_dir)
                     .map_err(|e| MountError::io("measuring the cache volume", e))?,
             ),

@@ -19,7 +19,7 @@ use nfs3_server::nfs3_types::nfs3::{
     nfsstat3,
 };
 use sha2::{Digest, Sha256};
-use stagefs_cache::faulty::{Behaviour, FaultySource};
+use stagefs_cache::source::faulty::{Behaviour, FaultySource};
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::Serving;
 use stagefs_nfs::client::{self, Client, read, read_all, read_waiting};

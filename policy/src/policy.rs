@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use stagefs_cache::copy::read_at_most;
-use stagefs_cache::prefetch::Prefetcher;
+use stagefs_cache::stage::copy::read_at_most;
+use stagefs_cache::stage::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
 use stagefs_cache::sys;
 use stagefs_cache::{
@@ -816,7 +816,7 @@ mod tests {
 
     use sha2::{Digest, Sha256};
     use stagefs_cache::EntryKind;
-    use stagefs_cache::faulty::{Behaviour, FaultySource};
+    use stagefs_cache::source::faulty::{Behaviour, FaultySource};
     use stagefs_cache::{Budget, Key, SourceTree, StagerOptions, Store};
     use tempfile::TempDir;
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stagefs_cache::MetricsSnapshot;
-use stagefs_cache::control::{self, Request, Response};
+use stagefs_control::{self as control, Request, Response};
 use stagefs_mount::{MountError, MountSpec, Running};
 use tempfile::TempDir;
 

@@ -321,7 +321,7 @@ fn journaled_inodes(cache: &Path, blob: &Path) -> Vec<u64> {
         .unwrap_or_default()
         .lines()
         .filter_map(|line| match serde_json::from_str(line) {
-            Ok(stagefs_cache::index::Record::Put { key: k, entry }) if k == key.as_str() => {
+            Ok(stagefs_cache::store::index::Record::Put { key: k, entry }) if k == key.as_str() => {
                 Some(entry.copy.ino)
             }
             _ => None,

@@ -2,7 +2,7 @@
 //!
 //! A copy is served as soon as it is whole and verified ([`super::Store::record`]).
 //! This thread then syncs its data and its name and journals its entry again, now
-//! with its identity ([`crate::index::Index::commit`]). Until then the copy is pinned,
+//! with its identity ([`crate::store::index::Index::commit`]). Until then the copy is pinned,
 //! so no eviction or `evict` races its commit, and its journal line has no identity,
 //! so a restart re-hashes it before serving it (or drops it, if what reached the disk
 //! is not what was verified).
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::{Books, Pin, lock_state};
-use crate::index::CopyId;
-use crate::key::Key;
+use crate::store::index::CopyId;
+use crate::store::key::Key;
 
 /// The longest a verified copy waits for other copies to finish before it is synced
 /// anyway, so a long prefetch does not leave a finished shard in memory only.

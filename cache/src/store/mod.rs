@@ -1,4 +1,5 @@
-//! The on-disk cache store.
+//! The store room: the on-disk cache ([`Store`]), its index and journal ([`index`]),
+//! the keys that name copies ([`key`]) and the limits on its size ([`budget`]).
 //!
 //! Layout under the cache directory:
 //! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
@@ -43,14 +44,20 @@ use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
 use tracing::{info, warn};
 
-use crate::budget::{Budget, VolumeSpace, volume_space};
-use crate::copy::{Digests, digest_file};
 use crate::error::StoreError;
-use crate::index::{CopyId, Entry, Index, Journal};
-use crate::key::Key;
+use crate::stage::copy::{Digests, digest_file};
 
+pub mod budget;
 mod committer;
+pub mod index;
+pub mod key;
+
+use budget::{Budget, VolumeSpace, volume_space};
 use committer::{Commit, Committer};
+use index::{CopyId, Entry, Index, Journal};
+use key::Key;
+
+pub use stagefs_control::{Hold, Usage};
 
 /// Name of the layout directory; a new layout gets a new name.
 pub const LAYOUT_DIR: &str = "v1";
@@ -105,22 +112,6 @@ struct State {
     unlinking: u64,
     /// Names for evicted copies moved aside to be unlinked.
     next_evicted: u64,
-}
-
-/// Why a copy must not be evicted or removed right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "why", rename_all = "snake_case")]
-pub enum Hold {
-    /// A handle has it open, or a copy of it is in progress.
-    Open,
-    /// Its link was followed (or presented by a listing) a moment ago: a program may
-    /// be opening it through the link, which the daemon cannot see.
-    Grace {
-        /// Whole seconds until the grace ends.
-        secs_left: u64,
-        /// The grace in force (`--redirect-grace`), in seconds.
-        grace_secs: u64,
-    },
 }
 
 impl State {
@@ -226,21 +217,6 @@ pub struct EntryInfo {
     /// Why it is in use, if it is.
     #[serde(default)]
     pub hold: Option<Hold>,
-}
-
-/// How full the cache is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Bytes of staged copies.
-    pub used: u64,
-    /// Number of staged copies.
-    pub entries: usize,
-    /// Bytes reserved by copies in progress.
-    pub reserved: u64,
-    /// The limits.
-    pub budget: Budget,
-    /// The cache volume.
-    pub volume: VolumeSpace,
 }
 
 fn lock_state(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -497,18 +473,12 @@ impl Store {
             ..volume
         };
         let best_used = used(&state).saturating_sub(evictable_bytes);
-        if !self
-            .budget
-            .fits(best_used, state.reserved, bytes, best_case)
-        {
+        if !budget::fits(&self.budget, best_used, state.reserved, bytes, best_case) {
             return Err(self.no_room(&state, source, bytes, volume));
         }
         let mut volume = volume;
         loop {
-            if self
-                .budget
-                .fits(used(&state), state.reserved, bytes, volume)
-            {
+            if budget::fits(&self.budget, used(&state), state.reserved, bytes, volume) {
                 state.reserved += bytes;
                 let pin = self.books.pin_locked(&mut state, key);
                 return Ok(Reservation {
@@ -995,8 +965,8 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::index::Record;
     use crate::source::Stamp;
+    use index::Record;
 
     type TestResult = Result<(), Box<dyn std::error::Error>>;
 

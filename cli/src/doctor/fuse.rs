@@ -6,7 +6,7 @@ use std::io::ErrorKind;
 
 use serde::Deserialize;
 
-use stagefs_cache::control::Backend;
+use stagefs_control::Backend;
 
 use super::Check;
 

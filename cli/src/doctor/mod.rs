@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use serde::Serialize;
-use stagefs_cache::models::Shape;
+use stagefs_cache::layout::models::Shape;
 
 pub(crate) use hub::usage as shape_usage;
 

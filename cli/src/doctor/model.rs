@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use stagefs_cache::SourceTree;
-use stagefs_cache::hf;
-use stagefs_cache::models::{self, ModelError, ModelKind, ModelRef};
+use stagefs_cache::layout::hf;
+use stagefs_cache::layout::models::{self, ModelError, ModelKind, ModelRef};
 
 /// Most directory entries a search for a file to measure looks at.
 const SCAN_LIMIT: usize = 5000;

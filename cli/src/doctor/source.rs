@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
-use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
-use stagefs_cache::models::{self, ModelKind, Survey};
-use stagefs_cache::{SourceTree, hf};
+use stagefs_cache::SourceTree;
+use stagefs_cache::layout::hf;
+use stagefs_cache::layout::models::{self, ModelKind, Survey};
+use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
 
 use super::model::{self, Model, Probe};
 use super::worker::{Gathered, Line, StepError, Tx, reply};

@@ -5,9 +5,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::Budget;
-use stagefs_cache::budget::{VolumeSpace, volume_space};
-use stagefs_cache::fskind::{FsInfo, FsKind, filesystem_of};
+use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
+use stagefs_cache::store::budget::{VolumeSpace, default_min_free, volume_space};
 
 use super::Check;
 use super::model::Model;
@@ -74,7 +73,7 @@ pub(crate) fn inspect(
             return (vec![check], report);
         }
     };
-    let min_free = min_free.unwrap_or_else(|| Budget::default_min_free(*space));
+    let min_free = min_free.unwrap_or_else(|| default_min_free(*space));
     let usable = space.available.saturating_sub(min_free);
     (report.exists, report.fs) = (*exists, Some(fs.clone()));
     (report.total_bytes, report.available_bytes) = (Some(space.total), Some(space.available));
@@ -159,7 +158,7 @@ mod tests {
     fn space_verdicts_keep_the_reserve() {
         let volume = |total, available| VolumeSpace { total, available };
         let space = volume(100 * GIB, 30 * GIB);
-        let reserve = Budget::default_min_free(space);
+        let reserve = default_min_free(space);
         assert_eq!(reserve, 10 * GIB);
         let check = |space, max, size| space_check(space, reserve, max, Some(("o/m", size)));
         let fits = check(space, None, 15 * GIB);

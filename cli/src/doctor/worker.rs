@@ -12,8 +12,8 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::fskind::FsInfo;
-use stagefs_cache::models::Survey;
+use stagefs_cache::layout::models::Survey;
+use stagefs_cache::source::fskind::FsInfo;
 // Why a probe has no answer: the words `mount` uses for a source that does not answer.
 use stagefs_mount::bounded::Unanswered;
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use plist::{Dictionary, Value};
-use stagefs_cache::control::Backend;
+use stagefs_control::Backend;
 
 use super::{Plan, Service, output_of};
 

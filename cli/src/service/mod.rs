@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
 
 use anyhow::{Context, bail};
-use stagefs_cache::control::Backend;
+use stagefs_control::Backend;
 
 use crate::args::{MountOptions, ServiceCommand};
 use crate::config::Config;

@@ -12,81 +12,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
+pub use stagefs_control::prefetch::{FileProgress, FileState, Target};
 use tracing::{debug, info};
 
 use crate::admin::AdminError;
 use crate::error::{StageError, StoreError};
-use crate::hf;
-use crate::models::{self, ModelSource};
+use crate::layout::hf;
+use crate::layout::models::{self, ModelSource};
 use crate::source::{SourceTree, Stamp};
 use crate::stage::Stager;
 use crate::store::Store;
-
-/// What to prefetch.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Target {
-    /// A model: an HF repository (`org/name`) at a revision (a ref or a commit;
-    /// default `main`), or a model folder or GGUF file by its path or the end of it.
-    Model {
-        /// Repository id, or a folder's or file's path.
-        id: String,
-        /// Ref or commit (repositories only).
-        revision: Option<String>,
-    },
-    /// A model, snapshot or other directory, or a file, relative to the source root.
-    Path {
-        /// The path.
-        path: PathBuf,
-    },
-}
-
-/// Where one file of a prefetch stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum FileState {
-    /// Not started.
-    Waiting,
-    /// Being copied.
-    Copying,
-    /// Copied now.
-    Staged,
-    /// Was staged already.
-    AlreadyStaged,
-    /// Could not be staged.
-    Failed {
-        /// Why.
-        error: String,
-        /// What would let it be staged, for the front end to name.
-        #[serde(default)]
-        remedy: Option<crate::Remedy>,
-    },
-}
-
-/// Progress of one file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileProgress {
-    /// Source path.
-    pub path: PathBuf,
-    /// Its size.
-    pub total: u64,
-    /// Bytes copied so far.
-    pub copied: u64,
-    /// Where it stands.
-    #[serde(flatten)]
-    pub state: FileState,
-}
-
-impl FileProgress {
-    /// Whether nothing more will happen to this file.
-    pub fn is_settled(&self) -> bool {
-        matches!(
-            self.state,
-            FileState::Staged | FileState::AlreadyStaged | FileState::Failed { .. }
-        )
-    }
-}
 
 /// Resolves targets to the files to stage (each at least `min_size` bytes), in order.
 pub fn resolve(
@@ -399,7 +334,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::budget::Budget;
+    use crate::store::budget::Budget;
 
     /// A source with one model folder of two weight files and a config, and a stager
     /// over it with `staged` already staged and committed.

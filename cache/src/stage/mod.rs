@@ -1,4 +1,6 @@
-//! Staging: copying a whole source file into the store before anyone reads it.
+//! The staging room: copying a whole source file into the store before anyone reads
+//! it ([`Stager`]), how the bytes move and are hashed ([`copy`]), and staging files
+//! before a loader asks for them ([`prefetch`]).
 //!
 //! Invariants:
 //! - one copy per file at a time (single flight): concurrent callers for the same path
@@ -14,6 +16,9 @@
 //!   made durable in the background ([`crate::store`]), so no caller waits for the
 //!   cache disk to write it.
 
+pub mod copy;
+pub mod prefetch;
+
 use std::collections::HashMap;
 use std::fs::File;
 
@@ -28,17 +33,17 @@ use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
 use tracing::{info, warn};
 
-use serde::{Deserialize, Serialize};
+pub use stagefs_control::InFlight;
 
-use crate::copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
 use crate::defaults;
 use crate::error::{SourceError, StageError, StoreError};
-use crate::index::{CopyId, Entry};
-use crate::key::Key;
 use crate::metrics::Metrics;
+use crate::source::pool::{DEFAULT_SOURCE_THREADS, SourcePool};
 use crate::source::{SourceMeta, SourceTree, Stamp};
-use crate::source_pool::{DEFAULT_SOURCE_THREADS, SourcePool};
+use crate::store::index::{CopyId, Entry};
+use crate::store::key::Key;
 use crate::store::{Hit, Pin, Store};
+use copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
 
 /// A complete, verified local copy of one source file.
 #[derive(Debug, Clone)]
@@ -53,19 +58,6 @@ pub struct Staged {
     pub copied: bool,
     /// Keeps the copy from being evicted while any clone of this is held.
     pub pin: Arc<Pin>,
-}
-
-/// A copy in progress, as reported by [`Stager::in_flight`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InFlight {
-    /// Source path, relative to the source root.
-    pub path: PathBuf,
-    /// Bytes copied so far (written in order).
-    pub copied: u64,
-    /// Bytes read from the source so far, in any order: grows while the source answers.
-    pub read: u64,
-    /// Bytes to copy (0 until the source has been looked at).
-    pub total: u64,
 }
 
 #[derive(Debug, Default)]
@@ -633,7 +625,7 @@ mod tests {
     use std::io::{Read, Seek, SeekFrom};
 
     use super::*;
-    use crate::budget::Budget;
+    use crate::store::budget::Budget;
 
     struct Fixture {
         src: tempfile::TempDir,
@@ -816,7 +808,7 @@ mod tests {
             .expect("room");
         let mut tmp = store.create_temp().expect("temp");
         std::io::Write::write_all(&mut tmp, &[9u8; 3 << 20]).expect("write");
-        let entry = crate::index::Entry {
+        let entry = crate::store::index::Entry {
             source: PathBuf::from("w.bin"),
             stamp: Stamp {
                 size: 3 << 20,
@@ -824,7 +816,7 @@ mod tests {
             },
             blake3: Some(blake3::hash(&[9u8; 3 << 20]).to_hex().to_string()),
             last_use: 0,
-            copy: crate::index::CopyId::default(),
+            copy: crate::store::index::CopyId::default(),
         };
         let placed = store.place(&key, tmp, &entry).expect("place");
         // The cache directory as a crash between the rename and the journal leaves it.
@@ -851,7 +843,7 @@ mod tests {
         let src = tempfile::tempdir().expect("tempdir");
         let cache = tempfile::tempdir().expect("tempdir");
         fs::write(src.path().join("w.bin"), vec![1u8; 4 << 20]).expect("write");
-        let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
+        let faulty = crate::source::faulty::FaultySource::new(src.path()).expect("source");
         faulty.rewrite_after("w.bin", 1 << 20, vec![2u8; 5 << 20]);
         let inner = inner_for(SourceTree::from_backend(faulty), cache.path(), &rt);
         let result = stage_now(&inner, "w.bin");
@@ -885,7 +877,7 @@ mod tests {
         fs::write(src.path().join("w.bin"), vec![3u8; 1 << 20]).expect("write");
         for local in [false, true] {
             let cache = tempfile::tempdir().expect("tempdir");
-            let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
+            let faulty = crate::source::faulty::FaultySource::new(src.path()).expect("source");
             if local {
                 faulty.present_as_local_disk();
             }
@@ -917,7 +909,7 @@ mod tests {
         let src = tempfile::tempdir().expect("tempdir");
         let stager_over = |local: bool| {
             let cache = tempfile::tempdir().expect("tempdir");
-            let faulty = crate::faulty::FaultySource::new(src.path()).expect("source");
+            let faulty = crate::source::faulty::FaultySource::new(src.path()).expect("source");
             if local {
                 faulty.present_as_local_disk();
             }

@@ -28,8 +28,8 @@ use lru::LruCache;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use crate::key::Key;
 use crate::source::Stamp;
+use crate::store::key::Key;
 
 /// Version of the index format; the golden test pins its serialization.
 pub const INDEX_VERSION: u32 = 1;

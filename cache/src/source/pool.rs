@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+pub use crate::error::Unanswered;
+pub use stagefs_control::SourceHealth;
 
 /// How long an operation may run before the source counts as suspect: a healthy
 /// source answers a stat in milliseconds, and a loader must not wait on one that has
@@ -29,30 +30,6 @@ pub const SUSPECT_AFTER: Duration = Duration::from_millis(60);
 
 /// Threads a mount gives to source operations unless told otherwise.
 pub const DEFAULT_SOURCE_THREADS: usize = 16;
-
-/// Why an operation produced no answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Unanswered {
-    /// It did not finish within the caller's deadline (it may still be running).
-    #[error("the source did not answer in time")]
-    TimedOut,
-    /// Every source thread is stuck on an operation older than the timeout.
-    #[error("every source thread is stuck waiting for the source")]
-    Saturated,
-}
-
-/// How the source looks from here, for `status`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceHealth {
-    /// An operation timed out and no probe has seen the source answer since.
-    pub unresponsive: bool,
-    /// Operations running on the source right now.
-    pub running: usize,
-    /// Of those, the ones running for longer than the timeout.
-    pub stuck: usize,
-    /// Threads available to source operations: the most that can be stuck.
-    pub threads: usize,
-}
 
 type Job = Box<dyn FnOnce() + Send>;
 

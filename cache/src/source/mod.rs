@@ -1,10 +1,20 @@
-//! The source tree: the slow directory (NAS share, USB disk) that stagefs mirrors.
+//! The source room: the slow directory (NAS share, USB disk) that stagefs mirrors,
+//! and everything about reaching it.
 //!
 //! [`Source`] is what a backend implements: [`LocalDir`] for a mounted directory, and
-//! [`crate::faulty::FaultySource`] for tests that need a source that hangs, slows
-//! down, fails or changes under a copy. [`SourceTree`] is the handle the rest of the
-//! code holds: it checks every path before a backend sees it, so no request can reach
-//! outside the root. Symlinks are never followed: the mirror returns them verbatim.
+//! `faulty::FaultySource` (feature `fault-injection`) for tests that need a
+//! source that hangs, slows down, fails or changes under a copy. [`SourceTree`] is the
+//! handle the rest of the code holds: it checks every path before a backend sees it,
+//! so no request can reach outside the root. Symlinks are never followed: the mirror
+//! returns them verbatim. Every operation on it runs on the bounded threads of
+//! [`pool`], so a dead source strands a fixed number of them; [`fskind`] tells what
+//! kind of filesystem it sits on (a local disk, a network share), which decides how
+//! it is copied.
+
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod faulty;
+pub mod fskind;
+pub mod pool;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -209,7 +219,7 @@ impl SourceFile for File {
 /// by [`SourceTree`] to hold only normal components.
 ///
 /// Contract: every method may block for as long as the backend does (a dead NAS
-/// blocks forever); callers run them on [`crate::source_pool::SourcePool`], never on
+/// blocks forever); callers run them on [`pool::SourcePool`], never on
 /// an async worker. Errors name the relative path; a missing entry is
 /// [`SourceError::NotFound`], so the mirror answers ENOENT.
 pub trait Source: Send + Sync + fmt::Debug {
@@ -296,7 +306,7 @@ impl Source for LocalDir {
 
     fn on_local_disk(&self) -> bool {
         let root = self.root.canonicalize();
-        let kind = root.and_then(|root| crate::fskind::filesystem_of(&root));
+        let kind = root.and_then(|root| fskind::filesystem_of(&root));
         kind.is_ok_and(|fs| fs.kind.is_local_disk())
     }
 }
@@ -376,7 +386,7 @@ impl SourceTree {
     /// bytes are read, so a huge file named like one cannot fill memory.
     pub fn read_text(&self, rel: &Path, limit: usize) -> Result<String, SourceError> {
         let file = self.open(rel)?;
-        let bytes = crate::copy::read_at_most(file.as_ref(), 0, limit, |_| {})
+        let bytes = crate::stage::copy::read_at_most(file.as_ref(), 0, limit, |_| {})
             .map_err(|e| SourceError::io(rel, e))?;
         String::from_utf8(bytes)
             .map_err(|e| SourceError::io(rel, io::Error::new(io::ErrorKind::InvalidData, e)))

@@ -16,7 +16,9 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::hf;
+pub use stagefs_control::ModelKind;
+
+use crate::layout::hf;
 use crate::source::SourceTree;
 
 /// How many directory levels below the root (and below each of `model_dirs`) a search
@@ -34,29 +36,6 @@ const NOT_SEARCHED: [&str; 1] = ["xet"];
 /// Besides `hub/`, what marks a directory as an HF_HOME.
 const HF_HOME_MARKERS: [&str; 3] = ["token", "stored_tokens", "xet"];
 const CONFIG: &str = "config.json";
-
-/// The form a model is kept in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelKind {
-    /// `models--org--name` with `refs/`, `snapshots/` and `blobs/`.
-    HfRepo,
-    /// A directory of weight files with a `config.json` or an index.
-    Folder,
-    /// A lone GGUF file.
-    File,
-}
-
-impl ModelKind {
-    /// How users call it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            ModelKind::HfRepo => "HF repository",
-            ModelKind::Folder => "plain model folder",
-            ModelKind::File => "GGUF file",
-        }
-    }
-}
 
 /// A model found in a source.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -1,21 +1,18 @@
 //! The control protocol spoken over a mount's Unix socket: one JSON request per line,
-//! answered by one JSON response line.
+//! answered by one JSON response line. The mount serves it (`stagefs_cache::admin::answer`);
+//! the CLI and other front ends ask with [`query`] and [`stream`].
 
+use std::fs::OpenOptions;
 use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::admin::{
-    self, AdminError, EvictReport, EvictSelector, Live, StatusReport, VerifyReport,
-};
-use crate::budget::Budget;
-use crate::metrics::MetricsSnapshot;
-use crate::models::ModelSource;
 use crate::prefetch::{FileProgress, Target};
-use crate::stage::InFlight;
-use crate::store::Store;
+use crate::report::{EvictReport, EvictSelector, StatusReport, VerifyReport};
+use crate::values::{Budget, InFlight, MetricsSnapshot};
 
 /// File name of the control socket inside the cache directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -73,7 +70,14 @@ impl MountRecord {
 
     /// Records this mount in `cache_dir`.
     pub fn write(&self, cache_dir: &Path) -> io::Result<()> {
-        let mut file = crate::sys::create_private(&Self::path(cache_dir))?;
+        // Readable by its owner only, like the rest of the cache directory: it says
+        // which models a user runs.
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(Self::path(cache_dir))?;
         file.write_all(&serde_json::to_vec_pretty(self)?)
     }
 
@@ -116,7 +120,7 @@ pub enum Request {
         /// Drop mismatches.
         repair: bool,
     },
-    /// How users know the files at these source paths ([`admin::names`]).
+    /// How users know the files at these source paths (`stagefs_cache::admin::names`).
     Names {
         /// Source paths, relative to the source root.
         paths: Vec<PathBuf>,
@@ -183,48 +187,6 @@ pub enum Response {
         /// Why.
         message: String,
     },
-}
-
-/// Serves `request` against `store`; `live` carries what only a running mount knows.
-pub fn answer(
-    request: Request,
-    store: &Store,
-    source: Option<ModelSource<'_>>,
-    live: Live,
-) -> Response {
-    let result = match request {
-        Request::Stats => match (live.metrics, live.mountpoint, source) {
-            (Some(metrics), Some(mountpoint), Some(source)) => Ok(Response::Stats {
-                metrics,
-                mountpoint,
-                source: source.tree.root().to_path_buf(),
-                in_flight: live.in_flight,
-            }),
-            _ => Err(AdminError::BadRequest("no mount is running".into())),
-        },
-        Request::Status => admin::status(store, source, live).map(|report| Response::Status {
-            report: Box::new(report),
-        }),
-        Request::Evict { selector, dry_run } => admin::evict(
-            store,
-            source.map(|s| s.tree),
-            &selector,
-            dry_run,
-            crate::sys::now_secs(),
-        )
-        .map(|report| Response::Evicted { report }),
-        Request::Verify { model, repair } => admin::verify(store, model.as_deref(), repair)
-            .map(|report| Response::Verified { report }),
-        Request::Names { paths } => Ok(Response::Names {
-            names: admin::names(source.map(|s| s.tree), &paths),
-        }),
-        Request::Prefetch { .. } => Err(AdminError::BadRequest(
-            "prefetch is served as a stream, not a single answer".into(),
-        )),
-    };
-    result.unwrap_or_else(|e| Response::Error {
-        message: e.to_string(),
-    })
 }
 
 /// Sends one request to the mount listening on `socket` and waits for its answer.

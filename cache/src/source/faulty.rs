@@ -1,7 +1,9 @@
 //! A source that misbehaves on demand, for tests: it serves a real directory and can
 //! hang (like a NAS whose link was cut), answer slowly, fail with EIO, or change a file
 //! while it is being copied. It counts the operations that reach it, so a test can
-//! say "this was served without asking the source".
+//! say "this was served without asking the source". Other crates get it with the
+//! feature `fault-injection` (tests, and `readbench jukebox`); a shipped binary never
+//! has it.
 
 use std::ffi::OsString;
 use std::io;

@@ -1,0 +1,25 @@
+//! The control protocol of stagefs, apart from the cache it controls.
+//!
+//! A running mount listens on a Unix socket in its cache directory and answers one
+//! JSON request per line ([`protocol`]); the answers carry the reports of the cache's
+//! administration ([`report`]) and of prefetches ([`prefetch`]), made of the values in
+//! [`values`]. The mount (through `stagefs-cache`, which serves the requests) and the
+//! CLI (which sends them and prints the answers) share these types; nothing here
+//! stages, stores or reads a source.
+
+pub mod prefetch;
+pub mod protocol;
+pub mod report;
+pub mod values;
+
+pub use prefetch::{FileProgress, FileState, Target};
+pub use protocol::{
+    Backend, MountRecord, Request, Response, SOCKET_NAME, query, socket_path, stream,
+};
+pub use report::{
+    EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
+    VerifyReport,
+};
+pub use values::{
+    Budget, Hold, InFlight, MetricsSnapshot, ModelKind, Remedy, SourceHealth, Usage, VolumeSpace,
+};

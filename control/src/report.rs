@@ -1,0 +1,159 @@
+//! The reports of the cache's administration (`status`, `evict`, `verify`): what the
+//! mount sends over its socket and the CLI prints, also when it works on a cache
+//! directory itself.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::Backend;
+use crate::values::{Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, Usage};
+
+/// Everything `stagefs status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The cache directory.
+    pub cache_dir: PathBuf,
+    /// The mirrored source, when known.
+    pub source: Option<PathBuf>,
+    /// The mount point, when a mount is running.
+    pub mountpoint: Option<PathBuf>,
+    /// Space used, the budget and free space.
+    pub usage: Usage,
+    /// Staged files grouped by model.
+    pub models: Vec<ModelStatus>,
+    /// Counters since the mount started (running mounts only).
+    pub metrics: Option<MetricsSnapshot>,
+    /// Copies in progress (running mounts only).
+    pub in_flight: Vec<InFlight>,
+    /// How the source answers the mount (running mounts only).
+    #[serde(default)]
+    pub source_health: Option<SourceHealth>,
+    /// How the mount reaches the kernel (running mounts only).
+    #[serde(default)]
+    pub backend: Option<Backend>,
+    /// The NFS export's libnfs URL (running NFS mounts only).
+    #[serde(default)]
+    pub export: Option<String>,
+    /// How the running mount serves staged files, as its log said at mount time.
+    #[serde(default)]
+    pub read_path: Option<String>,
+    /// Where a mount of this cache died and left a dead mount behind (filled in by
+    /// the front end, which reads the mount table).
+    #[serde(default)]
+    pub dead_mount: Option<PathBuf>,
+}
+
+/// One model's share of the cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    /// `org/name` for an HF repository (datasets and spaces keep their type,
+    /// `datasets/org/name`); the path in the source for a folder or a file.
+    pub model: String,
+    /// The form it is kept in.
+    pub kind: ModelKind,
+    /// Relative to the source root: the repository directory, the folder, the file.
+    pub path: PathBuf,
+    /// Staged copies belonging to this model.
+    pub staged_files: usize,
+    /// Their bytes.
+    pub staged_bytes: u64,
+    /// Per snapshot of a repository, when the source is reachable.
+    pub revisions: Vec<RevisionStatus>,
+    /// Files of a folder or file model, when the source is reachable.
+    pub total_files: Option<usize>,
+    /// Their bytes.
+    pub total_bytes: Option<u64>,
+}
+
+/// One snapshot of a repository.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevisionStatus {
+    /// The commit hash.
+    pub revision: String,
+    /// Refs (branches, tags) pointing at it.
+    pub refs: Vec<String>,
+    /// Files of the snapshot that are staged.
+    pub staged_files: usize,
+    /// Files of the snapshot.
+    pub total_files: usize,
+    /// Bytes of the staged files.
+    pub staged_bytes: u64,
+    /// Bytes of all files.
+    pub total_bytes: u64,
+}
+
+/// Which copies `evict` drops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub enum EvictSelector {
+    /// Every copy of a repository, `org/name`.
+    Model {
+        /// The repository id.
+        id: String,
+    },
+    /// The copy of one source file, relative to the source root.
+    Path {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Every copy.
+    All,
+    /// Copies not used for this many seconds.
+    OlderThan {
+        /// Seconds.
+        secs: u64,
+    },
+    /// Least recently used copies until the cache holds at most this many bytes.
+    ToSize {
+        /// Bytes.
+        bytes: u64,
+    },
+}
+
+/// What `evict` did (or would do, with `dry_run`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictReport {
+    /// Copies dropped.
+    pub evicted: Vec<FileRef>,
+    /// Copies selected but kept because they are open or being staged.
+    pub in_use: Vec<FileRef>,
+    /// Bytes freed.
+    pub freed: u64,
+    /// Nothing was changed.
+    pub dry_run: bool,
+}
+
+/// A staged copy, named by its source path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Source path, relative to the source root.
+    pub path: PathBuf,
+    /// Size.
+    pub bytes: u64,
+    /// Why it was kept, for a copy in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+}
+
+/// What `verify` found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// Copies re-hashed.
+    pub checked: usize,
+    /// Bytes re-hashed.
+    pub bytes: u64,
+    /// Copies that do not match.
+    pub mismatches: Vec<Mismatch>,
+    /// Mismatched copies dropped (with `repair`).
+    pub repaired: Vec<PathBuf>,
+}
+
+/// A copy whose bytes do not match what was recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mismatch {
+    /// Source path.
+    pub path: PathBuf,
+    /// What did not match.
+    pub reason: String,
+}

@@ -1,0 +1,146 @@
+//! The values the reports are made of: the cache's limits and usage, a mount's
+//! counters, copies in progress, the source's health, the forms of models, and the
+//! remedies a front end names. `stagefs-cache` computes them and re-exports each
+//! where it is made (a `Store`'s usage, a `Stager`'s copies in flight).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The cache's limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Most bytes of staged copies the cache may hold.
+    pub max_size: Option<u64>,
+    /// Bytes to leave free on the cache volume.
+    pub min_free: Option<u64>,
+}
+
+/// Space on the volume holding a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSpace {
+    /// Size of the volume.
+    pub total: u64,
+    /// Bytes an unprivileged user may still write.
+    pub available: u64,
+}
+
+/// How full the cache is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Bytes of staged copies.
+    pub used: u64,
+    /// Number of staged copies.
+    pub entries: usize,
+    /// Bytes reserved by copies in progress.
+    pub reserved: u64,
+    /// The limits.
+    pub budget: Budget,
+    /// The cache volume.
+    pub volume: VolumeSpace,
+}
+
+/// Why a copy must not be evicted or removed right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "why", rename_all = "snake_case")]
+pub enum Hold {
+    /// A handle has it open, or a copy of it is in progress.
+    Open,
+    /// Its link was followed (or presented by a listing) a moment ago: a program may
+    /// be opening it through the link, which the daemon cannot see.
+    Grace {
+        /// Whole seconds until the grace ends.
+        secs_left: u64,
+        /// The grace in force (`--redirect-grace`), in seconds.
+        grace_secs: u64,
+    },
+}
+
+/// A point-in-time copy of a running mount's counters (`stagefs_cache::Metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsSnapshot {
+    /// Opens served by an existing, current staged copy.
+    pub stage_hits: u64,
+    /// Copies started because no current staged copy existed.
+    pub stage_copies: u64,
+    /// Bytes copied from the source into the cache by those copies.
+    pub bytes_copied: u64,
+    /// Copies of small files kept for when the source does not respond.
+    #[serde(default)]
+    pub kept_copies: u64,
+    /// Opens answered with kernel passthrough to the staged copy.
+    pub passthrough_opens: u64,
+    /// Opens of staged files whose reads the daemon serves.
+    pub daemon_opens: u64,
+    /// Opens of small files read straight from the source.
+    pub source_opens: u64,
+    /// Read requests the daemon answered (passthrough reads never arrive here).
+    pub daemon_reads: u64,
+    /// Staged files handed out as a link to their local copy (readlink answers).
+    #[serde(default)]
+    pub redirects: u64,
+}
+
+/// A copy in progress, as reported by `stagefs_cache::Stager::in_flight`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// Source path, relative to the source root.
+    pub path: PathBuf,
+    /// Bytes copied so far (written in order).
+    pub copied: u64,
+    /// Bytes read from the source so far, in any order: grows while the source answers.
+    pub read: u64,
+    /// Bytes to copy (0 until the source has been looked at).
+    pub total: u64,
+}
+
+/// How the source looks from here, for `status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceHealth {
+    /// An operation timed out and no probe has seen the source answer since.
+    pub unresponsive: bool,
+    /// Operations running on the source right now.
+    pub running: usize,
+    /// Of those, the ones running for longer than the timeout.
+    pub stuck: usize,
+    /// Threads available to source operations: the most that can be stuck.
+    pub threads: usize,
+}
+
+/// The form a model is kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelKind {
+    /// `models--org--name` with `refs/`, `snapshots/` and `blobs/`.
+    HfRepo,
+    /// A directory of weight files with a `config.json` or an index.
+    Folder,
+    /// A lone GGUF file.
+    File,
+}
+
+impl ModelKind {
+    /// How users call it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ModelKind::HfRepo => "HF repository",
+            ModelKind::Folder => "plain model folder",
+            ModelKind::File => "GGUF file",
+        }
+    }
+}
+
+/// What a user can change so an error does not recur. The core's texts describe
+/// only the condition; each front end names the remedy in its own terms (the CLI
+/// as the flag to try), so no core text goes stale when a flag is renamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Remedy {
+    /// Give the cache more room: a larger size limit or a smaller free-space
+    /// reserve, free disk space, or close models in use.
+    MoreRoom,
+    /// Wait longer for a slow source.
+    LongerSourceTimeout,
+    /// Ask for the model without a revision: it has none.
+    NoRevision,
+}
