@@ -112,12 +112,12 @@ pub(crate) fn jukebox(
         .build()
         .context("runtime")?;
     runtime.block_on(async {
-        let slow = stagefs_cache::faulty::FaultySource::new(source).context("source")?;
+        let slow = stagefs_cache::source::faulty::FaultySource::new(source).context("source")?;
         let tree = SourceTree::from_backend(slow.clone());
         let (addr, stager) = serve_tree(tree, cache).await?;
         let mut client = connect(addr).await?;
         let fh = lookup(&mut client, file).await?;
-        slow.set(stagefs_cache::faulty::Behaviour::Slow(delay));
+        slow.set(stagefs_cache::source::faulty::Behaviour::Slow(delay));
         let started = Instant::now();
         let mut copied = None;
         let mut jukeboxes = 0u32;

@@ -31,11 +31,6 @@ pub mod store;
 pub mod sys;
 pub mod units;
 
-/// The fault-injecting source under its old path (`source::faulty`), which
-/// `readbench jukebox` still names.
-#[cfg(any(test, feature = "fault-injection"))]
-pub use source::faulty;
-
 pub use error::{Remedy, SourceError, StageError, StoreError};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use source::pool::{SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
