@@ -18,6 +18,7 @@
 
 mod cold_open;
 mod latency;
+mod lean_nfs;
 mod mmap;
 mod nfs;
 mod pread;

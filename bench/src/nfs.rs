@@ -1,8 +1,13 @@
 //! `nfs`: what the NFS server alone can serve. One staged file is read whole over
 //! loopback by `readers` NFS connections at once (so that many READs are in flight),
 //! each reading every `readers`-th chunk; the baseline is the same pattern of
-//! `pread`s from as many threads on the staged copy itself, in the same run. Rounds
-//! alternate the two, and the report gives each round's times and the medians.
+//! `pread`s from as many threads on the staged copy itself, in the same run. Each
+//! round reads it twice over NFS: with the `nfs3_client` crate (`nfs_*`, `ratio`),
+//! and with a lean client that receives each reply once into a reused buffer, as a
+//! kernel client does (`lean_*`, `lean_ratio`): the second is what the server
+//! alone can serve. Rounds alternate with the preads. The report gives each round's
+//! times, the medians, and the median GETATTR round trip through the connection
+//! front and at the library's listener behind it (what the relay costs).
 //!
 //! `jukebox`: what a loader waits for a cold file over NFS, end to end. The first READ
 //! of a file starts its copy; a client that gets JUKEBOX sleeps as the macOS client
@@ -12,7 +17,7 @@
 //! delay per operation (the fault-injecting source), so the copy takes a chosen time.
 //!
 //! The server runs in this process over the real stack (store, stager, policy, NFS
-//! adapter); the client is the `nfs3_client` crate. Run as root: the server takes
+//! adapter). Run as root: the server takes
 //! only connections from reserved ports.
 
 use std::fs::File;
@@ -23,11 +28,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nfs3_client::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
+use nfs3_client::nfs3_types::nfs3::{GETATTR3args, nfs_fh3, nfsstat3};
 use serde_json::{Value, json};
 use stagefs_cache::{Budget, Key, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::client::{self, Client};
 use stagefs_policy::{FsConfig, Policy};
+
+use crate::lean_nfs::LeanClient;
 
 /// Serves `source` with a cache in `cache`, stages `file` through the server, then
 /// times `rounds` rounds of reading it over NFS and from its copy.
@@ -47,23 +54,35 @@ pub(crate) fn run(
         .build()
         .context("runtime")?;
     runtime.block_on(async {
-        let (addr, stager) = serve(source, cache).await?;
+        let (served, stager) = serve(source, cache).await?;
+        let addr = served.addr;
         let mut first = connect(addr).await?;
         let fh = lookup(&mut first, file).await?;
         let size = read_range(&mut first, &fh, 0, u64::MAX, 1, chunk).await?;
         let copy = stager.store().data_path(&Key::for_source_path(file));
-        let (mut nfs, mut local) = (Vec::new(), Vec::new());
         let mut clients = Vec::new();
+        let mut lean = Vec::new();
         for _ in 0..readers {
             clients.push(connect(addr).await?);
+            lean.push(LeanClient::connect(addr).await?);
         }
+        // Untimed: the lean client must get exactly the copy's bytes.
+        check_lean_reads(&mut lean[0], &fh, &copy, size, chunk).await?;
+        let (mut nfs, mut lean_secs, mut local) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             local.push(local_round(&copy, size, readers, chunk).await?);
             let (secs, back) = nfs_round(clients, &fh, size, chunk).await?;
             clients = back;
             nfs.push(secs);
+            let (secs, back) = lean_round(lean, &fh, size, chunk).await?;
+            lean = back;
+            lean_secs.push(secs);
         }
+        let getattr_front = getattr_micros(&mut first, &fh).await?;
+        let mut behind = connect(served.library_addr).await?;
+        let getattr_library = getattr_micros(&mut behind, &fh).await?;
         let (nfs_median, local_median) = (median(&nfs), median(&local));
+        let lean_median = median(&lean_secs);
         let mib = size as f64 / f64::from(1 << 20);
         Ok(json!({
             "bench": "nfs",
@@ -72,12 +91,82 @@ pub(crate) fn run(
             "readers": readers,
             "chunk": chunk,
             "nfs_seconds": nfs,
+            "lean_seconds": lean_secs,
             "local_seconds": local,
             "nfs_mib_per_s": mib / nfs_median,
+            "lean_mib_per_s": mib / lean_median,
             "local_mib_per_s": mib / local_median,
             "ratio": local_median / nfs_median,
+            "lean_ratio": local_median / lean_median,
+            "getattr_us_through_front": getattr_front,
+            "getattr_us_at_library": getattr_library,
         }))
     })
+}
+
+/// Reads the whole file with `client` and compares it with its copy.
+async fn check_lean_reads(
+    client: &mut LeanClient,
+    fh: &nfs_fh3,
+    copy: &Path,
+    size: u64,
+    chunk: u32,
+) -> anyhow::Result<()> {
+    let want = std::fs::read(copy).with_context(|| format!("reading {}", copy.display()))?;
+    let mut offset = 0;
+    while offset < size {
+        let (data, _) = client.read(fh, offset, chunk).await?;
+        let at = offset as usize;
+        if data.is_empty() || want.get(at..at + data.len()) != Some(data) {
+            bail!("the lean client got wrong bytes at {offset}");
+        }
+        offset += data.len() as u64;
+    }
+    Ok(())
+}
+
+/// Every `clients.len()`-th chunk per client, as [`nfs_round`] reads, with the lean
+/// client.
+async fn lean_round(
+    clients: Vec<LeanClient>,
+    fh: &nfs_fh3,
+    size: u64,
+    chunk: u32,
+) -> anyhow::Result<(f64, Vec<LeanClient>)> {
+    let step = clients.len() as u64 * u64::from(chunk);
+    let started = Instant::now();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut client)| {
+            let fh = fh.clone();
+            tokio::spawn(async move {
+                let mut offset = k as u64 * u64::from(chunk);
+                while offset < size {
+                    client.read(&fh, offset, chunk).await?;
+                    offset += step;
+                }
+                anyhow::Ok(client)
+            })
+        })
+        .collect();
+    let mut back = Vec::new();
+    for task in tasks {
+        back.push(task.await??);
+    }
+    Ok((started.elapsed().as_secs_f64(), back))
+}
+
+/// The median round trip of a GETATTR of `fh`, in microseconds, over 2,000 calls.
+async fn getattr_micros(client: &mut Client, fh: &nfs_fh3) -> anyhow::Result<f64> {
+    let args = GETATTR3args { object: fh.clone() };
+    let mut micros = Vec::new();
+    for _ in 0..2000 {
+        let started = Instant::now();
+        client.nfs3_client.getattr(&args).await?;
+        micros.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(median(&micros))
 }
 
 /// How a client waits after a JUKEBOX answer.
@@ -114,7 +203,8 @@ pub(crate) fn jukebox(
     runtime.block_on(async {
         let slow = stagefs_cache::source::faulty::FaultySource::new(source).context("source")?;
         let tree = SourceTree::from_backend(slow.clone());
-        let (addr, stager) = serve_tree(tree, cache).await?;
+        let (served, stager) = serve_tree(tree, cache).await?;
+        let addr = served.addr;
         let mut client = connect(addr).await?;
         let fh = lookup(&mut client, file).await?;
         slow.set(stagefs_cache::source::faulty::Behaviour::Slow(delay));
@@ -156,11 +246,17 @@ pub(crate) fn jukebox(
     })
 }
 
-async fn serve(source: &Path, cache: &Path) -> anyhow::Result<(SocketAddr, Stager)> {
+/// Where a served export listens: its front, and the library behind it.
+struct Served {
+    addr: SocketAddr,
+    library_addr: SocketAddr,
+}
+
+async fn serve(source: &Path, cache: &Path) -> anyhow::Result<(Served, Stager)> {
     serve_tree(SourceTree::new(source).context("source")?, cache).await
 }
 
-async fn serve_tree(tree: SourceTree, cache: &Path) -> anyhow::Result<(SocketAddr, Stager)> {
+async fn serve_tree(tree: SourceTree, cache: &Path) -> anyhow::Result<(Served, Stager)> {
     let store = Store::open(cache, Budget::default()).context("opening the cache")?;
     let runtime = tokio::runtime::Handle::current();
     let stager = Stager::with_options(
@@ -179,10 +275,13 @@ async fn serve_tree(tree: SourceTree, cache: &Path) -> anyhow::Result<(SocketAdd
     let policy = Policy::with_inode_journal(stager.clone(), config, runtime, &journal)?;
     let serving =
         stagefs_nfs::serve(Arc::new(policy), SocketAddr::from(([127, 0, 0, 1], 0)), 0).await?;
-    let addr = serving.addr;
+    let served = Served {
+        addr: serving.addr,
+        library_addr: serving.library_addr,
+    };
     // Served until the process ends.
     std::mem::forget(serving);
-    Ok((addr, stager))
+    Ok((served, stager))
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<Client> {

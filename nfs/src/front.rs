@@ -30,11 +30,12 @@ use nfs3_server::nfs3_types::xdr_codec::{Pack, Unpack};
 use stagefs_policy::Policy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Mutex;
+use tracing::debug;
 
 use crate::attrs::fattr;
+use crate::listen::connect_from_reserved_port;
 use crate::reads::Reads;
 
 /// The largest record a client may send: a call with a 1 MiB WRITE and its headers.
@@ -42,9 +43,6 @@ const MAX_RECORD: usize = (1 << 20) + 4096;
 
 /// The most bytes one READ is answered with, as the library's FSINFO advertises.
 const MAX_READ: u32 = 1 << 20;
-
-/// Replies queued per connection before its readers wait for the socket.
-const QUEUED_REPLIES: usize = 64;
 
 /// READ is procedure 6 of program 100003, version 3.
 const NFSPROC3_READ: u32 = 6;
@@ -63,6 +61,9 @@ pub(crate) struct Front {
     /// The library's listener, which answers everything else.
     pub(crate) library: SocketAddr,
 }
+
+/// The client's side of a connection, shared by everything that answers on it.
+type ToClient = Arc<Mutex<OwnedWriteHalf>>;
 
 /// One reply on its way to the client.
 enum Reply {
@@ -103,16 +104,16 @@ impl Front {
     /// Serves one client connection until either side closes it.
     async fn serve(self, client: TcpStream) -> io::Result<()> {
         let _ = client.set_nodelay(true);
-        let library = connect_library(self.library).await?;
+        let library = connect_from_reserved_port(self.library).await?;
         let _ = library.set_nodelay(true);
         let (from_client, to_client) = client.into_split();
         let (from_library, mut to_library) = library.into_split();
-        let (replies, queued) = mpsc::channel(QUEUED_REPLIES);
-        let writer = tokio::spawn(write_replies(to_client, queued));
-        let relay = tokio::spawn(relay_replies(from_library, replies.clone()));
-        let calls = self.take_calls(from_client, &mut to_library, replies).await;
+        let to_client: ToClient = Arc::new(Mutex::new(to_client));
+        let relay = tokio::spawn(relay_replies(from_library, Arc::clone(&to_client)));
+        let calls = self
+            .take_calls(from_client, &mut to_library, &to_client)
+            .await;
         relay.abort();
-        writer.abort();
         calls
     }
 
@@ -122,7 +123,7 @@ impl Front {
         &self,
         mut from_client: OwnedReadHalf,
         to_library: &mut OwnedWriteHalf,
-        replies: mpsc::Sender<Reply>,
+        to_client: &ToClient,
     ) -> io::Result<()> {
         loop {
             let Some((record, body)) = read_record(&mut from_client).await? else {
@@ -130,10 +131,10 @@ impl Front {
             };
             match self.servable_read(&body) {
                 Some(read) => {
-                    let (this, replies) = (self.clone(), replies.clone());
+                    let (this, to_client) = (self.clone(), Arc::clone(to_client));
                     tokio::spawn(async move {
                         let reply = this.answer(read).await;
-                        let _ = replies.send(reply).await;
+                        send(&to_client, reply).await;
                     });
                 }
                 None => to_library.write_all(&record).await?,
@@ -295,34 +296,37 @@ async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<(Vec<u8>, Ve
     }
 }
 
-/// Passes the library's replies, whole records, to the client's queue.
-async fn relay_replies(mut from_library: OwnedReadHalf, replies: mpsc::Sender<Reply>) {
+/// Passes the library's replies, whole records, to the client.
+async fn relay_replies(mut from_library: OwnedReadHalf, to_client: ToClient) {
     while let Ok(Some((record, _))) = read_record(&mut from_library).await {
-        if replies.send(Reply::Record(record)).await.is_err() {
+        if !send(&to_client, Reply::Record(record)).await {
             return;
         }
     }
 }
 
-/// Writes queued replies to the client, one whole reply at a time.
-async fn write_replies(mut to_client: OwnedWriteHalf, mut queued: mpsc::Receiver<Reply>) {
-    while let Some(reply) = queued.recv().await {
-        let written = match reply {
-            Reply::Record(record) => to_client.write_all(&record).await,
-            Reply::Range {
-                head,
-                file,
-                offset,
-                len,
-                pad,
-            } => write_range(&mut to_client, &head, &file, offset, len, pad).await,
-        };
-        if let Err(e) = written {
+/// Writes one whole reply to the client; false if the connection is done for.
+async fn send(to_client: &ToClient, reply: Reply) -> bool {
+    // One reply at a time: replies are records, and must not interleave.
+    let mut to = to_client.lock().await;
+    let written = match reply {
+        Reply::Record(record) => to.write_all(&record).await,
+        Reply::Range {
+            head,
+            file,
+            offset,
+            len,
+            pad,
+        } => write_range(&mut to, &head, &file, offset, len, pad).await,
+    };
+    match written {
+        Ok(()) => true,
+        Err(e) => {
             // A reply cut short leaves the stream unframed: the connection must end,
             // and the client sends its calls again on a new one.
             debug!(error = %e, "closing an NFS connection after a failed reply");
-            let _ = to_client.shutdown().await;
-            return;
+            let _ = to.shutdown().await;
+            false
         }
     }
 }
@@ -338,33 +342,6 @@ async fn write_range(
     to.write_all(head).await?;
     crate::send_file::send(to, file, offset, len).await?;
     to.write_all(&[0u8; 3][..pad]).await
-}
-
-/// A connection to the library's listener. As root it is made from a reserved
-/// port, since the library's listener takes no other (see [`crate::listen`]).
-async fn connect_library(library: SocketAddr) -> io::Result<TcpStream> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return TcpStream::connect(library).await;
-    }
-    for port in (600..1024).rev() {
-        let socket = TcpSocket::new_v4()?;
-        socket.set_reuseaddr(true)?;
-        if socket
-            .bind(SocketAddr::from(([127, 0, 0, 1], port)))
-            .is_err()
-        {
-            continue;
-        }
-        match socket.connect(library).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
-            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    info!("no reserved port is free to reach the NFS library's listener");
-    Err(io::Error::from_raw_os_error(libc::EADDRINUSE))
 }
 
 #[cfg(test)]

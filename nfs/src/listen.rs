@@ -46,6 +46,9 @@ const IDLE_SWEEP: Duration = Duration::from_secs(5);
 pub struct Serving {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where the library's listener behind the connection front listens, for
+    /// measuring what the front costs and saves.
+    pub library_addr: SocketAddr,
     policy: Arc<Policy>,
     reads: Arc<Reads>,
     tasks: Vec<JoinHandle<()>>,
@@ -131,10 +134,40 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
     };
     Ok(Serving {
         addr,
+        library_addr,
         policy,
         reads,
         tasks: vec![front, server, janitor],
     })
+}
+
+/// A connection to `addr`, made from a reserved port when this process is root, as
+/// listeners under [`reserved_ports_only`] require.
+pub async fn connect_from_reserved_port(addr: SocketAddr) -> io::Result<tokio::net::TcpStream> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return tokio::net::TcpStream::connect(addr).await;
+    }
+    for port in (600..1024).rev() {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_reuseaddr(true)?;
+        if socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], port)))
+            .is_err()
+        {
+            continue;
+        }
+        match socket.connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {}
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        "no reserved port is free to connect from",
+    ))
 }
 
 #[cfg(target_os = "linux")]
