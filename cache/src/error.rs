@@ -58,6 +58,27 @@ pub enum SourceError {
         /// The underlying error.
         source: SharedIo,
     },
+    /// The source has no room (or the writer no quota) for what was written.
+    #[error("{path}: the source is full")]
+    NoSpace {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// The source cannot be written at all (a read-only filesystem or backend).
+    #[error("{path}: the source is read-only")]
+    ReadOnly {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
+    /// Any other failure writing to the source (its errno, such as EACCES or EEXIST,
+    /// is passed on).
+    #[error("{path}: writing to the source failed: {source}")]
+    Write {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// The underlying error.
+        source: SharedIo,
+    },
 }
 
 impl SourceError {
@@ -71,6 +92,26 @@ impl SourceError {
                 source: Arc::new(err),
             }
         }
+    }
+
+    /// A failed write (or create, rename, removal...) of `path` on the source.
+    pub fn write(path: impl Into<PathBuf>, err: io::Error) -> Self {
+        let path = path.into();
+        match err.raw_os_error() {
+            Some(libc::ENOSPC | libc::EDQUOT) => SourceError::NoSpace { path },
+            Some(libc::EROFS) => SourceError::ReadOnly { path },
+            _ if err.kind() == io::ErrorKind::StorageFull => SourceError::NoSpace { path },
+            _ if err.kind() == io::ErrorKind::NotFound => SourceError::NotFound { path },
+            _ => SourceError::Write {
+                path,
+                source: Arc::new(err),
+            },
+        }
+    }
+
+    /// A backend that cannot write was asked to.
+    pub fn read_only(path: impl Into<PathBuf>) -> Self {
+        SourceError::ReadOnly { path: path.into() }
     }
 }
 

@@ -34,7 +34,10 @@ pub mod units;
 pub use error::{Remedy, SourceError, StageError, StoreError};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use source::pool::{SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
-pub use source::{EntryKind, LocalDir, ReadAt, Source, SourceFile, SourceMeta, SourceTree, Stamp};
+pub use source::{
+    CreateFile, EntryKind, LocalDir, ReadAt, SetTime, Source, SourceFile, SourceMeta, SourceTree,
+    Stamp, WritableFile, WriteOpen,
+};
 pub use stage::{InFlight, Staged, Stager, StagerOptions};
 pub use store::Store;
 pub use store::budget::Budget;

@@ -93,7 +93,9 @@ fn source_errno(e: &SourceError) -> i32 {
         SourceError::NotFound { .. } => libc::ENOENT,
         SourceError::OutsideRoot { .. } => libc::EINVAL,
         SourceError::Unanswered { .. } => libc::EIO,
-        SourceError::Io { source, .. } => io_errno(source),
+        SourceError::Io { source, .. } | SourceError::Write { source, .. } => io_errno(source),
+        SourceError::NoSpace { .. } => libc::ENOSPC,
+        SourceError::ReadOnly { .. } => libc::EROFS,
     }
 }
 

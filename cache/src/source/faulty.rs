@@ -13,7 +13,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::error::SourceError;
-use crate::source::{LocalDir, ReadAt, Source, SourceFile, SourceMeta};
+use crate::source::{
+    CreateFile, LocalDir, ReadAt, SetTime, Source, SourceFile, SourceMeta, WritableFile, WriteOpen,
+};
 
 /// How the source behaves right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +28,9 @@ pub enum Behaviour {
     Slow(Duration),
     /// Every operation fails with EIO.
     Eio,
+    /// Reads are healthy; every write that needs room (create, write, extend, mkdir,
+    /// symlink) fails with ENOSPC, as on a full NAS.
+    Full,
 }
 
 /// A file to rewrite once this many bytes of it have been read (a change mid-copy).
@@ -115,6 +120,27 @@ impl FaultySource {
     fn enter_for(&self, rel: &Path) -> Result<(), SourceError> {
         self.faults.enter().map_err(|e| SourceError::io(rel, e))
     }
+
+    /// Like `enter_for`, for a write that needs room on the source.
+    fn enter_to_grow(&self, rel: &Path) -> Result<(), SourceError> {
+        self.faults
+            .enter_to_grow()
+            .map_err(|e| SourceError::write(rel, e))
+    }
+
+    /// Like `enter_for`, for a write that needs no room (rename, removal, chmod).
+    fn enter_to_change(&self, rel: &Path) -> Result<(), SourceError> {
+        self.faults.enter().map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn writable(&self, rel: &Path, file: Box<dyn WritableFile>) -> Box<dyn WritableFile> {
+        Box::new(FaultyFile {
+            faults: Arc::clone(&self.faults),
+            rel: rel.to_path_buf(),
+            file: Inner::Writable(file),
+            read: AtomicU64::new(0),
+        })
+    }
 }
 
 impl Faults {
@@ -124,7 +150,7 @@ impl Faults {
         let mut state = lock(&self.state);
         loop {
             match state.behaviour {
-                Behaviour::Healthy => return Ok(()),
+                Behaviour::Healthy | Behaviour::Full => return Ok(()),
                 Behaviour::Eio => return Err(io::Error::from_raw_os_error(libc::EIO)),
                 Behaviour::Slow(delay) => {
                     drop(state);
@@ -138,6 +164,15 @@ impl Faults {
                         .unwrap_or_else(PoisonError::into_inner);
                 }
             }
+        }
+    }
+
+    /// Applies the current behaviour to a write that needs room.
+    fn enter_to_grow(&self) -> io::Result<()> {
+        self.enter()?;
+        match lock(&self.state).behaviour {
+            Behaviour::Full => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            _ => Ok(()),
         }
     }
 
@@ -185,7 +220,7 @@ impl Source for FaultySource {
         Ok(Box::new(FaultyFile {
             faults: Arc::clone(&self.faults),
             rel: rel.to_path_buf(),
-            file,
+            file: Inner::Read(file),
             read: AtomicU64::new(0),
         }))
     }
@@ -198,21 +233,105 @@ impl Source for FaultySource {
     fn on_local_disk(&self) -> bool {
         self.local_disk.load(Ordering::Relaxed)
     }
+
+    fn create(&self, rel: &Path, how: CreateFile) -> Result<Box<dyn WritableFile>, SourceError> {
+        self.enter_to_grow(rel)?;
+        Ok(self.writable(rel, self.dir.create(rel, how)?))
+    }
+
+    fn open_write(&self, rel: &Path, how: WriteOpen) -> Result<Box<dyn WritableFile>, SourceError> {
+        self.enter_to_change(rel)?;
+        Ok(self.writable(rel, self.dir.open_write(rel, how)?))
+    }
+
+    fn set_len(&self, rel: &Path, len: u64) -> Result<(), SourceError> {
+        self.enter_to_grow(rel)?;
+        self.dir.set_len(rel, len)
+    }
+
+    fn rename(&self, from: &Path, to: &Path, no_replace: bool) -> Result<(), SourceError> {
+        self.enter_to_change(from)?;
+        self.dir.rename(from, to, no_replace)
+    }
+
+    fn unlink(&self, rel: &Path) -> Result<(), SourceError> {
+        self.enter_to_change(rel)?;
+        self.dir.unlink(rel)
+    }
+
+    fn mkdir(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        self.enter_to_grow(rel)?;
+        self.dir.mkdir(rel, mode)
+    }
+
+    fn rmdir(&self, rel: &Path) -> Result<(), SourceError> {
+        self.enter_to_change(rel)?;
+        self.dir.rmdir(rel)
+    }
+
+    fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
+        self.enter_to_grow(rel)?;
+        self.dir.symlink(target, rel)
+    }
+
+    fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        self.enter_to_change(rel)?;
+        self.dir.set_mode(rel, mode)
+    }
+
+    fn set_owner(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<(), SourceError> {
+        self.enter_to_change(rel)?;
+        self.dir.set_owner(rel, uid, gid)
+    }
+
+    fn set_times(
+        &self,
+        rel: &Path,
+        atime: Option<SetTime>,
+        mtime: Option<SetTime>,
+    ) -> Result<(), SourceError> {
+        self.enter_to_change(rel)?;
+        self.dir.set_times(rel, atime, mtime)
+    }
 }
 
-/// A file opened from a [`FaultySource`]: its reads misbehave with the source.
+/// A file opened from a [`FaultySource`]: its reads and writes misbehave with the
+/// source.
 #[derive(Debug)]
 struct FaultyFile {
     faults: Arc<Faults>,
     rel: PathBuf,
-    file: Box<dyn SourceFile>,
+    file: Inner,
     read: AtomicU64,
+}
+
+/// The real file behind a [`FaultyFile`].
+#[derive(Debug)]
+enum Inner {
+    Read(Box<dyn SourceFile>),
+    Writable(Box<dyn WritableFile>),
+}
+
+impl Inner {
+    fn file(&self) -> &dyn SourceFile {
+        match self {
+            Inner::Read(file) => file.as_ref(),
+            Inner::Writable(file) => file.as_ref(),
+        }
+    }
+
+    fn writable(&self) -> io::Result<&dyn WritableFile> {
+        match self {
+            Inner::Read(_) => Err(io::Error::from_raw_os_error(libc::EBADF)),
+            Inner::Writable(file) => Ok(file.as_ref()),
+        }
+    }
 }
 
 impl ReadAt for FaultyFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         self.faults.enter()?;
-        let n = self.file.read_at(buf, offset)?;
+        let n = self.file.file().read_at(buf, offset)?;
         let so_far = self.read.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
         self.faults.maybe_rewrite(&self.rel, so_far);
         Ok(n)
@@ -222,6 +341,23 @@ impl ReadAt for FaultyFile {
 impl SourceFile for FaultyFile {
     fn meta(&self) -> io::Result<SourceMeta> {
         self.faults.enter()?;
-        self.file.meta()
+        self.file.file().meta()
+    }
+}
+
+impl WritableFile for FaultyFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.faults.enter_to_grow()?;
+        self.file.writable()?.write_all_at(buf, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.faults.enter_to_grow()?;
+        self.file.writable()?.set_len(len)
+    }
+
+    fn sync(&self, data_only: bool) -> io::Result<()> {
+        self.faults.enter()?;
+        self.file.writable()?.sync(data_only)
     }
 }

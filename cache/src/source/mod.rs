@@ -20,7 +20,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::{self, File, Metadata};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -215,6 +215,64 @@ impl SourceFile for File {
     }
 }
 
+/// A source file open for writing (and for reading, when it was opened so).
+pub trait WritableFile: SourceFile {
+    /// Writes all of `buf` at `offset`; an error means an unknown part was written.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Truncates or extends the file to `len` bytes.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Makes what was written durable on the source (`fdatasync` with `data_only`).
+    fn sync(&self, data_only: bool) -> io::Result<()>;
+}
+
+impl WritableFile for File {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
+
+    fn sync(&self, data_only: bool) -> io::Result<()> {
+        if data_only {
+            self.sync_data()
+        } else {
+            self.sync_all()
+        }
+    }
+}
+
+/// How a file is opened for writing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOpen {
+    /// Also open it for reading (`O_RDWR`).
+    pub read: bool,
+    /// Truncate it to zero bytes (`O_TRUNC`).
+    pub truncate: bool,
+}
+
+/// How a file is created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreateFile {
+    /// Permission bits of a new file, the caller's umask already applied; set exactly
+    /// (the daemon's own umask does not apply).
+    pub mode: u32,
+    /// Fail with EEXIST if it exists (`O_EXCL`); otherwise an existing file is opened.
+    pub exclusive: bool,
+    /// How it is opened.
+    pub open: WriteOpen,
+}
+
+/// A time to set on an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    /// The source's current time.
+    Now,
+    /// Nanoseconds since the Unix epoch.
+    At(i64),
+}
+
 /// A backend stagefs can mirror. Paths are relative to the root and already checked
 /// by [`SourceTree`] to hold only normal components.
 ///
@@ -242,6 +300,68 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// by the CPU rather than by round trips. Asks the filesystem; may block.
     fn on_local_disk(&self) -> bool {
         false
+    }
+
+    // Writes. A backend that cannot write leaves these as they are: every write
+    // through the mount then fails with EROFS.
+
+    /// Creates regular file `rel` (or opens an existing one, unless exclusive).
+    fn create(&self, rel: &Path, how: CreateFile) -> Result<Box<dyn WritableFile>, SourceError> {
+        let _ = how;
+        Err(SourceError::read_only(rel))
+    }
+    /// Opens existing regular file `rel` for writing.
+    fn open_write(&self, rel: &Path, how: WriteOpen) -> Result<Box<dyn WritableFile>, SourceError> {
+        let _ = how;
+        Err(SourceError::read_only(rel))
+    }
+    /// Truncates or extends regular file `rel` to `len` bytes.
+    fn set_len(&self, rel: &Path, len: u64) -> Result<(), SourceError> {
+        let _ = len;
+        Err(SourceError::read_only(rel))
+    }
+    /// Renames `from` to `to`, replacing an existing `to` unless `no_replace`.
+    fn rename(&self, from: &Path, to: &Path, no_replace: bool) -> Result<(), SourceError> {
+        let _ = (to, no_replace);
+        Err(SourceError::read_only(from))
+    }
+    /// Removes file or link `rel`.
+    fn unlink(&self, rel: &Path) -> Result<(), SourceError> {
+        Err(SourceError::read_only(rel))
+    }
+    /// Creates directory `rel` with exactly `mode`.
+    fn mkdir(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        let _ = mode;
+        Err(SourceError::read_only(rel))
+    }
+    /// Removes empty directory `rel`.
+    fn rmdir(&self, rel: &Path) -> Result<(), SourceError> {
+        Err(SourceError::read_only(rel))
+    }
+    /// Creates symlink `rel` pointing at `target`, verbatim.
+    fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
+        let _ = target;
+        Err(SourceError::read_only(rel))
+    }
+    /// Sets the permission bits of `rel` (a symlink's own, where the system allows).
+    fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        let _ = mode;
+        Err(SourceError::read_only(rel))
+    }
+    /// Sets the owner and group of `rel` itself (None leaves one as it is).
+    fn set_owner(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<(), SourceError> {
+        let _ = (uid, gid);
+        Err(SourceError::read_only(rel))
+    }
+    /// Sets the access and modification times of `rel` itself (None leaves one).
+    fn set_times(
+        &self,
+        rel: &Path,
+        atime: Option<SetTime>,
+        mtime: Option<SetTime>,
+    ) -> Result<(), SourceError> {
+        let _ = (atime, mtime);
+        Err(SourceError::read_only(rel))
     }
 }
 
@@ -308,6 +428,184 @@ impl Source for LocalDir {
         let root = self.root.canonicalize();
         let kind = root.and_then(|root| fskind::filesystem_of(&root));
         kind.is_ok_and(|fs| fs.kind.is_local_disk())
+    }
+
+    fn create(&self, rel: &Path, how: CreateFile) -> Result<Box<dyn WritableFile>, SourceError> {
+        let path = self.root.join(rel);
+        let fail = |e| SourceError::write(rel, e);
+        let mut options = write_options(how.open);
+        options.create_new(true).mode(how.mode);
+        match options.open(&path) {
+            Ok(file) => {
+                // The daemon's umask must not narrow the mode the caller asked for.
+                file.set_permissions(fs::Permissions::from_mode(how.mode & 0o7777))
+                    .map_err(fail)?;
+                Ok(Box::new(file))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !how.exclusive => {
+                self.open_write(rel, how.open)
+            }
+            Err(e) => Err(fail(e)),
+        }
+    }
+
+    fn open_write(&self, rel: &Path, how: WriteOpen) -> Result<Box<dyn WritableFile>, SourceError> {
+        let file = write_options(how)
+            .truncate(how.truncate)
+            .open(self.root.join(rel))
+            .map_err(|e| SourceError::write(rel, e))?;
+        Ok(Box::new(file))
+    }
+
+    fn set_len(&self, rel: &Path, len: u64) -> Result<(), SourceError> {
+        let fail = |e| SourceError::write(rel, e);
+        let file = write_options(WriteOpen::default())
+            .open(self.root.join(rel))
+            .map_err(fail)?;
+        file.set_len(len).map_err(fail)
+    }
+
+    fn rename(&self, from: &Path, to: &Path, no_replace: bool) -> Result<(), SourceError> {
+        let (old, new) = (self.root.join(from), self.root.join(to));
+        let renamed = if no_replace {
+            rename_no_replace(&old, &new)
+        } else {
+            fs::rename(&old, &new)
+        };
+        renamed.map_err(|e| SourceError::write(from, e))
+    }
+
+    fn unlink(&self, rel: &Path) -> Result<(), SourceError> {
+        fs::remove_file(self.root.join(rel)).map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn mkdir(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        let path = self.root.join(rel);
+        let fail = |e| SourceError::write(rel, e);
+        fs::DirBuilder::new()
+            .mode(mode)
+            .create(&path)
+            .map_err(fail)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode & 0o7777)).map_err(fail)
+    }
+
+    fn rmdir(&self, rel: &Path) -> Result<(), SourceError> {
+        fs::remove_dir(self.root.join(rel)).map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
+        std::os::unix::fs::symlink(target, self.root.join(rel))
+            .map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        chmod_no_follow(&self.root.join(rel), mode & 0o7777).map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn set_owner(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<(), SourceError> {
+        std::os::unix::fs::lchown(self.root.join(rel), uid, gid)
+            .map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn set_times(
+        &self,
+        rel: &Path,
+        atime: Option<SetTime>,
+        mtime: Option<SetTime>,
+    ) -> Result<(), SourceError> {
+        set_times_no_follow(&self.root.join(rel), atime, mtime)
+            .map_err(|e| SourceError::write(rel, e))
+    }
+}
+
+/// Open options for writing: never following a final symlink, which could point
+/// anywhere outside the source.
+fn write_options(how: WriteOpen) -> fs::OpenOptions {
+    let mut options = fs::OpenOptions::new();
+    options
+        .read(how.read)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW);
+    options
+}
+
+fn c_path(path: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// Renames `old` to `new`, failing with EEXIST if `new` exists.
+fn rename_no_replace(old: &Path, new: &Path) -> io::Result<()> {
+    let (old, new) = (c_path(old)?, c_path(new)?);
+    #[cfg(target_os = "linux")]
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            old.as_ptr(),
+            libc::AT_FDCWD,
+            new.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    #[cfg(target_os = "macos")]
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let rc = unsafe { libc::renamex_np(old.as_ptr(), new.as_ptr(), libc::RENAME_EXCL) };
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    let rc = {
+        let _ = (old, new);
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets the mode of `path` itself: a symlink's mode cannot be set (EOPNOTSUPP), and
+/// its target, which may lie outside the source, is never touched.
+fn chmod_no_follow(path: &Path, mode: u32) -> io::Result<()> {
+    if fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+/// Sets the times of `path` itself (`utimensat` without following a symlink).
+fn set_times_no_follow(
+    path: &Path,
+    atime: Option<SetTime>,
+    mtime: Option<SetTime>,
+) -> io::Result<()> {
+    fn spec(time: Option<SetTime>) -> libc::timespec {
+        let (tv_sec, tv_nsec) = match time {
+            None => (0, libc::UTIME_OMIT),
+            Some(SetTime::Now) => (0, libc::UTIME_NOW),
+            Some(SetTime::At(ns)) => (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000)),
+        };
+        libc::timespec {
+            tv_sec: tv_sec as libc::time_t,
+            tv_nsec: tv_nsec as _,
+        }
+    }
+    let path = c_path(path)?;
+    let times = [spec(atime), spec(mtime)];
+    // SAFETY: the path is a NUL-terminated string and `times` two timespecs, both
+    // outliving the call.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -401,6 +699,104 @@ impl SourceTree {
     pub fn statfs(&self) -> io::Result<libc::statvfs> {
         self.backend.statfs()
     }
+
+    /// Creates regular file `rel`; see [`Source::create`].
+    pub fn create(
+        &self,
+        rel: &Path,
+        how: CreateFile,
+    ) -> Result<Box<dyn WritableFile>, SourceError> {
+        self.check_named(rel)?;
+        self.backend.create(rel, how)
+    }
+
+    /// Opens existing regular file `rel` for writing.
+    pub fn open_write(
+        &self,
+        rel: &Path,
+        how: WriteOpen,
+    ) -> Result<Box<dyn WritableFile>, SourceError> {
+        self.check_named(rel)?;
+        self.backend.open_write(rel, how)
+    }
+
+    /// Truncates or extends regular file `rel` to `len` bytes.
+    pub fn set_len(&self, rel: &Path, len: u64) -> Result<(), SourceError> {
+        self.check_named(rel)?;
+        self.backend.set_len(rel, len)
+    }
+
+    /// Renames `from` to `to`, replacing an existing `to` unless `no_replace`.
+    pub fn rename(&self, from: &Path, to: &Path, no_replace: bool) -> Result<(), SourceError> {
+        self.check_named(from)?;
+        self.check_named(to)?;
+        self.backend.rename(from, to, no_replace)
+    }
+
+    /// Removes file or link `rel`.
+    pub fn unlink(&self, rel: &Path) -> Result<(), SourceError> {
+        self.check_named(rel)?;
+        self.backend.unlink(rel)
+    }
+
+    /// Creates directory `rel` with exactly `mode`.
+    pub fn mkdir(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        self.check_named(rel)?;
+        self.backend.mkdir(rel, mode)
+    }
+
+    /// Removes empty directory `rel`.
+    pub fn rmdir(&self, rel: &Path) -> Result<(), SourceError> {
+        self.check_named(rel)?;
+        self.backend.rmdir(rel)
+    }
+
+    /// Creates symlink `rel` pointing at `target`, verbatim (the target is not a path
+    /// of the source, only the link's text).
+    pub fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
+        self.check_named(rel)?;
+        self.backend.symlink(target, rel)
+    }
+
+    /// Sets the permission bits of `rel`.
+    pub fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        self.check(rel)?;
+        self.backend.set_mode(rel, mode)
+    }
+
+    /// Sets the owner and group of `rel` itself.
+    pub fn set_owner(
+        &self,
+        rel: &Path,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<(), SourceError> {
+        self.check(rel)?;
+        self.backend.set_owner(rel, uid, gid)
+    }
+
+    /// Sets the access and modification times of `rel` itself.
+    pub fn set_times(
+        &self,
+        rel: &Path,
+        atime: Option<SetTime>,
+        mtime: Option<SetTime>,
+    ) -> Result<(), SourceError> {
+        self.check(rel)?;
+        self.backend.set_times(rel, atime, mtime)
+    }
+
+    /// Like [`SourceTree::check`], and refuses the root itself, which no write may
+    /// create, replace or remove.
+    fn check_named(&self, rel: &Path) -> Result<(), SourceError> {
+        self.check(rel)?;
+        if rel.file_name().is_none() {
+            return Err(SourceError::OutsideRoot {
+                path: rel.to_path_buf(),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -420,6 +816,69 @@ mod tests {
         );
         assert!(tree.stat(Path::new("../x")).is_err());
         assert!(tree.stat(Path::new("")).is_ok_and(|m| m.is_dir()));
+    }
+
+    #[test]
+    fn a_local_dir_writes_creates_renames_and_removes() -> Result<(), SourceError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = SourceTree::new(dir.path())?;
+        let how = CreateFile {
+            mode: 0o640,
+            exclusive: true,
+            open: WriteOpen {
+                read: true,
+                truncate: false,
+            },
+        };
+        let file = tree.create(Path::new("a"), how)?;
+        file.write_all_at(b"hello", 0).expect("write");
+        file.sync(true).expect("sync");
+        drop(file);
+        let meta = tree.stat(Path::new("a"))?;
+        assert_eq!((meta.size, meta.mode & 0o7777), (5, 0o640), "exact mode");
+        assert!(matches!(
+            tree.create(Path::new("a"), how).map(drop),
+            Err(SourceError::Write { source, .. }) if source.raw_os_error() == Some(libc::EEXIST)
+        ));
+        fs::write(dir.path().join("b"), b"old").expect("write");
+        assert!(tree.rename(Path::new("a"), Path::new("b"), true).is_err());
+        tree.rename(Path::new("a"), Path::new("b"), false)?;
+        assert_eq!(fs::read(dir.path().join("b")).expect("read"), b"hello");
+        tree.set_len(Path::new("b"), 2)?;
+        assert_eq!(tree.stat(Path::new("b"))?.size, 2);
+        tree.set_times(Path::new("b"), None, Some(SetTime::At(1_000_000_000_123)))?;
+        assert_eq!(tree.stat(Path::new("b"))?.mtime_ns, 1_000_000_000_123);
+        tree.mkdir(Path::new("d"), 0o750)?;
+        assert_eq!(tree.stat(Path::new("d"))?.mode & 0o7777, 0o750);
+        tree.symlink(Path::new("/etc/passwd"), Path::new("d/l"))?;
+        assert!(
+            tree.set_mode(Path::new("d/l"), 0o600).is_err(),
+            "never follows"
+        );
+        assert!(
+            tree.open_write(Path::new("d/l"), WriteOpen::default())
+                .is_err(),
+            "never follows"
+        );
+        assert!(tree.rmdir(Path::new("d")).is_err(), "not empty");
+        tree.unlink(Path::new("d/l"))?;
+        tree.rmdir(Path::new("d"))?;
+        tree.unlink(Path::new("b"))?;
+        assert!(matches!(
+            tree.stat(Path::new("b")),
+            Err(SourceError::NotFound { .. })
+        ));
+        assert!(tree.unlink(Path::new("")).is_err(), "not the root");
+        assert!(tree.mkdir(Path::new("../x"), 0o700).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_source_is_no_space() {
+        let full = SourceError::write("x", io::Error::from_raw_os_error(libc::ENOSPC));
+        assert!(matches!(full, SourceError::NoSpace { .. }));
+        let quota = SourceError::write("x", io::Error::from_raw_os_error(libc::EDQUOT));
+        assert!(matches!(quota, SourceError::NoSpace { .. }));
     }
 
     #[test]
