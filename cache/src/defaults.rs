@@ -63,3 +63,6 @@ pub const PREFETCH: bool = true;
 
 /// Only the mounting user may enter the mount.
 pub const ALLOW_OTHER: bool = false;
+
+/// Changes through the mount pass through to the source (`--read-only` refuses them).
+pub const READ_ONLY: bool = false;

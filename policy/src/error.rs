@@ -32,8 +32,14 @@ pub enum FsError {
     #[error("the source file changed since it was looked up")]
     Stale,
     /// The mount is read-only.
-    #[error("stagefs mounts are read-only")]
+    #[error("the mount is read-only (--read-only)")]
     ReadOnly,
+    /// The name may not be created here (the Finder's `._*` files on macOS).
+    #[error("not permitted")]
+    NotPermitted,
+    /// A write through a handle that was not opened for writing.
+    #[error("the file handle is not open for writing")]
+    NotOpenForWriting,
     /// The kernel asked for a directory operation on a non-directory or vice versa.
     #[error("not a directory")]
     NotADirectory,
@@ -57,6 +63,8 @@ impl FsError {
             FsError::UnknownInode(_) | FsError::UnknownHandle(_) | FsError::Stale => libc::ESTALE,
             FsError::ReadOnly => libc::EROFS,
             FsError::NotADirectory => libc::ENOTDIR,
+            FsError::NotPermitted => libc::EPERM,
+            FsError::NotOpenForWriting => libc::EBADF,
             FsError::SourceTimeout { .. } => libc::EIO,
         }
     }
@@ -166,7 +174,7 @@ mod tests {
         );
         assert_eq!(
             FsError::ReadOnly.described(Some(hint)),
-            "stagefs mounts are read-only"
+            "the mount is read-only (--read-only)"
         );
     }
 }

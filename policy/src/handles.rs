@@ -6,8 +6,8 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use stagefs_cache::SourceFile;
 use stagefs_cache::store::Pin;
+use stagefs_cache::{SourceFile, WritableFile};
 
 use crate::attr::Attr;
 
@@ -33,6 +33,16 @@ pub(crate) struct OpenFile {
     pub(crate) _keep: Option<Keepalive>,
     /// Keeps the staged copy from being evicted while this handle is open.
     pub(crate) _pin: Option<Arc<Pin>>,
+    /// For a handle open for writing: the file on the source it writes to.
+    pub(crate) writer: Option<Writer>,
+}
+
+/// A handle's writes: the source file, and the inode it was opened on (whose path
+/// follows renames, so the handle's file is always known by its current name).
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) file: Arc<dyn WritableFile>,
+    pub(crate) ino: u64,
 }
 
 /// One entry of a directory listing snapshot, with the attributes it is presented with.

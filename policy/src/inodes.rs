@@ -19,7 +19,7 @@
 //! journal's generation, chosen when it is created, goes into every handle, so a
 //! handle from a lost journal is told apart (stale) instead of naming another file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -66,6 +66,12 @@ struct Table {
     attrs: HashMap<u64, (Attr, Instant)>,
     links: HashMap<u64, Vec<u8>>,
     listings: HashMap<u64, Vec<DirEntry>>,
+    /// File inodes written through the mount: each follows its file from version to
+    /// version, as the kernel's inode does, instead of standing for one version.
+    live: HashSet<u64>,
+    /// Inodes whose entry was removed or replaced through the mount: no path leads to
+    /// them any more, only handles already open.
+    gone: HashSet<u64>,
     /// Where new numbers are recorded, for a table that outlives the process.
     journal: Option<File>,
 }
@@ -109,6 +115,8 @@ impl Inodes {
             attrs: HashMap::new(),
             links: HashMap::new(),
             listings: HashMap::new(),
+            live: HashSet::new(),
+            gone: HashSet::new(),
             journal: None,
         };
         Inodes {
@@ -213,7 +221,25 @@ impl Inodes {
 
     fn intern_key(&self, path: &Path, key: NodeKey, stamp: Option<Stamp>, redirect: bool) -> u64 {
         let mut table = self.lock();
-        if let Some(&ino) = table.by_key.get(&key) {
+        // A file written through the mount keeps its inode from version to version.
+        if let (NodeKey::Version(..), Some(stamp)) = (&key, stamp)
+            && let Some(&ino) = table.latest.get(path)
+            && table.live.contains(&ino)
+            && !table.gone.contains(&ino)
+            && table
+                .nodes
+                .get(&ino)
+                .is_some_and(|n| !n.redirect && n.stamp.is_some())
+        {
+            drop(table);
+            self.restamp(ino, stamp);
+            return ino;
+        }
+        // (A number journaled before a rename may still be keyed by its old path.)
+        if let Some(&ino) = table.by_key.get(&key)
+            && table.nodes.get(&ino).is_some_and(|n| n.path == path)
+            && !table.gone.contains(&ino)
+        {
             table.latest.insert(path.to_path_buf(), ino);
             return ino;
         }
@@ -290,8 +316,160 @@ impl Inodes {
         self.lock().links.get(&ino).cloned()
     }
 
+    // ------------------------------------------------------------ changes made through the mount
+
+    /// Marks file inode `ino` as written through the mount: from now on it follows
+    /// its file ([`Inodes::restamp`]) instead of standing for one version.
+    pub(crate) fn set_live(&self, ino: u64) {
+        self.lock().live.insert(ino);
+    }
+
+    /// Whether `ino` was written through the mount.
+    pub(crate) fn is_live(&self, ino: u64) -> bool {
+        self.lock().live.contains(&ino)
+    }
+
+    /// Whether `ino`'s entry was removed or replaced through the mount.
+    pub(crate) fn is_gone(&self, ino: u64) -> bool {
+        self.lock().gone.contains(&ino)
+    }
+
+    /// Makes file inode `ino` stand for version `stamp` of its file.
+    pub(crate) fn restamp(&self, ino: u64, stamp: Stamp) {
+        let mut table = self.lock();
+        let Some(node) = table.nodes.get(&ino).cloned() else {
+            return;
+        };
+        if node.stamp == Some(stamp) || node.redirect || node.stamp.is_none() {
+            return;
+        }
+        if let Some(old) = node.stamp {
+            table
+                .by_key
+                .remove(&NodeKey::Version(node.path.clone(), old));
+        }
+        table
+            .by_key
+            .insert(NodeKey::Version(node.path.clone(), stamp), ino);
+        table.latest.insert(node.path.clone(), ino);
+        let node = Node {
+            stamp: Some(stamp),
+            ..node
+        };
+        if let Some(journal) = table.journal.as_mut() {
+            record(journal, ino, &node);
+        }
+        table.nodes.insert(ino, node);
+    }
+
+    /// `from`, and everything under it, is now at `to`; what was at `to` is gone.
+    pub(crate) fn rename(&self, from: &Path, to: &Path) {
+        let mut table = self.lock();
+        let under = |path: &Path, top: &Path| path.starts_with(top);
+        let moved: Vec<u64> = table
+            .nodes
+            .iter()
+            .filter(|(ino, n)| under(&n.path, from) && !table.gone.contains(ino))
+            .map(|(ino, _)| *ino)
+            .collect();
+        let replaced: Vec<u64> = table
+            .nodes
+            .iter()
+            .filter(|(ino, n)| under(&n.path, to) && !moved.contains(ino))
+            .map(|(ino, _)| *ino)
+            .collect();
+        for ino in replaced {
+            table.detach(ino);
+        }
+        for ino in moved {
+            let Some(node) = table.nodes.get(&ino).cloned() else {
+                continue;
+            };
+            let Ok(rest) = node.path.strip_prefix(from) else {
+                continue;
+            };
+            let path = if rest.as_os_str().is_empty() {
+                to.to_path_buf()
+            } else {
+                to.join(rest)
+            };
+            table.by_key.remove(&node.key());
+            if table.latest.get(&node.path) == Some(&ino) {
+                table.latest.remove(&node.path);
+            }
+            let node = Node { path, ..node };
+            table.by_key.insert(node.key(), ino);
+            table.latest.insert(node.path.clone(), ino);
+            if let Some(journal) = table.journal.as_mut() {
+                record(journal, ino, &node);
+            }
+            table.nodes.insert(ino, node);
+        }
+        table.dir_changed(from);
+        table.dir_changed(to);
+    }
+
+    /// The entry at `path` (and anything under it) was removed through the mount.
+    pub(crate) fn forget(&self, path: &Path) {
+        let mut table = self.lock();
+        let gone: Vec<u64> = table
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.path.starts_with(path))
+            .map(|(ino, _)| *ino)
+            .collect();
+        for ino in gone {
+            table.detach(ino);
+        }
+        table.dir_changed(path);
+    }
+
+    /// An entry was created at `path` through the mount: its directory's listing
+    /// is out of date.
+    pub(crate) fn created(&self, path: &Path) {
+        self.lock().dir_changed(path);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Node {
+    fn key(&self) -> NodeKey {
+        match (self.stamp, self.redirect) {
+            (Some(stamp), true) => NodeKey::Redirect(self.path.clone(), stamp),
+            (Some(stamp), false) => NodeKey::Version(self.path.clone(), stamp),
+            (None, _) => NodeKey::Path(self.path.clone()),
+        }
+    }
+}
+
+impl Table {
+    /// No path leads to `ino` any more; handles open on it keep working.
+    fn detach(&mut self, ino: u64) {
+        let Some(node) = self.nodes.get(&ino) else {
+            return;
+        };
+        let (key, path) = (node.key(), node.path.clone());
+        if self.by_key.get(&key) == Some(&ino) {
+            self.by_key.remove(&key);
+        }
+        if self.latest.get(&path) == Some(&ino) {
+            self.latest.remove(&path);
+        }
+        self.listings.remove(&ino);
+        self.links.remove(&ino);
+        self.gone.insert(ino);
+    }
+
+    /// The directory holding `path` changed: its remembered listing is dropped, so
+    /// it is never recalled while the source is away.
+    fn dir_changed(&mut self, path: &Path) {
+        let parent = path.parent().unwrap_or(Path::new("")).to_path_buf();
+        if let Some(&dir) = self.by_key.get(&NodeKey::Path(parent)) {
+            self.listings.remove(&dir);
+        }
     }
 }
 

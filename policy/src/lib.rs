@@ -15,6 +15,7 @@ mod handles;
 mod inodes;
 mod policy;
 mod redirect;
+mod written;
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ pub use attr::Attr;
 pub use error::FsError;
 pub use handles::{DirEntry, Keepalive};
 pub use inodes::ROOT_INO;
-pub use policy::{Listing, Opened, Policy, backing_file};
+pub use policy::{Caller, Listing, Opened, Policy, RenameHow, SetAttr, backing_file};
 
 /// How a mount behaves; built by the CLI from its flags.
 #[derive(Debug, Clone)]
@@ -58,6 +59,8 @@ pub struct FsConfig {
     /// Refuse the names the macOS Finder and Spotlight probe for (`._*`,
     /// `.DS_Store`...) without asking the source, and leave them out of listings.
     pub hide_finder_files: bool,
+    /// Refuse every change with EROFS, as stagefs did before it wrote through.
+    pub read_only: bool,
 }
 
 /// What an open does when the cache budget cannot make room for the file.
@@ -87,6 +90,7 @@ impl Default for FsConfig {
             source_timeout: defaults::SOURCE_TIMEOUT,
             hint: None,
             hide_finder_files: cfg!(target_os = "macos"),
+            read_only: defaults::READ_ONLY,
         }
     }
 }

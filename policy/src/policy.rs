@@ -49,7 +49,12 @@ use crate::finder;
 use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::redirect::{Presented, RedirectPolicy};
+use crate::written::Written;
 use crate::{FsConfig, OnFull};
+
+mod write;
+
+pub use write::{Caller, RenameHow, SetAttr};
 
 /// How often a request waiting for a stuck source pool looks for a free thread.
 const SATURATED_RETRY: Duration = Duration::from_millis(250);
@@ -68,6 +73,9 @@ pub struct Policy {
     kernel_passthrough: Arc<AtomicBool>,
     redirect: RedirectPolicy,
     prefetcher: Option<Arc<Prefetcher>>,
+    /// Paths changed through the mount, whose stored copies must not be trusted
+    /// until they are removed (`written.rs`).
+    written: Written,
 }
 
 /// A directory listing held open by a handle.
@@ -157,6 +165,7 @@ impl Policy {
             files: Handles::new(),
             dirs: Handles::new(),
             kernel_passthrough: Arc::default(),
+            written: Written::default(),
         }
     }
 
@@ -357,6 +366,9 @@ impl Policy {
 
     /// How version `version` of file `path` is presented; asks the store, not the source.
     fn presented(&self, path: &Path, version: Stamp) -> Presented {
+        if !self.copy_trusted_blocking(path) {
+            return Presented::File;
+        }
         let passthrough = self.kernel_passthrough.load(Ordering::Relaxed);
         self.redirect.present(version, passthrough, || {
             self.stager.present_target(path, version)
@@ -386,12 +398,23 @@ impl Policy {
         {
             return Ok(attr);
         }
+        // Removed or replaced through the mount: only open handles lead to it.
+        if self.inodes.is_gone(ino) {
+            let attr = self.inodes.known_attr(ino).ok_or(FsError::Stale)?;
+            return Ok(Attr { nlink: 0, ..attr });
+        }
         let path = node.path.clone();
         self.ask(
             &path,
             move |p| {
                 let meta = p.stager.source().stat(&node.path)?;
-                let attr = attr_of(ino, &meta, node.stamp);
+                // A file written through the mount follows its file.
+                let attr = if p.inodes.is_live(ino) && meta.is_file() {
+                    p.inodes.restamp(ino, Stamp::of(&meta));
+                    attr_of(ino, &meta, None)
+                } else {
+                    attr_of(ino, &meta, node.stamp)
+                };
                 p.inodes.remember_attr(attr);
                 Ok(attr)
             },
@@ -433,6 +456,9 @@ impl Policy {
     /// gone or changed since the link was handed out.
     fn redirect_target(&self, node: &Node) -> Option<Vec<u8>> {
         let version = node.stamp?;
+        if !self.copy_trusted_blocking(&node.path) {
+            return None;
+        }
         let copy = self.stager.redirect_target(&node.path, version, true)?;
         Metrics::bump(&self.stager.metrics().redirects);
         Some(copy.into_os_string().into_vec())
@@ -527,6 +553,10 @@ impl Policy {
         let version = node.stamp.ok_or(FsError::NotADirectory)?;
         let opened = if version.size < self.config.min_stage_size {
             self.open_small(&node, version).await?
+        } else if !self.copy_trusted(&node.path).await {
+            // Being written through the mount, or its copy still held by a reader of
+            // the version before: the source has the only right bytes.
+            self.open_source(&node.path).await?
         } else {
             match self.stage_or_recall(&node, version).await {
                 Ok(staged) => Opened::staged(staged),
@@ -542,9 +572,13 @@ impl Policy {
                 Err(e) => return Err(e),
             }
         };
-        // The inode promised `version`; a newer one must come through a fresh lookup.
+        // The inode promised `version`; a newer one must come through a fresh lookup,
+        // unless the inode follows a file written through the mount.
         if opened.stamp != version {
-            return Err(FsError::Stale);
+            if !self.inodes.is_live(ino) {
+                return Err(FsError::Stale);
+            }
+            self.inodes.restamp(ino, opened.stamp);
         }
         Ok(opened)
     }
@@ -624,7 +658,7 @@ impl Policy {
     /// suspect before it, once it becomes suspect during it, or when the attempt gets
     /// no answer; without such a copy, the attempt's own outcome, or EIO.
     async fn attempt_or_stored<T>(
-        &self,
+        self: &Arc<Self>,
         node: &Node,
         version: Stamp,
         attempt: impl Future<Output = Attempt<T>>,
@@ -674,7 +708,10 @@ impl Policy {
     }
 
     /// A stored copy of exactly `version` of `node`, asking the source nothing.
-    async fn recall_stored(&self, node: &Node, version: Stamp) -> Option<Staged> {
+    async fn recall_stored(self: &Arc<Self>, node: &Node, version: Stamp) -> Option<Staged> {
+        if !self.copy_trusted(&node.path).await {
+            return None;
+        }
         let staged = self.stager.stored_off_thread(&node.path, version).await?;
         // Only ever called when the source is suspect or timed out.
         info!(path = %node.path.display(), "the source does not respond; serving the stored copy");
@@ -709,6 +746,7 @@ impl Policy {
             reader: opened.reader,
             _keep: backing,
             _pin: opened.pin,
+            writer: None,
         })
     }
 
@@ -768,6 +806,9 @@ impl Policy {
     /// lock, and closing a file open on a dead NAS may block.
     pub fn release(&self, fh: u64) {
         if let Some(open) = self.files.remove(fh) {
+            if let Some(writer) = &open.writer {
+                self.writer_released(writer);
+            }
             self.runtime.spawn_blocking(move || drop(open));
         }
     }
@@ -1340,6 +1381,389 @@ mod tests {
         assert!(f.policy.statfs().await.is_ok());
         f.source.set(Behaviour::Hang);
         assert_eq!(errno(f.policy.statfs().await), libc::EIO);
+        f.source.set(Behaviour::Healthy);
+    }
+
+    // ------------------------------------------------------------ writing through the mount
+
+    fn me() -> Caller {
+        // SAFETY: no preconditions.
+        unsafe {
+            Caller {
+                uid: libc::geteuid(),
+                gid: libc::getegid(),
+            }
+        }
+    }
+
+    const NEW: stagefs_cache::CreateFile = stagefs_cache::CreateFile {
+        mode: 0o644,
+        exclusive: true,
+        open: stagefs_cache::WriteOpen {
+            read: true,
+            truncate: false,
+        },
+    };
+
+    impl Fixture {
+        /// Creates `name` at the root, writes `data` and closes it.
+        async fn write_new(&self, name: &str, data: &[u8]) -> Result<Attr, FsError> {
+            let (attr, fh) = self
+                .policy
+                .create(ROOT_INO, OsStr::new(name), NEW, me())
+                .await?;
+            for (i, chunk) in data.chunks(128 << 10).enumerate() {
+                let offset = (i * (128 << 10)) as u64;
+                self.policy.write(fh, offset, chunk.to_vec()).await?;
+            }
+            self.policy.release(fh);
+            Ok(attr)
+        }
+
+        /// Opens the version of `rel` now looked up and holds it, as a reader would.
+        async fn hold(&self, rel: &str) -> u64 {
+            let opened = self.open(rel).await.expect("open");
+            self.policy.register(opened, None)
+        }
+
+        async fn read_handle(&self, fh: u64, len: usize) -> Vec<u8> {
+            self.policy.read(fh, 0, len as u32).await.expect("read")
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_file_created_through_the_mount_is_written_to_the_source() {
+        let f = healthy();
+        let data = bytes(3 * MIB, 5);
+        let attr = f.write_new("new.bin", &data).await.expect("write");
+        assert_eq!(attr.kind, EntryKind::File);
+        assert_eq!(f.source_bytes("new.bin"), data);
+        let mode = fs::metadata(f.src.join("new.bin"))
+            .expect("stat")
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o644
+        );
+        // The kernel's inode follows the file it wrote.
+        assert_eq!(
+            f.policy.getattr(attr.ino).await.expect("getattr").size,
+            data.len() as u64
+        );
+        assert_eq!(f.read_all("new.bin").await.expect("read"), data);
+        assert_eq!(
+            errno(
+                f.policy
+                    .create(ROOT_INO, OsStr::new("new.bin"), NEW, me())
+                    .await
+            ),
+            libc::EEXIST
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_rewrite_that_keeps_size_and_mtime_never_serves_the_old_copy() {
+        let f = fixture(|c, _, _| c.prefetch = false);
+        let old = f.source_bytes("weights.bin");
+        assert_eq!(f.read_all("weights.bin").await.expect("stage"), old);
+        assert!(f.stored("weights.bin"));
+        let mtime = f.lookup("weights.bin").await.expect("lookup").mtime_ns;
+        // A reader holds the old version's copy.
+        let reader = f.hold("weights.bin").await;
+        let attr = f.lookup("weights.bin").await.expect("lookup");
+        let new = bytes(old.len(), 77);
+        let fh = f
+            .policy
+            .open_write(attr.ino, stagefs_cache::WriteOpen::default())
+            .await
+            .expect("open for writing");
+        f.policy.write(fh, 0, new.clone()).await.expect("write");
+        // The old mtime set back, as `cp -p` or `rsync -t` would: the stamp matches.
+        let back = SetAttr {
+            mtime: Some(stagefs_cache::SetTime::At(mtime)),
+            ..SetAttr::default()
+        };
+        f.policy
+            .setattr(attr.ino, Some(fh), back)
+            .await
+            .expect("utimes");
+        f.policy.release(fh);
+        assert_eq!(
+            f.lookup("weights.bin").await.expect("lookup").mtime_ns,
+            mtime
+        );
+        assert_eq!(
+            f.read_all("weights.bin").await.expect("read"),
+            new,
+            "not the stale copy"
+        );
+        assert_eq!(
+            f.read_handle(reader, old.len()).await,
+            old,
+            "the reader keeps its bytes"
+        );
+        f.policy.release(reader);
+        // Once the reader is gone the stale copy goes, and the new version is staged.
+        let deadline = Instant::now() + PROMPTLY;
+        loop {
+            assert_eq!(f.read_all("weights.bin").await.expect("read"), new);
+            let stamp = Stamp {
+                size: new.len() as u64,
+                mtime_ns: mtime,
+            };
+            if let Some(staged) = f.policy.stager.stored(Path::new("weights.bin"), stamp) {
+                let copy = read_at_most(staged.file.as_ref(), 0, new.len(), |_| {}).expect("copy");
+                if copy == new {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the new version was never staged"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_rename_over_a_staged_file_moves_the_name_and_the_reader_keeps_the_old() {
+        let f = fixture(|c, _, _| c.prefetch = false);
+        let old = f.source_bytes("weights.bin");
+        let reader = f.hold("weights.bin").await;
+        let mtime = f.lookup("weights.bin").await.expect("lookup").mtime_ns;
+        let new = bytes(old.len(), 99);
+        let tmp = f.write_new("weights.bin.tmp", &new).await.expect("write");
+        let same = SetAttr {
+            mtime: Some(stagefs_cache::SetTime::At(mtime)),
+            ..SetAttr::default()
+        };
+        f.policy.setattr(tmp.ino, None, same).await.expect("utimes");
+        f.policy
+            .rename(
+                ROOT_INO,
+                OsStr::new("weights.bin.tmp"),
+                ROOT_INO,
+                OsStr::new("weights.bin"),
+                RenameHow::default(),
+            )
+            .await
+            .expect("rename over");
+        assert_eq!(f.source_bytes("weights.bin"), new);
+        assert_eq!(errno(f.lookup("weights.bin.tmp").await), libc::ENOENT);
+        let moved = f.lookup("weights.bin").await.expect("lookup");
+        assert_eq!(moved.ino, tmp.ino, "the inode moved with its name");
+        assert_eq!(f.read_all("weights.bin").await.expect("read"), new);
+        assert_eq!(f.read_handle(reader, old.len()).await, old);
+        f.policy.release(reader);
+        let no_replace = RenameHow { no_replace: true };
+        f.write_new("other", b"x").await.expect("write");
+        assert_eq!(
+            errno(
+                f.policy
+                    .rename(
+                        ROOT_INO,
+                        OsStr::new("other"),
+                        ROOT_INO,
+                        OsStr::new("config.json"),
+                        no_replace
+                    )
+                    .await
+            ),
+            libc::EEXIST
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_unlink_forgets_the_name_and_drops_the_copy() {
+        let f = fixture(|c, _, _| {
+            c.prefetch = false;
+            c.redirect = false;
+        });
+        f.read_all("weights.bin").await.expect("stage");
+        assert!(f.stored("weights.bin"));
+        let attr = f.lookup("weights.bin").await.expect("lookup");
+        f.policy
+            .unlink(ROOT_INO, OsStr::new("weights.bin"))
+            .await
+            .expect("unlink");
+        assert!(!f.src.join("weights.bin").exists());
+        // (Once the last handle's pin is gone.)
+        wait_until("the copy of a removed file to be dropped", || {
+            !f.stored("weights.bin")
+        })
+        .await;
+        assert_eq!(errno(f.lookup("weights.bin").await), libc::ENOENT);
+        // Even while the source is away, the removed name is not recalled.
+        f.source.set(Behaviour::Eio);
+        assert!(
+            f.policy
+                .lookup(ROOT_INO, OsStr::new("weights.bin"))
+                .await
+                .is_err()
+        );
+        // A handle still open on it (fstat) sees it unlinked.
+        assert_eq!(f.policy.getattr(attr.ino).await.expect("getattr").nlink, 0);
+        f.source.set(Behaviour::Healthy);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn directories_links_modes_and_renamed_trees() {
+        let f = healthy();
+        let d = f
+            .policy
+            .mkdir(ROOT_INO, OsStr::new("d"), 0o750, me())
+            .await
+            .expect("mkdir");
+        assert_eq!((d.kind, d.perm), (EntryKind::Dir, 0o750));
+        let (file, fh) = f
+            .policy
+            .create(d.ino, OsStr::new("f"), NEW, me())
+            .await
+            .expect("create");
+        f.policy.write(fh, 0, b"abc".to_vec()).await.expect("write");
+        f.policy.release(fh);
+        let link = f
+            .policy
+            .symlink(d.ino, OsStr::new("l"), Path::new("f"), me())
+            .await
+            .expect("symlink");
+        assert_eq!(f.policy.readlink(link.ino).await.expect("readlink"), b"f");
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        assert_eq!(
+            f.policy
+                .setattr(file.ino, None, chmod)
+                .await
+                .expect("chmod")
+                .perm,
+            0o600
+        );
+        let truncate = SetAttr {
+            size: Some(1),
+            ..SetAttr::default()
+        };
+        assert_eq!(
+            f.policy
+                .setattr(file.ino, None, truncate)
+                .await
+                .expect("truncate")
+                .size,
+            1
+        );
+        f.policy
+            .rename(
+                ROOT_INO,
+                OsStr::new("d"),
+                ROOT_INO,
+                OsStr::new("e"),
+                RenameHow::default(),
+            )
+            .await
+            .expect("rename a directory");
+        assert_eq!(
+            f.policy
+                .getattr(file.ino)
+                .await
+                .expect("moved with it")
+                .size,
+            1
+        );
+        assert_eq!(fs::read(f.src.join("e/f")).expect("read"), b"a");
+        assert_eq!(
+            errno(f.policy.rmdir(ROOT_INO, OsStr::new("e")).await),
+            libc::ENOTEMPTY
+        );
+        for name in ["f", "l"] {
+            f.policy
+                .unlink(d.ino, OsStr::new(name))
+                .await
+                .expect("unlink");
+        }
+        f.policy
+            .rmdir(ROOT_INO, OsStr::new("e"))
+            .await
+            .expect("rmdir");
+        assert!(!f.src.join("e").exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_read_only_mount_refuses_every_change_with_erofs() {
+        let f = fixture(|c, _, _| c.read_only = true);
+        assert_eq!(errno(f.write_new("x", b"x").await), libc::EROFS);
+        assert_eq!(
+            errno(f.policy.mkdir(ROOT_INO, OsStr::new("d"), 0o755, me()).await),
+            libc::EROFS
+        );
+        assert_eq!(
+            errno(f.policy.unlink(ROOT_INO, OsStr::new("config.json")).await),
+            libc::EROFS
+        );
+        let attr = f.lookup("config.json").await.expect("lookup");
+        assert_eq!(
+            errno(
+                f.policy
+                    .open_write(attr.ino, stagefs_cache::WriteOpen::default())
+                    .await
+            ),
+            libc::EROFS
+        );
+        assert!(f.src.join("config.json").exists());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_full_source_fails_the_writer_with_enospc() {
+        let f = healthy();
+        let (_, fh) = f
+            .policy
+            .create(ROOT_INO, OsStr::new("big"), NEW, me())
+            .await
+            .expect("create");
+        f.source.set(Behaviour::Full);
+        assert_eq!(
+            errno(f.policy.write(fh, 0, vec![1; 4096]).await),
+            libc::ENOSPC
+        );
+        f.policy.release(fh);
+        assert_eq!(errno(f.write_new("other", b"x").await), libc::ENOSPC);
+        assert_eq!(
+            errno(f.policy.mkdir(ROOT_INO, OsStr::new("d"), 0o755, me()).await),
+            libc::ENOSPC
+        );
+        // Reads are not affected.
+        assert!(f.read_all("weights.bin").await.is_ok());
+        f.source.set(Behaviour::Healthy);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_dead_source_fails_writes_with_eio_within_the_timeout_and_staged_files_stay() {
+        let f = fixture(|c, _, _| {
+            c.source_timeout = Duration::from_millis(300);
+            c.redirect = false;
+        });
+        let expected = f.source_bytes("weights.bin");
+        f.read_all("weights.bin").await.expect("stage");
+        let (_, fh) = f
+            .policy
+            .create(ROOT_INO, OsStr::new("w"), NEW, me())
+            .await
+            .expect("create");
+        f.source.set(Behaviour::Hang);
+        let started = Instant::now();
+        assert_eq!(errno(f.policy.write(fh, 0, vec![1; 4096]).await), libc::EIO);
+        assert_eq!(errno(f.policy.fsync(fh, false).await), libc::EIO);
+        assert_eq!(errno(f.write_new("x", b"x").await), libc::EIO);
+        assert_eq!(
+            errno(f.policy.unlink(ROOT_INO, OsStr::new("config.json")).await),
+            libc::EIO
+        );
+        assert!(started.elapsed() < PROMPTLY, "{:?}", started.elapsed());
+        let read = tokio::time::timeout(PROMPTLY, f.read_all("weights.bin"))
+            .await
+            .expect("a staged file is served while the source is dead");
+        assert_eq!(read.expect("read"), expected);
+        f.policy.release(fh);
         f.source.set(Behaviour::Healthy);
     }
 }

@@ -1,0 +1,477 @@
+//! The write path: what a mount does with create, write, truncate, chmod, utimes,
+//! rename, unlink, mkdir, rmdir, symlink and fsync, in no protocol's terms.
+//!
+//! Every change passes through to the source, on the source pool under the source
+//! timeout, like reads: a dead source fails the writer with EIO within the timeout
+//! (at once when every source thread is stuck), a full one with ENOSPC, and any other
+//! errno of the source (EACCES, EEXIST, ENOTEMPTY) is the writer's. Nothing is written
+//! anywhere but the source: no temporary file, no copy (not yet staged as written).
+//!
+//! The policy's tables follow: a rename moves the names (and every inode under a
+//! renamed directory), a removal forgets them, a file written through the mount is
+//! a *live* inode that follows its file instead of standing for one version, and
+//! every path changed is tainted (`written.rs`) until its stored copy is removed.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use stagefs_cache::{
+    CreateFile, Key, SetTime, SourceError, SourceMeta, Stamp, WritableFile, WriteOpen,
+};
+
+use super::Policy;
+use crate::attr::{Attr, attr_of};
+use crate::error::FsError;
+use crate::finder;
+use crate::handles::{OpenFile, Reader, Writer};
+use crate::written::Trust;
+
+/// How often, and how many times, the copy of a removed file is asked to go while
+/// something holds it.
+const DROP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+const DROP_TRIES: u32 = 240;
+
+/// Who asks for a change: new entries are given to them when the daemon runs as
+/// root (otherwise they belong to the daemon's user, the only one let in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// The caller's user id.
+    pub uid: u32,
+    /// The caller's group id.
+    pub gid: u32,
+}
+
+/// The attribute changes of a setattr; None leaves one as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+}
+
+/// How a rename may treat an existing target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameHow {
+    /// Fail with EEXIST rather than replace the target.
+    pub no_replace: bool,
+}
+
+impl Policy {
+    fn writable(&self) -> Result<(), FsError> {
+        if self.config.read_only {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The path of `name` in directory `parent`, for a change there.
+    fn child(&self, parent: u64, name: &OsStr) -> Result<PathBuf, FsError> {
+        self.writable()?;
+        let dir = self.node(parent)?;
+        if dir.stamp.is_some() {
+            return Err(FsError::NotADirectory);
+        }
+        if self.config.hide_finder_files && finder::is_finder_file(name) {
+            return Err(FsError::NotPermitted);
+        }
+        Ok(dir.path.join(name))
+    }
+
+    /// Owner and group to give a new entry: the caller's when the daemon is root.
+    fn owner_for(caller: Caller) -> Option<(u32, u32)> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        (root && (caller.uid, caller.gid) != (0, 0)).then_some((caller.uid, caller.gid))
+    }
+
+    /// Runs `work` on the source pool under the source timeout.
+    async fn change<T: Send + 'static>(
+        self: &Arc<Self>,
+        what: &Path,
+        work: impl FnOnce(&Policy) -> Result<T, FsError> + Send + 'static,
+    ) -> Result<T, FsError> {
+        let worker = Arc::clone(self);
+        match self.pool().run(move || work(&worker)).await {
+            Ok(result) => {
+                self.probe_if_down();
+                result
+            }
+            Err(_) => {
+                self.source_timed_out();
+                Err(self.timeout_error(what))
+            }
+        }
+    }
+
+    /// The attributes of new entry `path` as the source describes it.
+    fn new_entry(&self, path: &Path, meta: &SourceMeta) -> Attr {
+        self.inodes.created(path);
+        let attr = self.entry_attr(path, meta);
+        if meta.is_file() {
+            self.inodes.set_live(attr.ino);
+        }
+        self.inodes.remember_attr(attr);
+        attr
+    }
+
+    fn writer_handle(&self, ino: u64, file: Box<dyn WritableFile>) -> u64 {
+        let file: Arc<dyn WritableFile> = Arc::from(file);
+        self.files.insert(OpenFile {
+            reader: Reader::Source(file.clone()),
+            _keep: None,
+            _pin: None,
+            writer: Some(Writer { file, ino }),
+        })
+    }
+
+    /// Creates (or, unless exclusive, opens) regular file `name` in `parent` and
+    /// opens it for writing: its attributes and a handle.
+    pub async fn create(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &OsStr,
+        how: CreateFile,
+        caller: Caller,
+    ) -> Result<(Attr, u64), FsError> {
+        let path = self.child(parent, name)?;
+        self.written.writer_opened(&path);
+        let work_path = path.clone();
+        let created = self
+            .change(&path, move |p| {
+                let source = p.stager.source();
+                let file = source.create(&work_path, how)?;
+                if let Some((uid, gid)) = Self::owner_for(caller) {
+                    source.set_owner(&work_path, Some(uid), Some(gid))?;
+                }
+                let meta = file.meta().map_err(FsError::Read)?;
+                Ok((file, meta))
+            })
+            .await;
+        let (file, meta) = match created {
+            Ok(created) => created,
+            Err(e) => {
+                self.written.writer_closed(&path);
+                return Err(e);
+            }
+        };
+        let attr = self.new_entry(&path, &meta);
+        Ok((attr, self.writer_handle(attr.ino, file)))
+    }
+
+    /// Opens existing regular file `ino` for writing (and reading, with `how.read`).
+    pub async fn open_write(self: &Arc<Self>, ino: u64, how: WriteOpen) -> Result<u64, FsError> {
+        self.writable()?;
+        let node = self.node(ino)?;
+        if node.stamp.is_none() {
+            return Err(FsError::NotADirectory);
+        }
+        self.written.writer_opened(&node.path);
+        self.inodes.set_live(ino);
+        let path = node.path.clone();
+        let opened = self
+            .change(&path, move |p| {
+                let file = p.stager.source().open_write(&node.path, how)?;
+                let meta = file.meta().map_err(FsError::Read)?;
+                p.inodes.restamp(ino, Stamp::of(&meta));
+                p.inodes.remember_attr(attr_of(ino, &meta, None));
+                Ok(file)
+            })
+            .await;
+        match opened {
+            Ok(file) => Ok(self.writer_handle(ino, file)),
+            Err(e) => {
+                self.written.writer_closed(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `data` at `offset` through handle `fh`; the bytes written.
+    pub async fn write(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<u32, FsError> {
+        let open = self.files.get(fh).ok_or(FsError::UnknownHandle(fh))?;
+        let Some(writer) = &open.writer else {
+            return Err(FsError::NotOpenForWriting);
+        };
+        let (file, ino) = (Arc::clone(&writer.file), writer.ino);
+        let path = self.node(ino).map(|n| n.path).unwrap_or_default();
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let work_path = path.clone();
+        self.change(&path, move |_| {
+            file.write_all_at(&data, offset)
+                .map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
+        })
+        .await?;
+        Ok(len)
+    }
+
+    /// Makes what handle `fh` wrote durable on the source.
+    pub async fn fsync(self: &Arc<Self>, fh: u64, data_only: bool) -> Result<(), FsError> {
+        let open = self.files.get(fh).ok_or(FsError::UnknownHandle(fh))?;
+        let Some(writer) = &open.writer else {
+            // Nothing was written through a read handle.
+            return Ok(());
+        };
+        let (file, ino) = (Arc::clone(&writer.file), writer.ino);
+        let path = self.node(ino).map(|n| n.path).unwrap_or_default();
+        let work_path = path.clone();
+        self.change(&path, move |_| {
+            file.sync(data_only)
+                .map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
+        })
+        .await
+    }
+
+    /// A handle writing to `ino` was closed: its file is tainted anew (what it wrote
+    /// may have left a stale copy's stamp). The inode, being live, takes the file's
+    /// new version at its next lookup, getattr or open.
+    pub(super) fn writer_released(&self, writer: &Writer) {
+        if let Ok(node) = self.node(writer.ino) {
+            self.written.writer_closed(&node.path);
+        }
+    }
+
+    /// Changes the attributes of `ino` (through handle `fh`, if given, for a size).
+    pub async fn setattr(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: Option<u64>,
+        change: SetAttr,
+    ) -> Result<Attr, FsError> {
+        self.writable()?;
+        let node = self.node(ino)?;
+        let writer = fh
+            .and_then(|fh| self.files.get(fh))
+            .and_then(|open| open.writer.as_ref().map(|w| Arc::clone(&w.file)));
+        if self.inodes.is_gone(ino) && (writer.is_none() || change != size_only(change.size)) {
+            // Its name now leads elsewhere (or nowhere).
+            return Err(FsError::Stale);
+        }
+        let is_file = node.stamp.is_some();
+        let versioned = change.size.is_some() || change.mtime.is_some();
+        if is_file && versioned {
+            self.written.taint(&node.path);
+            self.inodes.set_live(ino);
+        }
+        let path = node.path.clone();
+        let attr = self
+            .change(&path, move |p| {
+                let source = p.stager.source();
+                let path = &node.path;
+                if let Some(size) = change.size {
+                    match &writer {
+                        Some(file) => file
+                            .set_len(size)
+                            .map_err(|e| SourceError::write(path, e))?,
+                        None => source.set_len(path, size)?,
+                    }
+                }
+                if let Some(mode) = change.mode {
+                    source.set_mode(path, mode)?;
+                }
+                if change.uid.is_some() || change.gid.is_some() {
+                    source.set_owner(path, change.uid, change.gid)?;
+                }
+                if change.atime.is_some() || change.mtime.is_some() {
+                    source.set_times(path, change.atime, change.mtime)?;
+                }
+                let meta = match &writer {
+                    Some(file) => file.meta().map_err(FsError::Read)?,
+                    None => source.stat(path)?,
+                };
+                if meta.is_file() {
+                    p.inodes.set_live(ino);
+                    p.inodes.restamp(ino, Stamp::of(&meta));
+                }
+                let attr = attr_of(ino, &meta, None);
+                p.inodes.remember_attr(attr);
+                Ok(attr)
+            })
+            .await;
+        if is_file && versioned {
+            // Tainted again after the change, so a copy made meanwhile is not trusted.
+            self.written.taint(&path);
+        }
+        attr
+    }
+
+    /// Renames `name` in `parent` to `new_name` in `new_parent`, replacing an
+    /// existing target (its inodes are forgotten; open handles keep their files).
+    pub async fn rename(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        how: RenameHow,
+    ) -> Result<(), FsError> {
+        let from = self.child(parent, name)?;
+        let to = self.child(new_parent, new_name)?;
+        self.written.taint(&from);
+        self.written.taint(&to);
+        let (work_from, work_to) = (from.clone(), to.clone());
+        self.change(&from, move |p| {
+            p.stager
+                .source()
+                .rename(&work_from, &work_to, how.no_replace)?;
+            p.inodes.rename(&work_from, &work_to);
+            p.written.writers_renamed(&work_from, &work_to);
+            Ok(())
+        })
+        .await?;
+        self.written.taint(&from);
+        self.written.taint(&to);
+        Ok(())
+    }
+
+    /// Removes file or link `name` from `parent`.
+    pub async fn unlink(self: &Arc<Self>, parent: u64, name: &OsStr) -> Result<(), FsError> {
+        let path = self.child(parent, name)?;
+        self.written.taint(&path);
+        let work_path = path.clone();
+        self.change(&path, move |p| {
+            p.stager.source().unlink(&work_path)?;
+            p.inodes.forget(&work_path);
+            Ok(())
+        })
+        .await?;
+        self.drop_copy(&path).await;
+        Ok(())
+    }
+
+    /// Removes the stored copy of `path`, which is gone from the source, once
+    /// nothing holds it (a reader, a link followed a moment ago); meanwhile its taint
+    /// keeps it from being served. Gives up after a while: eviction then takes it.
+    async fn drop_copy(self: &Arc<Self>, path: &Path) {
+        let (this, path) = (Arc::clone(self), path.to_path_buf());
+        self.runtime.spawn(async move {
+            for _ in 0..DROP_TRIES {
+                let Trust::RemoveFirst(generation) = this.written.trust(&path, false) else {
+                    return;
+                };
+                let (worker, key) = (Arc::clone(&this), Key::for_source_path(&path));
+                let removed =
+                    tokio::task::spawn_blocking(move || worker.stager.store().remove(&key).is_ok());
+                if removed.await.unwrap_or(false) {
+                    this.written.cleared(&path, generation);
+                    return;
+                }
+                tokio::time::sleep(DROP_RETRY).await;
+            }
+        });
+    }
+
+    /// Creates directory `name` in `parent` with exactly `mode` (umask applied).
+    pub async fn mkdir(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        let path = self.child(parent, name)?;
+        let work_path = path.clone();
+        self.change(&path, move |p| {
+            let source = p.stager.source();
+            source.mkdir(&work_path, mode)?;
+            if let Some((uid, gid)) = Self::owner_for(caller) {
+                source.set_owner(&work_path, Some(uid), Some(gid))?;
+            }
+            let meta = source.stat(&work_path)?;
+            Ok(p.new_entry(&work_path, &meta))
+        })
+        .await
+    }
+
+    /// Removes empty directory `name` from `parent`.
+    pub async fn rmdir(self: &Arc<Self>, parent: u64, name: &OsStr) -> Result<(), FsError> {
+        let path = self.child(parent, name)?;
+        let work_path = path.clone();
+        self.change(&path, move |p| {
+            p.stager.source().rmdir(&work_path)?;
+            p.inodes.forget(&work_path);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Creates symlink `name` in `parent` pointing at `target`, verbatim.
+    pub async fn symlink(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        let path = self.child(parent, name)?;
+        let (work_path, target) = (path.clone(), target.to_path_buf());
+        self.change(&path, move |p| {
+            let source = p.stager.source();
+            source.symlink(&target, &work_path)?;
+            if let Some((uid, gid)) = Self::owner_for(caller) {
+                source.set_owner(&work_path, Some(uid), Some(gid))?;
+            }
+            let meta = source.stat(&work_path)?;
+            Ok(p.new_entry(&work_path, &meta))
+        })
+        .await
+    }
+
+    /// Whether the stored copy of `path` may be used now, removing it first where a
+    /// change through the mount made it suspect. May block: the store's removal
+    /// commits and syncs.
+    pub(super) fn copy_trusted_blocking(&self, path: &Path) -> bool {
+        match self.written.trust(path, false) {
+            Trust::Trusted => true,
+            Trust::Untrusted => false,
+            Trust::RemoveFirst(_) => {
+                let copying = self.stager.in_flight().iter().any(|f| f.path == path);
+                let Trust::RemoveFirst(generation) = self.written.trust(path, copying) else {
+                    return false;
+                };
+                let removed = self.stager.store().remove(&Key::for_source_path(path));
+                if removed.is_ok() {
+                    self.written.cleared(path, generation);
+                }
+                removed.is_ok()
+            }
+        }
+    }
+
+    /// [`Policy::copy_trusted_blocking`] for async callers.
+    pub(super) async fn copy_trusted(self: &Arc<Self>, path: &Path) -> bool {
+        match self.written.trust(path, false) {
+            Trust::Trusted => true,
+            Trust::Untrusted => false,
+            Trust::RemoveFirst(_) => {
+                let (this, path) = (Arc::clone(self), path.to_path_buf());
+                self.runtime
+                    .spawn_blocking(move || this.copy_trusted_blocking(&path))
+                    .await
+                    .unwrap_or(false)
+            }
+        }
+    }
+}
+
+fn size_only(size: Option<u64>) -> SetAttr {
+    SetAttr {
+        size,
+        ..SetAttr::default()
+    }
+}

@@ -1,0 +1,187 @@
+//! Which stored copies a write through the mount has made untrustworthy.
+//!
+//! The store tells a stale copy by its stamp (size and mtime), which catches changes
+//! made behind the mount's back. A write through the mount may leave the same stamp
+//! (a rewrite of the same length within the filesystem's mtime resolution, or
+//! `cp -p`/`rsync -t` setting the old mtime back), so every path written, truncated,
+//! renamed (from or over) or removed through the mount is *tainted*: until its stored
+//! copy has been removed after the change, no stored copy of it is served, presented
+//! as a link or recalled while the source is away. While a handle writes to it, or a
+//! copy of it is in progress, it stays tainted whatever the store holds.
+//!
+//! Each taint has a generation; clearing records the generation it cleared, so a
+//! later write taints the path again. A renamed directory taints everything under it.
+//! Content-addressed blobs (`blobs/<sha256>`) are never tainted: a stored copy of one
+//! is verified against its name, so it is right whatever was written there.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use stagefs_cache::Key;
+
+#[derive(Debug, Default)]
+pub(crate) struct Written {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    generation: u64,
+    /// Paths (and, for renamed directories, everything under them) tainted, with the
+    /// generation of their latest taint.
+    tainted: HashMap<PathBuf, u64>,
+    /// The generation up to which a path's stored copy was removed.
+    cleared: HashMap<PathBuf, u64>,
+    /// Handles writing to each path now.
+    writers: HashMap<PathBuf, usize>,
+}
+
+/// Whether a path's stored copy may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Trust {
+    /// Nothing written through the mount stands between the store and the source.
+    Trusted,
+    /// Written since its copy was last removed: remove the copy (then
+    /// [`Written::cleared`] with this generation) before using the store for it.
+    RemoveFirst(u64),
+    /// Being written now: read it from the source.
+    Untrusted,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn content_addressed(path: &Path) -> bool {
+    Key::for_source_path(path).content_sha256().is_some()
+}
+
+impl Written {
+    /// `path` (and anything under it) was changed through the mount.
+    pub(crate) fn taint(&self, path: &Path) {
+        let mut state = lock(&self.state);
+        state.generation += 1;
+        let generation = state.generation;
+        state.tainted.insert(path.to_path_buf(), generation);
+    }
+
+    /// A handle opened `path` for writing.
+    pub(crate) fn writer_opened(&self, path: &Path) {
+        self.taint(path);
+        *lock(&self.state)
+            .writers
+            .entry(path.to_path_buf())
+            .or_default() += 1;
+    }
+
+    /// A handle writing to `path` was closed: what it wrote taints the path anew.
+    pub(crate) fn writer_closed(&self, path: &Path) {
+        {
+            let mut state = lock(&self.state);
+            if let Some(n) = state.writers.get_mut(path) {
+                *n -= 1;
+                if *n == 0 {
+                    state.writers.remove(path);
+                }
+            }
+        }
+        self.taint(path);
+    }
+
+    /// A writer's path moved with a rename.
+    pub(crate) fn writers_renamed(&self, from: &Path, to: &Path) {
+        let mut state = lock(&self.state);
+        let moved: Vec<(PathBuf, usize)> = state
+            .writers
+            .iter()
+            .filter(|(p, _)| p.starts_with(from))
+            .map(|(p, n)| (p.clone(), *n))
+            .collect();
+        for (path, n) in moved {
+            state.writers.remove(&path);
+            let rest = path.strip_prefix(from).unwrap_or(Path::new(""));
+            let new = if rest.as_os_str().is_empty() {
+                to.to_path_buf()
+            } else {
+                to.join(rest)
+            };
+            *state.writers.entry(new).or_default() += n;
+        }
+    }
+
+    /// Whether the store's copy of `path` may be used; `copying`: a copy of it is in
+    /// progress (which may have read a mix of old and new bytes).
+    pub(crate) fn trust(&self, path: &Path, copying: bool) -> Trust {
+        if content_addressed(path) {
+            return Trust::Trusted;
+        }
+        let state = lock(&self.state);
+        if state.tainted.is_empty() {
+            return Trust::Trusted;
+        }
+        if state.writers.contains_key(path) {
+            return Trust::Untrusted;
+        }
+        let needed = path
+            .ancestors()
+            .filter(|p| !p.as_os_str().is_empty())
+            .filter_map(|p| state.tainted.get(p))
+            .max()
+            .copied();
+        let Some(needed) = needed else {
+            return Trust::Trusted;
+        };
+        if state.cleared.get(path).is_some_and(|&done| done >= needed) {
+            return Trust::Trusted;
+        }
+        if copying {
+            Trust::Untrusted
+        } else {
+            Trust::RemoveFirst(needed)
+        }
+    }
+
+    /// The stored copy of `path` was removed after taint `generation`.
+    pub(crate) fn cleared(&self, path: &Path, generation: u64) {
+        let mut state = lock(&self.state);
+        let done = state.cleared.entry(path.to_path_buf()).or_default();
+        *done = (*done).max(generation);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taint_holds_until_the_copy_is_removed_and_returns_with_the_next_write() {
+        let w = Written::default();
+        let p = Path::new("m/weights.bin");
+        assert_eq!(w.trust(p, false), Trust::Trusted);
+        w.writer_opened(p);
+        assert_eq!(w.trust(p, false), Trust::Untrusted);
+        w.writer_closed(p);
+        let Trust::RemoveFirst(generation) = w.trust(p, false) else {
+            panic!("tainted");
+        };
+        assert_eq!(w.trust(p, true), Trust::Untrusted, "a copy in progress");
+        w.cleared(p, generation);
+        assert_eq!(w.trust(p, false), Trust::Trusted);
+        w.taint(p);
+        assert!(matches!(w.trust(p, false), Trust::RemoveFirst(_)));
+    }
+
+    #[test]
+    fn a_renamed_directory_taints_what_is_under_it_but_never_a_blob() {
+        let w = Written::default();
+        w.taint(Path::new("a"));
+        assert!(matches!(
+            w.trust(Path::new("a/b/c"), false),
+            Trust::RemoveFirst(_)
+        ));
+        assert_eq!(w.trust(Path::new("ab"), false), Trust::Trusted);
+        let blob = format!("a/blobs/{}", "e".repeat(64));
+        assert_eq!(w.trust(Path::new(&blob), false), Trust::Trusted);
+    }
+}
