@@ -242,6 +242,11 @@ pub(crate) struct MountOptions {
     /// need `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
     pub(crate) allow_other: bool,
+    /// Refuse every change through the mount with EROFS (read-only file system),
+    /// as stagefs did before it wrote through. Otherwise creates, writes, renames,
+    /// removals, chmod and utimes pass through to the source.
+    #[arg(long)]
+    pub(crate) read_only: bool,
     /// A directory inside the source, relative to it, where models lie deeper than
     /// the root, `hub/` and 4 levels down are searched; repeat for more.
     #[arg(long = "model-dir", value_name = "DIR", value_parser = parse_source_dir)]

@@ -46,6 +46,7 @@ pub(crate) struct FileConfig {
     #[serde(default, deserialize_with = "duration")]
     redirect_grace: Option<u64>,
     allow_other: Option<bool>,
+    read_only: Option<bool>,
     #[serde(default, deserialize_with = "source_dirs")]
     model_dirs: Option<Vec<PathBuf>>,
     backend: Option<BackendArg>,
@@ -206,6 +207,7 @@ impl Config {
             prefetch,
             prefetch_parallel: prefetch_parallel.map(usize::from),
             allow_other: flags.allow_other || file.allow_other.unwrap_or(defaults::ALLOW_OTHER),
+            read_only: flags.read_only || file.read_only.unwrap_or(defaults::READ_ONLY),
             source_timeout: source_timeout.map_or(defaults::SOURCE_TIMEOUT, |secs| {
                 Duration::from_secs(secs.max(1))
             }),
@@ -404,6 +406,7 @@ passthrough = false
 redirect = false
 redirect_grace = "10s"
 allow_other = true
+read_only = true
 model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
 "#,
         )
@@ -415,6 +418,7 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         assert_eq!(file.copy_streams, Some(8));
         assert_eq!(file.redirect, Some(false));
         assert_eq!(file.redirect_grace, Some(10));
+        assert_eq!(file.read_only, Some(true));
         assert_eq!(
             file.model_dirs,
             Some(vec![
@@ -501,6 +505,7 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
         assert_eq!(spec.fs.passthrough, defaults::PASSTHROUGH);
         assert_eq!(spec.fs.redirect, defaults::REDIRECT);
         assert_eq!(spec.fs.allow_other, defaults::ALLOW_OTHER);
+        assert_eq!(spec.fs.read_only, defaults::READ_ONLY);
         assert_eq!(spec.fs.on_full, stagefs_policy::OnFull::Fail);
         assert_eq!(spec.copy.streams, defaults::COPY_STREAMS);
         assert_eq!(spec.redirect_grace, defaults::REDIRECT_GRACE);

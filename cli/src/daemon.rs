@@ -206,6 +206,7 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
         (!fs.passthrough).then(|| "--no-passthrough".into()),
         (!fs.redirect).then(|| "--no-redirect".into()),
         fs.allow_other.then(|| "--allow-other".into()),
+        fs.read_only.then(|| "--read-only".into()),
     ];
     args.extend(optional.into_iter().flatten().map(OsString::from));
     args.extend(

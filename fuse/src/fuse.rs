@@ -5,15 +5,20 @@
 use std::ffi::OsStr;
 use std::future::Future;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, Request,
+    BsdFileFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use stagefs_cache::{Remedy, Stager};
-use stagefs_policy::{FsConfig, FsError, Keepalive, Policy, backing_file};
+use stagefs_cache::{CreateFile, Remedy, SetTime, Stager, WriteOpen};
+use stagefs_policy::{
+    Caller, FsConfig, FsError, Keepalive, Policy, RenameHow, SetAttr, backing_file,
+};
 use tokio::runtime::Handle;
 use tracing::{debug, warn};
 
@@ -56,6 +61,39 @@ impl StageFs {
     }
 }
 
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn set_time(time: TimeOrNow) -> SetTime {
+    match time {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+            Err(e) => -i64::try_from(e.duration().as_nanos()).unwrap_or(i64::MAX),
+        }),
+    }
+}
+
+/// How an open's flags ask for writing: None for a read-only open.
+fn write_open(flags: i32) -> Option<WriteOpen> {
+    let truncate = flags & libc::O_TRUNC != 0;
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => None,
+        libc::O_WRONLY => Some(WriteOpen {
+            read: false,
+            truncate,
+        }),
+        _ => Some(WriteOpen {
+            read: true,
+            truncate,
+        }),
+    }
+}
+
 fn errno_logged(op: &'static str, e: &FsError, hint: Option<fn(Remedy) -> &'static str>) -> Errno {
     if e.is_expected() {
         debug!(op, error = %e);
@@ -63,6 +101,20 @@ fn errno_logged(op: &'static str, e: &FsError, hint: Option<fn(Remedy) -> &'stat
         warn!(op, error = %e.described(hint));
     }
     Errno::from_i32(e.errno())
+}
+
+/// What a rename's flags ask for; None for what is not supported.
+fn rename_how(flags: RenameFlags) -> Option<RenameHow> {
+    #[cfg(target_os = "linux")]
+    {
+        let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let rest = flags.difference(RenameFlags::RENAME_NOREPLACE);
+        rest.is_empty().then_some(RenameHow { no_replace })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        flags.is_empty().then_some(RenameHow::default())
+    }
 }
 
 // The statvfs field types differ per platform (u32 block counts on macOS).
@@ -135,7 +187,17 @@ impl Filesystem for StageFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            reply.error(errno_logged("open", &FsError::ReadOnly, None));
+            let how = write_open(flags.0).unwrap_or_default();
+            // The kernel keeps no page cache of ours across a write open: the file is
+            // the source's, as it is now.
+            self.serve(
+                "open",
+                |p| async move { p.open_write(ino.0, how).await },
+                move |r| match r {
+                    Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                    Err(e) => reply.error(e),
+                },
+            );
             return;
         }
         let policy = Arc::clone(&self.policy);
@@ -155,7 +217,9 @@ impl Filesystem for StageFs {
                 // cache is the backing file's own, kept across opens anyway).
                 Some(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
                 // An inode is one immutable version, so its page cache stays valid
-                // across opens.
+                // across opens; one written through the mount follows its file, whose
+                // pages the kernel must read again.
+                None if policy.follows_its_file(ino.0) => reply.opened(fh, FopenFlags::empty()),
                 None => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
             }
         });
@@ -204,8 +268,215 @@ impl Filesystem for StageFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is ever written, so there is nothing to flush.
+        // Every write reached the source before it was answered: nothing is held here.
+        // (No getlk/setlk either: the kernel then keeps flock and fcntl locks itself,
+        // between the processes of this machine, which is what filelock needs.)
         reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.serve(
+            "fsync",
+            |p| async move { p.fsync(fh.0, datasync).await },
+            move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        self.serve(
+            "write",
+            |p| async move { p.write(fh.0, offset, data).await },
+            move |r| match r {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let ttl = self.policy.config().attr_ttl;
+        let how = CreateFile {
+            mode: mode & !umask & 0o7777,
+            exclusive: flags & libc::O_EXCL != 0,
+            open: write_open(flags).unwrap_or(WriteOpen {
+                read: true,
+                truncate: false,
+            }),
+        };
+        let (name, caller) = (name.to_owned(), caller(req));
+        self.serve(
+            "create",
+            |p| async move { p.create(parent.0, &name, how, caller).await },
+            move |r| match r {
+                Ok((attr, fh)) => reply.created(
+                    &ttl,
+                    &file_attr(&attr),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let ttl = self.policy.config().attr_ttl;
+        let change = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        self.serve(
+            "setattr",
+            |p| async move { p.setattr(ino.0, fh.map(|f| f.0), change).await },
+            move |r| match r {
+                Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let ttl = self.policy.config().attr_ttl;
+        let (name, caller, mode) = (name.to_owned(), caller(req), mode & !umask & 0o7777);
+        self.serve(
+            "mkdir",
+            |p| async move { p.mkdir(parent.0, &name, mode, caller).await },
+            move |r| match r {
+                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let ttl = self.policy.config().attr_ttl;
+        let (name, target, caller) = (link_name.to_owned(), target.to_owned(), caller(req));
+        self.serve(
+            "symlink",
+            |p| async move { p.symlink(parent.0, &name, &target, caller).await },
+            move |r| match r {
+                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.serve(
+            "unlink",
+            |p| async move { p.unlink(parent.0, &name).await },
+            move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.serve(
+            "rmdir",
+            |p| async move { p.rmdir(parent.0, &name).await },
+            move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let Some(how) = rename_how(flags) else {
+            // RENAME_EXCHANGE and RENAME_WHITEOUT are not passed on.
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.serve(
+            "rename",
+            |p| async move { p.rename(parent.0, &name, newparent.0, &newname, how).await },
+            move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
+        );
     }
 
     fn ioctl(

@@ -23,7 +23,8 @@ pub use fuse::StageFs;
 /// How a FUSE mount configured by `config` will serve staged files in this process,
 /// and why not by passthrough when not: asked of the kernel version and this
 /// process's capabilities, so no open has to find out. Redirects are off with
-/// `allow_other` (other users could not follow links into a private cache).
+/// `allow_other` (other users could not follow links into a private cache) and on a
+/// writable mount served by root ([`FsConfig::redirects_allowed`]).
 pub fn read_path(config: &FsConfig) -> (ReadPath, Option<&'static str>) {
     let why_not = match config.passthrough {
         false => Some("turned off (--no-passthrough)"),
@@ -32,7 +33,7 @@ pub fn read_path(config: &FsConfig) -> (ReadPath, Option<&'static str>) {
     let Some(why_not) = why_not else {
         return (ReadPath::Passthrough, None);
     };
-    match config.redirect && !config.allow_other {
+    match config.redirects_allowed() {
         true => (ReadPath::Links, Some(why_not)),
         false => (ReadPath::Daemon, Some(why_not)),
     }
@@ -52,12 +53,14 @@ pub fn describe_read_path(config: &FsConfig) -> String {
 /// The fuser session configuration for a mount of `source` configured by `config`.
 pub fn session_config(config: &FsConfig, source: &std::path::Path) -> Config {
     let mut mount_options = vec![
-        MountOption::RO,
         MountOption::FSName(fs_name_for(&config.fs_name, source)),
         MountOption::Subtype("stagefs".into()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
     ];
+    if config.read_only {
+        mount_options.push(MountOption::RO);
+    }
     mount_options.extend(platform::mount_options());
     let mut session = Config::default();
     session.mount_options = mount_options;

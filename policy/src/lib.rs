@@ -63,6 +63,19 @@ pub struct FsConfig {
     pub read_only: bool,
 }
 
+impl FsConfig {
+    /// Whether staged files may be presented as links to their copies. Not with
+    /// `allow_other` (other users could not follow a link into a private cache), and
+    /// not on a writable mount served by root: a write through a link lands in the
+    /// copy, not the source, and root's writes ignore the copy's 0400 (an ordinary
+    /// user's are refused with EACCES; see "Write path" in docs/DESIGN.md).
+    pub fn redirects_allowed(&self) -> bool {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        self.redirect && !self.allow_other && (self.read_only || !root)
+    }
+}
+
 /// What an open does when the cache budget cannot make room for the file.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OnFull {

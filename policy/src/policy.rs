@@ -184,6 +184,12 @@ impl Policy {
         self.redirect.enabled()
     }
 
+    /// Whether inode `ino` follows its file from version to version (it was written
+    /// through the mount), so a kernel must not keep its cached pages across opens.
+    pub fn follows_its_file(&self, ino: u64) -> bool {
+        self.inodes.is_live(ino)
+    }
+
     /// The generation of this mount's inode numbers (0 unless they are journaled).
     pub fn inode_generation(&self) -> u64 {
         self.inodes.generation()
@@ -897,6 +903,9 @@ mod tests {
         fs::write(blobs.join(&sha), &blob_bytes).expect("write");
         let mut config = FsConfig {
             source_timeout: PATIENT,
+            // The read path's tests are of a read-only mount, which presents links to
+            // staged copies whoever runs them; `writable` fixtures are not.
+            read_only: true,
             ..FsConfig::default()
         };
         let mut options = StagerOptions {
@@ -1386,6 +1395,14 @@ mod tests {
 
     // ------------------------------------------------------------ writing through the mount
 
+    /// A fixture whose mount writes through.
+    fn writable(edit: impl FnOnce(&mut FsConfig, &mut StagerOptions, &mut Budget)) -> Fixture {
+        fixture(|c, o, b| {
+            c.read_only = false;
+            edit(c, o, b);
+        })
+    }
+
     fn me() -> Caller {
         // SAFETY: no preconditions.
         unsafe {
@@ -1433,7 +1450,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_file_created_through_the_mount_is_written_to_the_source() {
-        let f = healthy();
+        let f = writable(|_, _, _| {});
         let data = bytes(3 * MIB, 5);
         let attr = f.write_new("new.bin", &data).await.expect("write");
         assert_eq!(attr.kind, EntryKind::File);
@@ -1463,7 +1480,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_rewrite_that_keeps_size_and_mtime_never_serves_the_old_copy() {
-        let f = fixture(|c, _, _| c.prefetch = false);
+        let f = writable(|c, _, _| c.prefetch = false);
         let old = f.source_bytes("weights.bin");
         assert_eq!(f.read_all("weights.bin").await.expect("stage"), old);
         assert!(f.stored("weights.bin"));
@@ -1527,7 +1544,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_rename_over_a_staged_file_moves_the_name_and_the_reader_keeps_the_old() {
-        let f = fixture(|c, _, _| c.prefetch = false);
+        let f = writable(|c, _, _| c.prefetch = false);
         let old = f.source_bytes("weights.bin");
         let reader = f.hold("weights.bin").await;
         let mtime = f.lookup("weights.bin").await.expect("lookup").mtime_ns;
@@ -1575,7 +1592,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn an_unlink_forgets_the_name_and_drops_the_copy() {
-        let f = fixture(|c, _, _| {
+        let f = writable(|c, _, _| {
             c.prefetch = false;
             c.redirect = false;
         });
@@ -1608,7 +1625,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn directories_links_modes_and_renamed_trees() {
-        let f = healthy();
+        let f = writable(|_, _, _| {});
         let d = f
             .policy
             .mkdir(ROOT_INO, OsStr::new("d"), 0o750, me())
@@ -1714,7 +1731,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_full_source_fails_the_writer_with_enospc() {
-        let f = healthy();
+        let f = writable(|_, _, _| {});
         let (_, fh) = f
             .policy
             .create(ROOT_INO, OsStr::new("big"), NEW, me())
@@ -1738,7 +1755,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_dead_source_fails_writes_with_eio_within_the_timeout_and_staged_files_stay() {
-        let f = fixture(|c, _, _| {
+        let f = writable(|c, _, _| {
             c.source_timeout = Duration::from_millis(300);
             c.redirect = false;
         });

@@ -37,7 +37,7 @@ pub(crate) enum Presented {
 impl RedirectPolicy {
     pub(crate) fn new(config: &FsConfig) -> Self {
         RedirectPolicy {
-            enabled: config.redirect && !config.allow_other,
+            enabled: config.redirects_allowed(),
             min_stage_size: config.min_stage_size,
         }
     }
@@ -75,6 +75,8 @@ mod tests {
     fn policy(edit: impl FnOnce(&mut FsConfig)) -> RedirectPolicy {
         let mut config = FsConfig {
             min_stage_size: 1 << 20,
+            // (Tests run as root too, where a writable mount presents no links.)
+            read_only: true,
             ..FsConfig::default()
         };
         edit(&mut config);

@@ -48,9 +48,12 @@ fn huggingface_hub_offline_and_safe_open_via_daemon() {
 /// follows the links and opens no staged file through the daemon.
 #[test]
 fn huggingface_hub_offline_and_safe_open_via_links_to_local_copies() {
-    // --no-passthrough
-    let (mount, s, model) =
-        huggingface_hub_resolves_and_safetensors_reads(|spec| spec.fs.passthrough = false);
+    // --no-passthrough --read-only: a writable mount served by root presents no links
+    // (root's writes would ignore the copies' 0400 and land in them).
+    let (mount, s, model) = huggingface_hub_resolves_and_safetensors_reads(|spec| {
+        spec.fs.passthrough = false;
+        spec.fs.read_only = true;
+    });
     // Past the kernel's 1 s entry timeout, lookups see the shards as staged.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let before = mount.metrics();

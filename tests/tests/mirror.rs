@@ -1,4 +1,4 @@
-//! The mount mirrors the source exactly and is read-only.
+//! The mount mirrors the source exactly; with `--read-only` it refuses every change.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
@@ -76,10 +76,11 @@ fn every_file_dir_and_link_matches_the_source() {
 }
 
 #[test]
-fn writes_are_refused_with_erofs() {
+fn a_read_only_mount_refuses_writes_with_erofs() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/ro", 1, "2M");
-    let mount = s.mount_in_process(|_| {});
+    // --read-only
+    let mount = s.mount_in_process(|spec| spec.fs.read_only = true);
     let config = mount.path(model.snapshot_rel.join("config.json"));
     let erofs = |e: std::io::Error| e.raw_os_error() == Some(libc::EROFS);
     assert!(
