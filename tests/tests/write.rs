@@ -1,0 +1,442 @@
+//! The mount writes through (issue #22): real clients (the `hf` CLI, huggingface_hub,
+//! safetensors, filelock) writing through real mounts, as root and as an ordinary
+//! user. A local Hub endpoint (`tests/py/hub_server.py`) serves a generated model, so
+//! downloads run online without a network; `tests/py/hub_client.py` holds the clients.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use stagefs_tests::{Mount, Scratch, TestUser, Tmpfs, python, temp_files, workspace_root};
+
+const REPO: &str = "acme/tiny";
+
+fn script(name: &str) -> PathBuf {
+    workspace_root().join("tests/py").join(name)
+}
+
+fn sha256_of(path: &Path) -> String {
+    format!("{:x}", Sha256::digest(fs::read(path).expect("read")))
+}
+
+/// The local Hub endpoint, serving the model in one directory; killed when dropped.
+struct Hub {
+    child: Child,
+    _stdin: ChildStdin,
+    url: String,
+}
+
+impl Hub {
+    fn serve(dir: &Path) -> Hub {
+        let mut child = Command::new(python())
+            .arg(script("hub_server.py"))
+            .arg(dir)
+            .arg(REPO)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the hub server");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the server's first line");
+        let port = line.split_whitespace().next().expect("a port");
+        Hub {
+            child,
+            _stdin: stdin,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Who runs the clients: root (the test process) or the mount's ordinary user.
+#[derive(Clone, Copy)]
+enum As<'a> {
+    Root,
+    User(&'a TestUser),
+}
+
+impl As<'_> {
+    /// `hub_client.py MODE ARG` with `env`, run to completion: its JSON line, or the
+    /// exit status and output when it failed.
+    fn client(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Result<Value, String> {
+        let mut command = match self {
+            As::Root => Command::new(python()),
+            As::User(user) => user.python(),
+        };
+        command
+            .arg(script("hub_client.py"))
+            .arg(mode)
+            .arg(arg)
+            .env("HF_HUB_DISABLE_TELEMETRY", "1")
+            .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            .stdin(Stdio::null());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let out = command.output().expect("run the client");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.lines().last().unwrap_or_default();
+        match (out.status.success(), serde_json::from_str(last)) {
+            (true, Ok(value)) => Ok(value),
+            _ => Err(format!(
+                "{}\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )),
+        }
+    }
+
+    fn ok(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Value {
+        self.client(mode, arg, env)
+            .unwrap_or_else(|e| panic!("hub_client.py {mode} {}: {e}", arg.display()))
+    }
+}
+
+/// What a tree holds, by relative path: directories and files with their modes
+/// (which the writer's umask decides), files by their sha256, links by their target.
+fn tree(root: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        let mut entries: Vec<_> = fs::read_dir(dir).expect("list").flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            let rel = path.strip_prefix(root).expect("under root").to_path_buf();
+            let kind = entry.file_type().expect("type");
+            if kind.is_symlink() {
+                let target = fs::read_link(&path).expect("readlink");
+                out.insert(rel, format!("link -> {}", target.display()));
+            } else {
+                let mode = entry.metadata().expect("stat").permissions().mode() & 0o7777;
+                if kind.is_dir() {
+                    out.insert(rel, format!("dir {mode:o}"));
+                    walk(root, &path, out);
+                } else {
+                    out.insert(rel, format!("file {mode:o} {}", sha256_of(&path)));
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// A scratch area (as `user`, if any) with a generated model in `repo/` served by a
+/// local Hub, and a direct download of it into `direct/`, a plain directory.
+fn hub_and_direct_download(user: bool, mode: &str) -> (Scratch, Hub, PathBuf) {
+    let s = if user {
+        Scratch::for_user()
+    } else {
+        Scratch::new()
+    };
+    let repo = s.dir.path().join("repo");
+    As::Root.ok("make-model", &repo, &[]);
+    let hub = Hub::serve(&repo);
+    let direct = s.dir.path().join("direct");
+    fs::create_dir_all(&direct).expect("mkdir");
+    let who = match &s.user {
+        Some(u) => {
+            u.chown(&direct);
+            // The mount is writable where its user can write the source.
+            u.chown(&s.hub);
+            As::User(u)
+        }
+        None => As::Root,
+    };
+    let endpoint = PathBuf::from(&hub.url);
+    who.ok(
+        mode,
+        Path::new(REPO),
+        &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &direct)],
+    );
+    (s, hub, direct)
+}
+
+/// `hf download` or `snapshot_download` through the mount (HF_HUB_CACHE at it),
+/// online: the source then holds exactly what a direct download holds (blobs, links,
+/// refs, locks), and an offline load through the mount gets every byte right.
+fn download_through_the_mount(user: bool, mode: &str) {
+    let (s, hub, direct) = hub_and_direct_download(user, mode);
+    let who = s.user.as_ref().map_or(As::Root, As::User);
+    let mount = s.mount(&[]);
+    let endpoint = PathBuf::from(&hub.url);
+    who.ok(
+        mode,
+        Path::new(REPO),
+        &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
+    );
+    let (through, plain) = (tree(&s.hub), tree(&direct));
+    assert_eq!(
+        through, plain,
+        "the source holds what a direct download holds"
+    );
+    assert!(
+        through
+            .keys()
+            .any(|p| p.starts_with("models--acme--tiny/blobs")),
+        "{through:?}"
+    );
+    assert!(
+        temp_files(&s.cache).is_empty(),
+        "nothing left in the cache's tmp"
+    );
+
+    // Offline, through the mount, with the Hub gone.
+    drop(hub);
+    let load = who.ok(
+        "load",
+        Path::new(REPO),
+        &[
+            ("HF_HUB_CACHE", &mount.mnt),
+            ("HF_HUB_OFFLINE", Path::new("1")),
+        ],
+    );
+    assert_eq!(load["tensors_match"], true, "{load}");
+    assert_eq!(load["repos"], serde_json::json!([REPO]), "{load}");
+    let snapshot = fs::read_dir(direct.join("models--acme--tiny/snapshots"))
+        .expect("snapshots")
+        .flatten()
+        .next()
+        .expect("one snapshot")
+        .path();
+    for (name, file) in load["files"].as_object().expect("files") {
+        let expected = sha256_of(&snapshot.join(name));
+        assert_eq!(file["sha256"], expected.as_str(), "{name}: {load}");
+        if name.ends_with(".safetensors") {
+            assert_eq!(
+                file["blob"],
+                expected.as_str(),
+                "an LFS blob is named by its sha256"
+            );
+        }
+    }
+    mount.unmount();
+}
+
+#[test]
+fn hf_download_through_the_mount_writes_what_a_direct_download_writes() {
+    download_through_the_mount(false, "hf-download");
+}
+
+#[test]
+fn snapshot_download_through_a_users_mount_writes_what_a_direct_download_writes() {
+    download_through_the_mount(true, "snapshot");
+}
+
+/// A save into a plain model folder on the mount (config, then the weights under a
+/// temp name renamed over), then a load by path, then again after a remount.
+fn save_into_a_plain_folder(user: bool) {
+    let s = if user {
+        Scratch::for_user()
+    } else {
+        Scratch::new()
+    };
+    let who = match &s.user {
+        Some(u) => {
+            u.chown(&s.hub);
+            As::User(u)
+        }
+        None => As::Root,
+    };
+    let mount = s.mount(&[]);
+    let folder = Path::new("models/acme/saved");
+    let saved = who.ok("save", &mount.path(folder), &[]);
+    let names: Vec<_> = saved.as_object().expect("files").keys().cloned().collect();
+    assert_eq!(
+        names,
+        ["config.json", "model.safetensors"],
+        "no temp file left"
+    );
+    for (name, sha) in saved.as_object().expect("files") {
+        let on_source = s.hub.join(folder).join(name);
+        assert_eq!(
+            sha256_of(&on_source),
+            sha.as_str().unwrap_or_default(),
+            "{name}"
+        );
+    }
+    let loaded = who.ok("load-folder", &mount.path(folder), &[]);
+    assert_eq!(loaded["tensors_match"], true, "{loaded}");
+    assert_eq!(loaded["sha256"], saved["model.safetensors"], "{loaded}");
+    mount.unmount();
+
+    let again = s.mount(&[]);
+    let loaded = who.ok("load-folder", &again.path(folder), &[]);
+    assert_eq!(loaded["tensors_match"], true, "{loaded}");
+    again.unmount();
+}
+
+#[test]
+fn a_model_saved_into_a_plain_folder_on_the_mount_loads_by_path() {
+    save_into_a_plain_folder(false);
+}
+
+#[test]
+fn a_model_saved_into_a_plain_folder_on_a_users_mount_loads_by_path() {
+    save_into_a_plain_folder(true);
+}
+
+/// A source too small for the model: the writer gets ENOSPC, and no file is left
+/// under a final name (the download's blob and snapshot link are not created; the
+/// mount itself creates nothing); nothing is left in the cache's tmp.
+#[test]
+fn a_full_source_fails_the_writer_with_enospc_and_leaves_no_final_name() {
+    let s = Scratch::new();
+    let repo = s.dir.path().join("repo");
+    As::Root.ok("make-model", &repo, &[]);
+    let hub = Hub::serve(&repo);
+    let small = s.dir.path().join("small");
+    let _tmpfs = Tmpfs::mount(&small, "size=2m");
+    let mount = Mount::start(&small, &s.mnt, &s.cache, &[]);
+
+    // A plain write.
+    let mut file = File::create(mount.path("big")).expect("create");
+    let written = file
+        .write_all(&vec![7u8; 4 << 20])
+        .and_then(|()| file.sync_all());
+    let err = written.expect_err("a 4 MiB write into a 2 MiB source");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    drop(file);
+    fs::remove_file(mount.path("big")).expect("remove");
+
+    // A download: huggingface_hub writes blobs/<hash>.incomplete and renames it only
+    // once it is whole.
+    let endpoint = PathBuf::from(&hub.url);
+    let failed = As::Root.client(
+        "snapshot",
+        Path::new(REPO),
+        &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
+    );
+    let why = failed.expect_err("the download fails");
+    assert!(why.contains("No space left"), "{why}");
+    let weights = sha256_of(&repo.join("model.safetensors"));
+    let on_source = tree(&small);
+    assert!(
+        !on_source
+            .keys()
+            .any(|p| p.ends_with(&weights) || p.ends_with("model.safetensors")),
+        "no blob or link under a final name: {on_source:?}"
+    );
+    assert!(temp_files(&s.cache).is_empty());
+    mount.unmount();
+}
+
+/// huggingface_hub serializes downloads with filelock (flock): a lock held through
+/// the mount by one process excludes another until it is released.
+#[test]
+fn locks_taken_through_the_mount_exclude_other_processes() {
+    let s = Scratch::new();
+    let mount = s.mount_in_process(|_| {});
+    let lock = mount.path("x.lock");
+    let holder_code = "import sys, filelock\n\
+        l = filelock.FileLock(sys.argv[1]); l.acquire(); print('held', flush=True)\n\
+        sys.stdin.read(); l.release()";
+    let mut holder = Command::new(python())
+        .args(["-c", holder_code])
+        .arg(&lock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("held");
+    assert_eq!(line.trim(), "held");
+    let try_code = "import sys, filelock\n\
+        try:\n    filelock.FileLock(sys.argv[1]).acquire(timeout=0.5); print('acquired')\n\
+        except filelock.Timeout:\n    print('timeout')";
+    let attempt = || {
+        let out = Command::new(python())
+            .args(["-c", try_code])
+            .arg(&lock)
+            .output()
+            .expect("attempt");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(attempt(), "timeout", "the lock excluded the other process");
+    drop(holder.stdin.take());
+    holder.wait().expect("holder exits");
+    assert_eq!(attempt(), "acquired");
+    assert!(
+        s.hub.join("x.lock").exists(),
+        "the lock file is on the source"
+    );
+    mount.stop().expect("unmount");
+}
+
+/// `os.replace` of a new version over a staged file that a reader has open: the
+/// reader reads the old bytes to the end, a new open gets the new ones (same size,
+/// same mtime: a stamp that cannot tell them apart).
+#[test]
+fn a_rename_over_a_file_being_read_keeps_the_readers_bytes() {
+    let s = Scratch::new();
+    let old: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(s.hub.join("weights.bin"), &old).expect("write");
+    let mount = s.mount_in_process(|_| {});
+    let path = mount.path("weights.bin");
+    let mut reader = File::open(&path).expect("open");
+    let mut head = vec![0; 1 << 20];
+    reader.read_exact(&mut head).expect("read");
+    let mtime = fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+
+    let new: Vec<u8> = old.iter().map(|b| b ^ 0x5a).collect();
+    let tmp = mount.path("weights.bin.tmp");
+    let mut writer = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&tmp)
+        .expect("create");
+    writer.write_all(&new).expect("write");
+    writer.set_modified(mtime).expect("utimes");
+    drop(writer);
+    fs::rename(&tmp, &path).expect("rename over");
+
+    let mut rest = Vec::new();
+    reader.read_to_end(&mut rest).expect("read on");
+    head.extend(rest);
+    assert!(head == old, "the reader read a mix or the new version");
+    assert_eq!(
+        fs::metadata(&path).and_then(|m| m.modified()).ok(),
+        Some(mtime)
+    );
+    assert!(
+        fs::read(&path).expect("read") == new,
+        "a new open reads the new version"
+    );
+    assert!(fs::read(s.hub.join("weights.bin")).expect("source") == new);
+    assert!(!s.hub.join("weights.bin.tmp").exists());
+    // Rewritten in place, same length, mtime set back: still never the old copy.
+    std::thread::sleep(Duration::from_millis(1100));
+    let file = OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open for writing");
+    file.write_all_at(&old, 0).expect("rewrite");
+    file.set_modified(mtime).expect("utimes");
+    drop(file);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(
+        fs::read(&path).expect("read") == old,
+        "the stale copy was served"
+    );
+    mount.stop().expect("unmount");
+}
