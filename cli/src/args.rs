@@ -92,7 +92,8 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Mount SOURCE (e.g. a HuggingFace cache on a NAS) read-only at MOUNTPOINT.
+    /// Mount SOURCE (e.g. a HuggingFace cache on a NAS) at MOUNTPOINT: reads are staged to
+    /// the local cache, writes pass through to SOURCE (--read-only refuses them).
     Mount(MountArgs),
     /// Serve SOURCE over NFSv3 on a loopback port in the foreground, without mounting
     /// it; the first line on stdout is the export's URL (for libnfs clients).

@@ -122,7 +122,8 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
 
 /// The variables COMMAND gets, by the shape of the source: the HF variables that
 /// point huggingface_hub at the mount (see [`Shape::hf_variables`]) with
-/// `HF_HUB_OFFLINE=1`, which keeps it from trying to write to a read-only mount; for
+/// `HF_HUB_OFFLINE=1`, which keeps it from asking the Hub for newer revisions of the
+/// models just staged (downloads through the mount are `hf download`'s job); for
 /// plain model folders, loaded by path, none of them.
 fn environment(
     shape: Shape,
