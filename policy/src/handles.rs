@@ -43,6 +43,8 @@ pub(crate) struct OpenFile {
 pub(crate) struct Writer {
     pub(crate) file: Arc<dyn WritableFile>,
     pub(crate) ino: u64,
+    /// The local copy it fills as it writes, for a new file (`policy/tee.rs`).
+    pub(crate) tee: Option<crate::policy::tee::Tee>,
 }
 
 /// One entry of a directory listing snapshot, with the attributes it is presented with.

@@ -324,6 +324,11 @@ impl Inodes {
         self.lock().live.insert(ino);
     }
 
+    /// The newest inode handed out for `path`, if any.
+    pub(crate) fn latest_ino(&self, path: &Path) -> Option<u64> {
+        self.lock().latest.get(path).copied()
+    }
+
     /// Whether `ino` was written through the mount.
     pub(crate) fn is_live(&self, ino: u64) -> bool {
         self.lock().live.contains(&ino)

@@ -52,6 +52,7 @@ use crate::redirect::{Presented, RedirectPolicy};
 use crate::written::Written;
 use crate::{FsConfig, OnFull};
 
+pub(crate) mod tee;
 mod write;
 
 pub use write::{Caller, RenameHow, SetAttr};
@@ -75,7 +76,9 @@ pub struct Policy {
     prefetcher: Option<Arc<Prefetcher>>,
     /// Paths changed through the mount, whose stored copies must not be trusted
     /// until they are removed (`written.rs`).
-    written: Written,
+    written: Arc<Written>,
+    /// Staging as written: the copies writers fill.
+    copies: tee::WrittenCopies,
 }
 
 /// A directory listing held open by a handle.
@@ -155,6 +158,13 @@ impl Policy {
                 config.min_stage_size,
             )
         });
+        let written = Arc::new(Written::default());
+        let copies = tee::WrittenCopies::new(
+            stager.clone(),
+            Arc::clone(&written),
+            runtime.clone(),
+            config.min_stage_size,
+        );
         Policy {
             prefetcher,
             redirect: RedirectPolicy::new(&config),
@@ -165,7 +175,8 @@ impl Policy {
             files: Handles::new(),
             dirs: Handles::new(),
             kernel_passthrough: Arc::default(),
-            written: Written::default(),
+            copies,
+            written,
         }
     }
 
@@ -1782,5 +1793,116 @@ mod tests {
         assert_eq!(read.expect("read"), expected);
         f.policy.release(fh);
         f.source.set(Behaviour::Healthy);
+    }
+
+    // ------------------------------------------------------------ staged as written
+
+    impl Fixture {
+        /// Creates `name` in directory `dir`, writes `data` front to back and closes it.
+        async fn write_into(&self, dir: u64, name: &str, data: &[u8]) -> Attr {
+            let (attr, fh) = self
+                .policy
+                .create(dir, OsStr::new(name), NEW, me())
+                .await
+                .expect("create");
+            for (i, chunk) in data.chunks(128 << 10).enumerate() {
+                let offset = (i * (128 << 10)) as u64;
+                self.policy
+                    .write(fh, offset, chunk.to_vec())
+                    .await
+                    .expect("write");
+            }
+            self.policy.release(fh);
+            attr
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_blob_downloaded_through_the_mount_is_staged_as_it_is_written() {
+        let f = writable(|c, _, _| c.prefetch = false);
+        let data = bytes(3 * MIB, 42);
+        let sha = format!("{:x}", Sha256::digest(&data));
+        let blobs = f.lookup("models--acme--m/blobs").await.expect("blobs");
+        let incomplete = format!("{sha}.incomplete");
+        f.write_into(blobs.ino, &incomplete, &data).await;
+        f.policy
+            .rename(
+                blobs.ino,
+                OsStr::new(&incomplete),
+                blobs.ino,
+                OsStr::new(&sha),
+                RenameHow::default(),
+            )
+            .await
+            .expect("rename");
+        let blob = PathBuf::from("models--acme--m/blobs").join(&sha);
+        wait_until("the written copy", || f.stored(&blob)).await;
+        assert!(f.read_all(&blob).await.expect("read") == data);
+        let m = f.metrics();
+        assert_eq!(
+            (m.stage_copies, m.stage_hits),
+            (0, 1),
+            "nothing copied over the link: {m:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_written_blob_whose_bytes_do_not_match_its_name_is_not_staged() {
+        let f = writable(|c, _, _| c.prefetch = false);
+        let data = bytes(3 * MIB, 42);
+        let wrong = format!("{:x}", Sha256::digest(b"something else"));
+        let blobs = f.lookup("models--acme--m/blobs").await.expect("blobs");
+        let incomplete = format!("{wrong}.incomplete");
+        f.write_into(blobs.ino, &incomplete, &data).await;
+        f.policy
+            .rename(
+                blobs.ino,
+                OsStr::new(&incomplete),
+                blobs.ino,
+                OsStr::new(&wrong),
+                RenameHow::default(),
+            )
+            .await
+            .expect("rename");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!f.stored(PathBuf::from("models--acme--m/blobs").join(&wrong)));
+        assert!(
+            f.policy.stager.store().entries().len() <= 1,
+            "nothing else either"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_file_written_front_to_back_is_staged_and_one_written_out_of_order_is_not() {
+        let f = writable(|c, _, _| c.prefetch = false);
+        let data = bytes(3 * MIB, 43);
+        f.write_into(ROOT_INO, "saved.bin", &data).await;
+        wait_until("the written copy", || f.stored("saved.bin")).await;
+        assert!(f.read_all("saved.bin").await.expect("read") == data);
+        assert_eq!(f.metrics().stage_copies, 0, "nothing copied over the link");
+
+        let (_, fh) = f
+            .policy
+            .create(ROOT_INO, OsStr::new("scattered.bin"), NEW, me())
+            .await
+            .expect("create");
+        let half = data.len() / 2;
+        f.policy
+            .write(fh, half as u64, data[half..].to_vec())
+            .await
+            .expect("write");
+        f.policy
+            .write(fh, 0, data[..half].to_vec())
+            .await
+            .expect("write");
+        f.policy.release(fh);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!f.stored("scattered.bin"));
+        assert!(f.read_all("scattered.bin").await.expect("read") == data);
+        assert_eq!(
+            f.metrics().stage_copies,
+            1,
+            "staged from the source instead"
+        );
     }
 }

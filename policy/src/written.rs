@@ -58,25 +58,39 @@ fn content_addressed(path: &Path) -> bool {
 }
 
 impl Written {
-    /// `path` (and anything under it) was changed through the mount.
-    pub(crate) fn taint(&self, path: &Path) {
+    /// `path` (and anything under it) was changed through the mount; the taint's
+    /// generation.
+    pub(crate) fn taint(&self, path: &Path) -> u64 {
         let mut state = lock(&self.state);
         state.generation += 1;
         let generation = state.generation;
         state.tainted.insert(path.to_path_buf(), generation);
+        generation
+    }
+
+    /// The generation of `path`'s own latest taint.
+    pub(crate) fn exact(&self, path: &Path) -> Option<u64> {
+        lock(&self.state).tainted.get(path).copied()
+    }
+
+    /// Handles writing to `path` now.
+    pub(crate) fn writers_of(&self, path: &Path) -> usize {
+        lock(&self.state).writers.get(path).copied().unwrap_or(0)
     }
 
     /// A handle opened `path` for writing.
-    pub(crate) fn writer_opened(&self, path: &Path) {
-        self.taint(path);
+    pub(crate) fn writer_opened(&self, path: &Path) -> u64 {
+        let generation = self.taint(path);
         *lock(&self.state)
             .writers
             .entry(path.to_path_buf())
             .or_default() += 1;
+        generation
     }
 
-    /// A handle writing to `path` was closed: what it wrote taints the path anew.
-    pub(crate) fn writer_closed(&self, path: &Path) {
+    /// A handle writing to `path` was closed: what it wrote taints the path anew
+    /// (the generation returned).
+    pub(crate) fn writer_closed(&self, path: &Path) -> u64 {
         {
             let mut state = lock(&self.state);
             if let Some(n) = state.writers.get_mut(path) {
@@ -86,7 +100,7 @@ impl Written {
                 }
             }
         }
-        self.taint(path);
+        self.taint(path)
     }
 
     /// A writer's path moved with a rename.

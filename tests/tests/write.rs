@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use stagefs_tests::{Mount, Scratch, TestUser, Tmpfs, python, temp_files, workspace_root};
+use stagefs_tests::{
+    Mount, Scratch, TestUser, Tmpfs, python, staged_files, temp_files, wait_for, workspace_root,
+};
 
 const REPO: &str = "acme/tiny";
 
@@ -181,6 +183,13 @@ fn download_through_the_mount(user: bool, mode: &str) {
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
     );
+    // Staged as it was written: the weights' blob is in the cache without a copy.
+    let weights = sha256_of(&s.dir.path().join("repo/model.safetensors"));
+    wait_for("the weights staged as they were written", || {
+        staged_files(&s.cache)
+            .iter()
+            .any(|p| p.ends_with(format!("sha256-{weights}")))
+    });
     let (through, plain) = (tree(&s.hub), tree(&direct));
     assert_eq!(
         through, plain,
@@ -209,6 +218,11 @@ fn download_through_the_mount(user: bool, mode: &str) {
     );
     assert_eq!(load["tensors_match"], true, "{load}");
     assert_eq!(load["repos"], serde_json::json!([REPO]), "{load}");
+    let metrics = mount.metrics();
+    assert_eq!(
+        metrics.stage_copies, 0,
+        "nothing read back over the link: {metrics:?}"
+    );
     let snapshot = fs::read_dir(direct.join("models--acme--tiny/snapshots"))
         .expect("snapshots")
         .flatten()
@@ -333,7 +347,10 @@ fn a_full_source_fails_the_writer_with_enospc_and_leaves_no_final_name() {
             .any(|p| p.ends_with(&weights) || p.ends_with("model.safetensors")),
         "no blob or link under a final name: {on_source:?}"
     );
-    assert!(temp_files(&s.cache).is_empty());
+    // (The writer's local copy goes once its handle is released, just after.)
+    wait_for("no temp file left in the cache", || {
+        temp_files(&s.cache).is_empty()
+    });
     mount.unmount();
 }
 

@@ -25,6 +25,7 @@ use crate::attr::{Attr, attr_of};
 use crate::error::FsError;
 use crate::finder;
 use crate::handles::{OpenFile, Reader, Writer};
+use crate::policy::tee::Tee;
 use crate::written::Trust;
 
 /// How often, and how many times, the copy of a removed file is asked to go while
@@ -125,14 +126,20 @@ impl Policy {
         attr
     }
 
-    fn writer_handle(&self, ino: u64, file: Box<dyn WritableFile>) -> u64 {
+    fn writer_handle(&self, ino: u64, file: Box<dyn WritableFile>, tee: Option<Tee>) -> u64 {
         let file: Arc<dyn WritableFile> = Arc::from(file);
         self.files.insert(OpenFile {
             reader: Reader::Source(file.clone()),
             _keep: None,
             _pin: None,
-            writer: Some(Writer { file, ino }),
+            writer: Some(Writer { file, ino, tee }),
         })
+    }
+
+    /// A tee for a handle that has `path` to itself and starts it empty (`size`).
+    fn tee_for(&self, path: &Path, size: u64, opened_at: u64) -> Option<Tee> {
+        let alone = self.written.writers_of(path) == 1;
+        (size == 0 && alone).then(|| Tee::new(opened_at))
     }
 
     /// Creates (or, unless exclusive, opens) regular file `name` in `parent` and
@@ -145,7 +152,7 @@ impl Policy {
         caller: Caller,
     ) -> Result<(Attr, u64), FsError> {
         let path = self.child(parent, name)?;
-        self.written.writer_opened(&path);
+        let opened_at = self.written.writer_opened(&path);
         let work_path = path.clone();
         let created = self
             .change(&path, move |p| {
@@ -166,7 +173,8 @@ impl Policy {
             }
         };
         let attr = self.new_entry(&path, &meta);
-        Ok((attr, self.writer_handle(attr.ino, file)))
+        let tee = self.tee_for(&path, meta.size, opened_at);
+        Ok((attr, self.writer_handle(attr.ino, file, tee)))
     }
 
     /// Opens existing regular file `ino` for writing (and reading, with `how.read`).
@@ -176,7 +184,7 @@ impl Policy {
         if node.stamp.is_none() {
             return Err(FsError::NotADirectory);
         }
-        self.written.writer_opened(&node.path);
+        let opened_at = self.written.writer_opened(&node.path);
         self.inodes.set_live(ino);
         let path = node.path.clone();
         let opened = self
@@ -185,11 +193,14 @@ impl Policy {
                 let meta = file.meta().map_err(FsError::Read)?;
                 p.inodes.restamp(ino, Stamp::of(&meta));
                 p.inodes.remember_attr(attr_of(ino, &meta, None));
-                Ok(file)
+                Ok((file, meta.size))
             })
             .await;
         match opened {
-            Ok(file) => Ok(self.writer_handle(ino, file)),
+            Ok((file, size)) => {
+                let tee = self.tee_for(&path, size, opened_at);
+                Ok(self.writer_handle(ino, file, tee))
+            }
             Err(e) => {
                 self.written.writer_closed(&path);
                 Err(e)
@@ -212,11 +223,27 @@ impl Policy {
         let path = self.node(ino).map(|n| n.path).unwrap_or_default();
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
         let work_path = path.clone();
-        self.change(&path, move |_| {
-            file.write_all_at(&data, offset)
-                .map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
-        })
-        .await?;
+        let handle = Arc::clone(&open);
+        let written = self
+            .change(&path, move |p| {
+                let written = file.write_all_at(&data, offset);
+                // The same bytes into the local copy, once the source has them.
+                if let Some(tee) = tee_of(&handle) {
+                    match &written {
+                        Ok(()) => tee.write(p.stager.store(), &data, offset),
+                        Err(_) => tee.abandon(),
+                    }
+                }
+                written.map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
+            })
+            .await;
+        if written.is_err()
+            && let Some(tee) = tee_of(&open)
+        {
+            // (Timed out: the write may still land, or not.)
+            tee.abandon();
+        }
+        written?;
         Ok(len)
     }
 
@@ -241,8 +268,18 @@ impl Policy {
     /// may have left a stale copy's stamp). The inode, being live, takes the file's
     /// new version at its next lookup, getattr or open.
     pub(super) fn writer_released(&self, writer: &Writer) {
-        if let Ok(node) = self.node(writer.ino) {
-            self.written.writer_closed(&node.path);
+        let Ok(node) = self.node(writer.ino) else {
+            return;
+        };
+        let untouched = writer.tee.as_ref().is_some_and(|tee| {
+            self.written.exact(&node.path) == Some(tee.opened_at)
+                && self.written.writers_of(&node.path) == 1
+        });
+        let closed_at = self.written.writer_closed(&node.path);
+        if let Some(tee) = &writer.tee {
+            let file = Arc::clone(&writer.file);
+            self.copies
+                .closed(writer.ino, node.path, tee, file, untouched, Some(closed_at));
         }
     }
 
@@ -255,8 +292,17 @@ impl Policy {
     ) -> Result<Attr, FsError> {
         self.writable()?;
         let node = self.node(ino)?;
-        let writer = fh
-            .and_then(|fh| self.files.get(fh))
+        let handle = fh.and_then(|fh| self.files.get(fh));
+        if let (Some(size), Some(tee)) = (
+            change.size,
+            handle
+                .as_ref()
+                .and_then(|h| h.writer.as_ref()?.tee.as_ref()),
+        ) {
+            tee.set_len(size);
+        }
+        let writer = handle
+            .as_ref()
             .and_then(|open| open.writer.as_ref().map(|w| Arc::clone(&w.file)));
         if self.inodes.is_gone(ino) && (writer.is_none() || change != size_only(change.size)) {
             // Its name now leads elsewhere (or nowhere).
@@ -329,13 +375,19 @@ impl Policy {
             p.stager
                 .source()
                 .rename(&work_from, &work_to, how.no_replace)?;
+            let moved = p.inodes.latest_ino(&work_from);
             p.inodes.rename(&work_from, &work_to);
             p.written.writers_renamed(&work_from, &work_to);
+            if let Some(ino) = moved {
+                p.copies.renamed(ino, &work_to);
+            }
             Ok(())
         })
         .await?;
         self.written.taint(&from);
         self.written.taint(&to);
+        // A copy of what was at `from` (a temp name's, staged as written) serves no path.
+        self.drop_copy(&from).await;
         Ok(())
     }
 
@@ -467,6 +519,11 @@ impl Policy {
             }
         }
     }
+}
+
+/// The local copy a handle fills as it writes, if it has one.
+fn tee_of(open: &OpenFile) -> Option<&Tee> {
+    open.writer.as_ref().and_then(|w| w.tee.as_ref())
 }
 
 fn size_only(size: Option<u64>) -> SetAttr {

@@ -1,0 +1,348 @@
+//! Staged as it is written: the bytes a handle writes to a new file go to the source
+//! and, in the same pass, to a temp file in the cache, which becomes the file's
+//! staged copy once the file is complete, closed and verified. So the first load
+//! after a download through the mount reads nothing back over the link.
+//!
+//! A tee only follows a handle that created its file (or truncated it to nothing)
+//! with no other writer on it, and that writes it front to back: any write out of
+//! order, a truncate, or a failed local write drops the tee (the file is then staged
+//! from the source at its first open, as any other). At close:
+//! - the source must hold exactly the bytes the tee saw (its size, from the source);
+//! - a file named as an LFS blob (`blobs/<sha256>`) is committed only if its sha256
+//!   is its name, whatever else wrote to it;
+//! - `blobs/<sha256>[.<random>].incomplete`, huggingface_hub's temp name, waits (a
+//!   minute at most) for its rename to a blob's name, and is committed under it;
+//! - any other file is committed under its path, with its blake3, only if nothing
+//!   but this handle changed it through the mount while it was open (no other taint).
+//!
+//! A copy is committed like a prefetched one: it never evicts anything. One waiting
+//! for a rename that does not come is dropped after a minute.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use stagefs_cache::stage::copy::{Digests, digest_file};
+use stagefs_cache::{Entry, Key, Stager, Stamp, WritableFile};
+use tempfile::NamedTempFile;
+use tracing::{debug, info};
+
+use tokio::runtime::Handle;
+
+use crate::written::Written;
+
+/// How long a written `.incomplete` blob waits for its rename.
+const PARKED_FOR: Duration = Duration::from_secs(60);
+
+/// The local copy one handle fills as it writes.
+#[derive(Debug)]
+pub(crate) struct Tee {
+    state: Mutex<Filling>,
+    /// The path's taint when the handle opened (its own), to tell at close whether
+    /// anything else changed the file through the mount meanwhile.
+    pub(crate) opened_at: u64,
+}
+
+#[derive(Debug)]
+enum Filling {
+    /// Nothing written yet: no temp file either.
+    Empty,
+    /// `next` bytes written so far, front to back.
+    Copy { tmp: NamedTempFile, next: u64 },
+    /// Given up.
+    Dropped,
+}
+
+/// A written copy waiting for its file's rename (`.incomplete` to the blob's name).
+#[derive(Debug)]
+struct Parked {
+    tmp: NamedTempFile,
+    len: u64,
+    since: Instant,
+}
+
+/// What staging as written needs of the mount, apart from the policy itself (a
+/// handle's close may come where only a reference to the policy is at hand).
+#[derive(Debug, Clone)]
+pub(crate) struct WrittenCopies {
+    stager: Stager,
+    written: Arc<Written>,
+    runtime: Handle,
+    min_stage_size: u64,
+    /// Written copies waiting for their renames, by inode.
+    parked: Arc<Mutex<HashMap<u64, Parked>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Tee {
+    pub(crate) fn new(opened_at: u64) -> Tee {
+        Tee {
+            state: Mutex::new(Filling::Empty),
+            opened_at,
+        }
+    }
+
+    /// Also writes `data` at `offset` to the copy (a temp file in `store`, made at
+    /// the first write), if it continues it; otherwise the copy is dropped. Local
+    /// I/O: called where blocking is allowed (a source thread, after the source
+    /// took the same bytes).
+    pub(crate) fn write(&self, store: &stagefs_cache::Store, data: &[u8], offset: u64) {
+        let mut state = lock(&self.state);
+        if matches!(*state, Filling::Empty) && offset == 0 {
+            *state = match store.create_temp() {
+                Ok(tmp) => Filling::Copy { tmp, next: 0 },
+                Err(_) => Filling::Dropped,
+            };
+        }
+        let kept = match &mut *state {
+            Filling::Copy { tmp, next } if *next == offset => {
+                FileExt::write_all_at(tmp.as_file(), data, offset)
+                    .map(|()| *next += data.len() as u64)
+                    .is_ok()
+            }
+            _ => false,
+        };
+        if !kept {
+            *state = Filling::Dropped;
+        }
+    }
+
+    /// The file was truncated or extended to `len`: the copy goes on only if that
+    /// is where it stands (an `O_TRUNC` open truncates a new file to nothing).
+    pub(crate) fn set_len(&self, len: u64) {
+        let mut state = lock(&self.state);
+        let at = match &*state {
+            Filling::Empty => 0,
+            Filling::Copy { next, .. } => *next,
+            Filling::Dropped => return,
+        };
+        if at != len {
+            *state = Filling::Dropped;
+        }
+    }
+
+    /// Drops the copy: a write to the source failed, so the file is not what it saw.
+    pub(crate) fn abandon(&self) {
+        *lock(&self.state) = Filling::Dropped;
+    }
+
+    fn take(&self) -> Option<(NamedTempFile, u64)> {
+        match std::mem::replace(&mut *lock(&self.state), Filling::Dropped) {
+            Filling::Copy { tmp, next } => Some((tmp, next)),
+            _ => None,
+        }
+    }
+}
+
+/// `blobs/<sha256>.incomplete` or `blobs/<sha256>.<random>.incomplete`:
+/// huggingface_hub's names for a blob being downloaded.
+fn incomplete_blob(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let Some(sha) = name
+        .strip_suffix(".incomplete")
+        .and_then(|n| n.split('.').next())
+    else {
+        return false;
+    };
+    Key::for_source_path(&path.with_file_name(sha))
+        .content_sha256()
+        .is_some()
+}
+
+impl WrittenCopies {
+    pub(crate) fn new(
+        stager: Stager,
+        written: Arc<Written>,
+        runtime: Handle,
+        min_stage_size: u64,
+    ) -> Self {
+        WrittenCopies {
+            stager,
+            written,
+            runtime,
+            min_stage_size,
+            parked: Arc::default(),
+        }
+    }
+
+    /// The handle with `tee`, writing `file` at `path` (inode `ino`), was closed.
+    /// `untouched`: nothing else changed the path through the mount while it was
+    /// open; `closed_at`: the taint its close left, which a commit clears.
+    pub(crate) fn closed(
+        &self,
+        ino: u64,
+        path: PathBuf,
+        tee: &Tee,
+        file: Arc<dyn WritableFile>,
+        untouched: bool,
+        closed_at: Option<u64>,
+    ) {
+        let Some((tmp, len)) = tee.take() else {
+            return;
+        };
+        if len < self.min_stage_size {
+            // Small files are read from the source; nothing to stage.
+            return;
+        }
+        let content = Key::for_source_path(&path).content_sha256().is_some();
+        if incomplete_blob(&path) {
+            // Parked at once: the rename follows the close at once, and may come
+            // before anything asked here could answer. It checks the size itself.
+            let parked = Parked {
+                tmp,
+                len,
+                since: Instant::now(),
+            };
+            lock(&self.parked).insert(ino, parked);
+            let expiring = Arc::clone(&self.parked);
+            self.runtime.spawn(async move {
+                tokio::time::sleep(PARKED_FOR).await;
+                lock(&expiring).retain(|_, p| p.since.elapsed() < PARKED_FOR);
+            });
+            return;
+        }
+        if !content && !untouched {
+            return;
+        }
+        let this = self.clone();
+        let asked = self.stager.source_pool().run(move || file.meta());
+        self.runtime.spawn(async move {
+            let Ok(Ok(meta)) = asked.await else {
+                return;
+            };
+            if meta.size != len {
+                debug!(path = %path.display(), "the source does not hold what was written; not staged");
+                return;
+            }
+            this.commit(path, tmp, Stamp::of(&meta), closed_at).await;
+        });
+    }
+
+    /// `ino` was renamed to `to`: a copy of it parked for that is committed under
+    /// the new name, if it is a blob's.
+    pub(crate) fn renamed(&self, ino: u64, to: &Path) {
+        let parked = {
+            let mut parked = lock(&self.parked);
+            parked.retain(|_, p| p.since.elapsed() < PARKED_FOR);
+            parked.remove(&ino)
+        };
+        let Some(parked) = parked else {
+            return;
+        };
+        if Key::for_source_path(to).content_sha256().is_none() {
+            return;
+        }
+        let (this, to) = (self.clone(), to.to_path_buf());
+        let source = self.stager.source().clone();
+        let stat_path = to.clone();
+        let asked = self
+            .stager
+            .source_pool()
+            .run(move || source.stat(&stat_path));
+        self.runtime.spawn(async move {
+            match asked.await {
+                Ok(Ok(meta)) if meta.is_file() && meta.size == parked.len => {
+                    this.commit(to, parked.tmp, Stamp::of(&meta), None).await;
+                }
+                _ => {}
+            }
+        });
+    }
+
+    /// Verifies written copy `tmp` of `path` at version `stamp` and makes it the
+    /// path's staged copy.
+    async fn commit(
+        &self,
+        path: PathBuf,
+        tmp: NamedTempFile,
+        stamp: Stamp,
+        closed_at: Option<u64>,
+    ) {
+        let this = self.clone();
+        let done = self
+            .runtime
+            .spawn_blocking(move || this.commit_now(&path, tmp, stamp, closed_at).map(|()| path))
+            .await;
+        match done {
+            Ok(Ok(path)) => {
+                info!(path = %path.display(), bytes = stamp.size, "staged as written");
+            }
+            Ok(Err(why)) => debug!(%why, "a written copy was not staged"),
+            Err(_) => {}
+        }
+    }
+
+    fn commit_now(
+        &self,
+        path: &Path,
+        tmp: NamedTempFile,
+        stamp: Stamp,
+        closed_at: Option<u64>,
+    ) -> io::Result<()> {
+        let key = Key::for_source_path(path);
+        let store = self.stager.store();
+        let named = key.content_sha256().map(str::to_owned);
+        if named.is_some() && store.contains(&key) {
+            return Ok(());
+        }
+        let digest = digest_file(tmp.path(), Digests::for_copy(named.is_some()))?;
+        if digest.bytes != stamp.size {
+            return Err(io::Error::other("the copy is not the whole file"));
+        }
+        if let Some(named) = &named
+            && digest.sha256.as_deref() != Some(named.as_str())
+        {
+            return Err(io::Error::other(
+                "the written bytes do not match the blob's name",
+            ));
+        }
+        let reservation = store
+            .reserve(&key, stamp.size, path, false)
+            .map_err(io::Error::other)?;
+        let entry = Entry {
+            source: path.to_path_buf(),
+            stamp,
+            blake3: digest.blake3,
+            last_use: stagefs_cache::sys::now_secs(),
+            copy: Default::default(),
+        };
+        store
+            .commit(&key, tmp, entry, reservation)
+            .map_err(io::Error::other)?;
+        // The copy is of the file as this handle left it: a later change taints it anew.
+        if let Some(generation) = closed_at {
+            self.written.cleared(path, generation);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn huggingface_hubs_temp_names_for_blobs_are_recognised() {
+        let sha = "e".repeat(64);
+        for name in [
+            format!("{sha}.incomplete"),
+            format!("{sha}.5b32a042.incomplete"),
+        ] {
+            assert!(incomplete_blob(&Path::new("m/blobs").join(name)));
+        }
+        for name in [format!("{sha}.part"), "abc.incomplete".into(), sha.clone()] {
+            assert!(!incomplete_blob(&Path::new("m/blobs").join(name)));
+        }
+        assert!(!incomplete_blob(
+            &Path::new("m/other").join(format!("{sha}.incomplete"))
+        ));
+    }
+}
