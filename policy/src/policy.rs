@@ -1905,4 +1905,23 @@ mod tests {
             "staged from the source instead"
         );
     }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_copy_the_budget_has_no_room_for_is_not_filled_as_written() {
+        // Room is asked for 32 MiB ahead; a 16 MiB budget has none.
+        let f = writable(|c, _, b| {
+            c.prefetch = false;
+            b.max_size = Some(16 * MIB as u64);
+        });
+        let data = bytes(3 * MIB, 44);
+        f.write_into(ROOT_INO, "big.bin", &data).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!f.stored("big.bin"));
+        assert!(f.read_all("big.bin").await.expect("read") == data);
+        assert_eq!(
+            f.metrics().stage_copies,
+            1,
+            "staged from the source, which fits"
+        );
+    }
 }

@@ -34,6 +34,10 @@ use tokio::runtime::Handle;
 
 use crate::written::Written;
 
+/// How often, in bytes written, a copy being filled asks whether the cache's budget
+/// still has room for it (like a prefetch, it may not evict to make some).
+const ROOM_EVERY: u64 = 32 << 20;
+
 /// How long a written `.incomplete` blob waits for its rename.
 const PARKED_FOR: Duration = Duration::from_secs(60);
 
@@ -100,10 +104,13 @@ impl Tee {
                 Err(_) => Filling::Dropped,
             };
         }
+        let len = data.len() as u64;
         let kept = match &mut *state {
             Filling::Copy { tmp, next } if *next == offset => {
-                FileExt::write_all_at(tmp.as_file(), data, offset)
-                    .map(|()| *next += data.len() as u64)
+                let crosses = offset == 0 || (offset + len) / ROOM_EVERY != offset / ROOM_EVERY;
+                let room = !crosses || has_room(store, offset);
+                room && FileExt::write_all_at(tmp.as_file(), data, offset)
+                    .map(|()| *next += len)
                     .is_ok()
             }
             _ => false,
@@ -138,6 +145,16 @@ impl Tee {
             _ => None,
         }
     }
+}
+
+/// Whether the cache's budget has room for the next [`ROOM_EVERY`] bytes of a copy
+/// that holds `filled` bytes in its temp file (counted as the cache's; the volume's
+/// free space already lacks them).
+fn has_room(store: &stagefs_cache::Store, filled: u64) -> bool {
+    store.usage().is_ok_and(|u| {
+        let used = u.used.saturating_add(u.reserved).saturating_add(filled);
+        stagefs_cache::store::budget::fits(&u.budget, used, u.reserved, ROOM_EVERY, u.volume)
+    })
 }
 
 /// `blobs/<sha256>.incomplete` or `blobs/<sha256>.<random>.incomplete`:
