@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use stagefs_tests::{Scratch, generate, is_mounted, run_stagefs, stagefs_bin};
+use stagefs_tests::{Scratch, TEST_RESERVE, generate, is_mounted, run_stagefs, stagefs_bin};
 
 fn stagefs(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(stagefs_bin())
@@ -18,12 +18,17 @@ fn stagefs(args: &[&std::ffi::OsStr]) -> Output {
 fn background_mount_serves_until_unmounted() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/bg", 1, "2M");
+    // The default reserve is a tenth of the volume: on a shared machine with less
+    // free than that the read below would fail for room, so the tests' own reserve.
+    let reserve = TEST_RESERVE.to_string();
     let out = stagefs(&[
         "mount".as_ref(),
         s.hub.as_os_str(),
         s.mnt.as_os_str(),
         "--cache-dir".as_ref(),
         s.cache.as_os_str(),
+        "--min-free".as_ref(),
+        reserve.as_ref(),
     ]);
     assert!(
         out.status.success(),

@@ -20,7 +20,7 @@ fn daily_config(s: &Scratch) -> PathBuf {
     config_file(
         s,
         &format!(
-            "# the NAS\nsource = \"{}\"\nmountpoint = \"{}\"\ncache_dir = \"{}\"\nmin_stage_size = \"64K\"\n",
+            "# the NAS\nsource = \"{}\"\nmountpoint = \"{}\"\ncache_dir = \"{}\"\nmin_stage_size = \"64K\"\nmin_free = \"64M\"\n",
             s.hub.display(),
             s.mnt.display(),
             s.cache.display()
