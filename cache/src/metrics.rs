@@ -27,6 +27,8 @@ pub struct Metrics {
     /// Staged files handed out as a link to their local copy (readlink answers):
     /// the kernel opens and reads the copy itself, so those reads never arrive here.
     pub redirects: AtomicU64,
+    /// Bytes written through the mount to the source.
+    pub bytes_written: AtomicU64,
 }
 
 impl Metrics {
@@ -48,6 +50,7 @@ impl Metrics {
             source_opens: get(&self.source_opens),
             daemon_reads: get(&self.daemon_reads),
             redirects: get(&self.redirects),
+            bytes_written: get(&self.bytes_written),
         }
     }
 }

@@ -272,11 +272,12 @@ fn render_status(r: &StatusReport) -> String {
     if let Some(m) = &r.metrics {
         let _ = writeln!(
             out,
-            "activity  {}, {} ({} copied), {} to local copies followed since the mount started",
+            "activity  {}, {} ({} copied), {} to local copies followed, {} written through since the mount started",
             count(to_usize(m.stage_hits), "hit", "hits"),
             count(to_usize(m.stage_copies), "copy", "copies"),
             format_bytes(m.bytes_copied),
-            count(to_usize(m.redirects), "link", "links")
+            count(to_usize(m.redirects), "link", "links"),
+            format_bytes(m.bytes_written)
         );
     }
     for f in &r.in_flight {

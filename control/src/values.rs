@@ -79,6 +79,9 @@ pub struct MetricsSnapshot {
     /// Staged files handed out as a link to their local copy (readlink answers).
     #[serde(default)]
     pub redirects: u64,
+    /// Bytes written through the mount to the source.
+    #[serde(default)]
+    pub bytes_written: u64,
 }
 
 /// A copy in progress, as reported by `stagefs_cache::Stager::in_flight`.

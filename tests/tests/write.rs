@@ -223,6 +223,17 @@ fn download_through_the_mount(user: bool, mode: &str) {
         metrics.stage_copies, 0,
         "nothing read back over the link: {metrics:?}"
     );
+    // Every byte of the download went through the mount: at least the blobs' bytes.
+    let blobs: u64 = fs::read_dir(s.hub.join("models--acme--tiny/blobs"))
+        .expect("blobs")
+        .flatten()
+        .map(|e| e.metadata().expect("blob").len())
+        .sum();
+    assert!(
+        metrics.bytes_written >= blobs && blobs > 0,
+        "{} of {blobs} bytes counted as written through",
+        metrics.bytes_written
+    );
     let snapshot = fs::read_dir(direct.join("models--acme--tiny/snapshots"))
         .expect("snapshots")
         .flatten()

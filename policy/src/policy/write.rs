@@ -244,6 +244,10 @@ impl Policy {
             tee.abandon();
         }
         written?;
+        let metrics = self.stager.metrics();
+        metrics
+            .bytes_written
+            .fetch_add(u64::from(len), std::sync::atomic::Ordering::Relaxed);
         Ok(len)
     }
 
