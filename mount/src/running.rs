@@ -116,7 +116,11 @@ impl Running {
             .map_err(|e| MountError::io(format!("serving NFS at {}", spec.nfs_listen), e))?;
         let export = serving.url();
         if mount
-            && let Err(e) = stagefs_nfs::kernel_mount::mount(serving.addr.port(), &spec.mountpoint)
+            && let Err(e) = stagefs_nfs::kernel_mount::mount(
+                serving.addr.port(),
+                &spec.mountpoint,
+                spec.fs.read_only,
+            )
         {
             serving.stop();
             return Err(MountError::io(

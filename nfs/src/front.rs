@@ -38,8 +38,17 @@ use crate::attrs::fattr;
 use crate::listen::connect_from_reserved_port;
 use crate::reads::Reads;
 
-/// The largest record a client may send: a call with a 1 MiB WRITE and its headers.
+/// The largest record a client may send: a call with a WRITE of the most the library
+/// advertises (FSINFO's `wtmax`, 1 MiB; the mount asks `wsize=1048576`, and clients
+/// send no more than `wtmax`) and its headers. Those are at most 928 bytes: the call
+/// header's 24, two `opaque_auth`s of at most 408 each (RFC 5531 caps a body at 400),
+/// and WRITE3args' 88 besides the data (a 64-byte handle with its length, offset,
+/// count, stable, the data's length; 1 MiB needs no padding).
 const MAX_RECORD: usize = (1 << 20) + 4096;
+const _: () = assert!(MAX_WRITE + 24 + 2 * 408 + 88 <= MAX_RECORD);
+
+/// The most bytes one WRITE carries, as the library's FSINFO advertises.
+const MAX_WRITE: usize = 1 << 20;
 
 /// The most bytes one READ is answered with, as the library's FSINFO advertises.
 const MAX_READ: u32 = 1 << 20;

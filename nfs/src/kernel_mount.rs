@@ -15,9 +15,13 @@
 //! - `nobrowse`: the volume stays out of the Finder's sidebar and Desktop, so the
 //!   Finder and Quick Look do not crawl it (a thumbnail reads, and so stages, a
 //!   multi-GiB shard).
-//! - `rdonly` (Linux `ro`): the export is read-only.
+//! - `rdonly` (Linux `ro`) only with `--read-only`, where the server answers every
+//!   change `NFS3ERR_ROFS` anyway: the client then fails writes with EROFS before
+//!   sending anything. Otherwise the mount is read-write, as the export is.
 //! - `rsize=1048576`: the server's largest READ, so a loader's 32 MiB preads become
 //!   32 calls instead of hundreds.
+//! - `wsize=1048576`: the server's largest WRITE (FSINFO's `wtmax`), which the
+//!   connection front relays whole; the client's dirty pages go out in 1 MiB calls.
 //! - `actimeo=1`: attributes and names are cached for 1 s, as the FUSE mount's
 //!   kernel does, so a change at the source shows within about a second.
 
@@ -25,24 +29,27 @@ use std::io;
 use std::path::Path;
 use std::process::Command;
 
-/// The `-o` options for a mount of the export on `port`.
-pub fn options(port: u16) -> String {
+/// The `-o` options for a mount of the export on `port`, read-only or not.
+pub fn options(port: u16, read_only: bool) -> String {
     #[cfg(target_os = "macos")]
-    let platform = "hard,intr,mutejukebox,locallocks,nobrowse,rdonly";
+    let (platform, ro) = ("hard,intr,mutejukebox,locallocks,nobrowse", ",rdonly");
     #[cfg(not(target_os = "macos"))]
-    let platform = "hard,local_lock=all,ro,mountproto=tcp";
-    format!("vers=3,tcp,port={port},mountport={port},rsize=1048576,actimeo=1,{platform}")
+    let (platform, ro) = ("hard,local_lock=all,mountproto=tcp", ",ro");
+    let ro = if read_only { ro } else { "" };
+    format!(
+        "vers=3,tcp,port={port},mountport={port},rsize=1048576,wsize=1048576,actimeo=1,{platform}{ro}"
+    )
 }
 
 /// Mounts the export on `port` at `mountpoint` with the system's NFS client. On
 /// macOS an ordinary user may mount on a directory they own; on Linux it needs
-/// root and `mount.nfs` (nfs-common).
-pub fn mount(port: u16, mountpoint: &Path) -> io::Result<()> {
+/// root and `mount.nfs` (nfs-common). `read_only` mounts it so.
+pub fn mount(port: u16, mountpoint: &Path, read_only: bool) -> io::Result<()> {
     let program = mount_program()?;
     let output = Command::new(program)
         .args(mount_args())
         .arg("-o")
-        .arg(options(port))
+        .arg(options(port, read_only))
         .arg("127.0.0.1:/")
         .arg(mountpoint)
         .output()?;
@@ -120,14 +127,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn options_name_the_port_for_both_protocols_and_are_read_only() {
-        let options = options(4711);
+    fn options_name_the_port_for_both_protocols_and_are_read_only_only_when_asked() {
+        let options = options(4711, true);
         assert!(options.contains("port=4711,mountport=4711"), "{options}");
         assert!(options.starts_with("vers=3,tcp,"), "{options}");
         assert!(options.contains(",hard"), "{options}");
+        assert!(options.contains("wsize=1048576"), "{options}");
         assert!(
-            options.contains("rdonly") || options.contains(",ro"),
+            options.ends_with(",rdonly") || options.ends_with(",ro"),
             "{options}"
         );
+        let writable = options_of(4711, false);
+        assert!(
+            !writable.contains("rdonly") && !writable.split(',').any(|o| o == "ro"),
+            "{writable}"
+        );
+    }
+
+    fn options_of(port: u16, read_only: bool) -> String {
+        options(port, read_only)
     }
 }

@@ -14,6 +14,9 @@
 //! - a loopback port is open to every local process: only AUTH_UNIX calls of the
 //!   serving user or root, and (on Linux) only connections from reserved ports, are
 //!   served ([`listen`]);
+//! - NFSv3 has no CLOSE either: a file's first WRITE (or its CREATE) opens it for
+//!   writing in the policy, and the handle is closed once idle, which commits the
+//!   copy staged as it was written ([`writes`]);
 //! - mounting with the system's NFS client, with deliberate options ([`kernel_mount`]);
 //! - the READs of files open from a staged copy are answered by a connection front
 //!   straight from the page cache (`sendfile` on Linux), and every other call is
@@ -30,6 +33,7 @@ pub mod reads;
 mod send_file;
 pub mod server;
 pub mod status;
+pub mod writes;
 
 pub use listen::{Serving, serve};
 pub use server::StageNfs;

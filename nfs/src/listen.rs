@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nfs3_server::tcp::{NFSTcp, NFSTcpListener};
-use nfs3_server::vfs::adapters::ReadOnlyAdapter;
 use stagefs_policy::Policy;
 use tokio::task::JoinHandle;
 use tracing::info;
@@ -37,6 +36,7 @@ use tracing::info;
 use crate::front::{self, Front};
 use crate::reads::{IDLE, Reads};
 use crate::server::StageNfs;
+use crate::writes::{self, Writes};
 
 /// How often handles nobody reads are looked for.
 const IDLE_SWEEP: Duration = Duration::from_secs(5);
@@ -51,6 +51,7 @@ pub struct Serving {
     pub library_addr: SocketAddr,
     policy: Arc<Policy>,
     reads: Arc<Reads>,
+    writes: Arc<Writes>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -64,13 +65,21 @@ impl Serving {
         )
     }
 
-    /// Stops listening and closes every handle; connections already made end with
-    /// the process or when their client closes them.
+    /// Stops listening and closes every handle (a write handle's close commits the
+    /// copy it staged); connections already made end with the process or when their
+    /// client closes them.
     pub fn stop(self) {
         for task in &self.tasks {
             task.abort();
         }
+        self.writes.close_idle(&self.policy, Duration::ZERO);
         self.reads.close_idle(&self.policy, Duration::ZERO);
+    }
+
+    /// Closes the write handles nobody wrote through for `idle` now, as the sweep
+    /// does every [`writes::SWEEP`] for [`writes::IDLE`]; how many.
+    pub fn close_idle_writes(&self, idle: Duration) -> usize {
+        self.writes.close_idle(&self.policy, idle)
     }
 }
 
@@ -89,11 +98,12 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
     let addr = front_listener.local_addr()?;
     let export = StageNfs::new(Arc::clone(&policy), owner);
     let reads = Arc::clone(export.reads());
+    let writes = Arc::clone(export.writes());
     let generation = policy.inode_generation();
     // The library's own listener, behind the front, on a port of its own.
     let library = NFSTcpListener::bind_with_generation(
         &SocketAddr::new(addr.ip(), 0).to_string(),
-        ReadOnlyAdapter::new(export),
+        export,
         generation,
     )
     .await?;
@@ -132,12 +142,22 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
             }
         })
     };
+    let write_janitor = {
+        let (policy, writes) = (Arc::clone(&policy), Arc::clone(&writes));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(writes::SWEEP).await;
+                writes.close_idle(&policy, writes::IDLE);
+            }
+        })
+    };
     Ok(Serving {
         addr,
         library_addr,
         policy,
         reads,
-        tasks: vec![front, server, janitor],
+        writes,
+        tasks: vec![front, server, janitor, write_janitor],
     })
 }
 

@@ -1,7 +1,10 @@
 //! The NFS adapter at the protocol level, with the `nfs3_client` crate's client over
 //! loopback against an in-process server whose source injects faults: JUKEBOX while
 //! a file stages and its bytes after, listings and attributes that stage nothing,
-//! links served verbatim, EIO from a dead source, and who is let in.
+//! links served verbatim, EIO from a dead source, and who is let in; and the write
+//! procedures: what they leave on the source, what is read back after them (also
+//! from a copy the connection front was serving), and how a failing source or a
+//! read-only export answers.
 //!
 //! Run as root: the server serves only connections from reserved ports, which the
 //! client binds.
@@ -15,9 +18,12 @@ use std::time::Duration;
 use nfs3_client::Nfs3ConnectionBuilder;
 use nfs3_client::tokio::TokioConnector;
 use nfs3_server::nfs3_types::nfs3::{
-    GETATTR3args, Nfs3Result, READDIRPLUS3args, READLINK3args, cookieverf3, ftype3, nfs_fh3,
-    nfsstat3,
+    COMMIT3args, CREATE3args, GETATTR3args, MKDIR3args, Nfs3Option, Nfs3Result, READDIRPLUS3args,
+    READLINK3args, REMOVE3args, RENAME3args, RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args,
+    cookieverf3, createhow3, diropargs3, fattr3, filename3, ftype3, nfs_fh3, nfspath3, nfsstat3,
+    post_op_fh3, sattr3, sattrguard3, stable_how, symlinkdata3,
 };
+use nfs3_server::nfs3_types::xdr_codec::Opaque;
 use sha2::{Digest, Sha256};
 use stagefs_cache::source::faulty::{Behaviour, FaultySource};
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
@@ -50,6 +56,11 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
 /// A hub-cache repository (a blob, its snapshot link, refs), a large plain file and
 /// a small one, behind a fault-injecting source, served over NFS.
 async fn fixture(source_timeout: Duration) -> Fixture {
+    fixture_with(source_timeout, false).await
+}
+
+/// [`fixture`], read-only if asked.
+async fn fixture_with(source_timeout: Duration, read_only: bool) -> Fixture {
     assert_eq!(
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
@@ -79,6 +90,7 @@ async fn fixture(source_timeout: Duration) -> Fixture {
         min_stage_size: MIB as u64,
         prefetch: false,
         redirect: false,
+        read_only,
         ..FsConfig::default()
     };
     let options = StagerOptions {
@@ -366,4 +378,481 @@ async fn reads_of_an_open_copy_at_any_offset_and_length_get_exactly_its_bytes() 
         );
     }
     assert_eq!(f.copies(), 1, "one copy for every READ");
+}
+
+// The write procedures.
+
+fn dirop(dir: &nfs_fh3, name: &str) -> diropargs3<'static> {
+    diropargs3 {
+        dir: dir.clone(),
+        name: filename3::from(name.as_bytes().to_vec()),
+    }
+}
+
+fn mode(mode: u32) -> sattr3 {
+    sattr3 {
+        mode: Nfs3Option::Some(mode),
+        ..sattr3::default()
+    }
+}
+
+/// CREATE (UNCHECKED, as a kernel's `open(O_CREAT)`) of `name` in `dir`.
+async fn create(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<nfs_fh3, nfsstat3> {
+    let args = CREATE3args {
+        where_: dirop(dir, name),
+        how: createhow3::UNCHECKED(mode(0o644)),
+    };
+    match client.nfs3_client.create(&args).await.expect("CREATE RPC") {
+        Nfs3Result::Ok(ok) => match ok.obj {
+            post_op_fh3::Some(fh) => Ok(fh),
+            post_op_fh3::None => panic!("CREATE returned no handle"),
+        },
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+/// `data` written at `offset` in WRITEs of at most 1 MiB; the attributes after the last.
+async fn write(
+    client: &mut Client,
+    fh: &nfs_fh3,
+    offset: u64,
+    data: &[u8],
+) -> Result<fattr3, nfsstat3> {
+    let mut after = None;
+    for (i, chunk) in data.chunks(MIB).enumerate() {
+        let args = WRITE3args {
+            file: fh.clone(),
+            offset: offset + (i * MIB) as u64,
+            count: chunk.len() as u32,
+            stable: stable_how::UNSTABLE,
+            data: Opaque::borrowed(chunk),
+        };
+        match client.nfs3_client.write(&args).await.expect("WRITE RPC") {
+            Nfs3Result::Ok(ok) => {
+                assert_eq!(ok.count, chunk.len() as u32);
+                after = match ok.file_wcc.after {
+                    Nfs3Option::Some(attr) => Some(attr),
+                    Nfs3Option::None => panic!("WRITE returned no attributes"),
+                };
+            }
+            Nfs3Result::Err((stat, _)) => return Err(stat),
+        }
+    }
+    Ok(after.expect("something written"))
+}
+
+async fn commit(client: &mut Client, fh: &nfs_fh3) -> Result<(), nfsstat3> {
+    let args = COMMIT3args {
+        file: fh.clone(),
+        offset: 0,
+        count: 0,
+    };
+    match client.nfs3_client.commit(&args).await.expect("COMMIT RPC") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn getattr(client: &mut Client, fh: &nfs_fh3) -> fattr3 {
+    let args = GETATTR3args { object: fh.clone() };
+    match client
+        .nfs3_client
+        .getattr(&args)
+        .await
+        .expect("GETATTR RPC")
+    {
+        Nfs3Result::Ok(ok) => ok.obj_attributes,
+        Nfs3Result::Err((stat, _)) => panic!("getattr: {stat}"),
+    }
+}
+
+async fn truncate(client: &mut Client, fh: &nfs_fh3, size: u64) -> Result<fattr3, nfsstat3> {
+    let args = SETATTR3args {
+        object: fh.clone(),
+        new_attributes: sattr3 {
+            size: Nfs3Option::Some(size),
+            ..sattr3::default()
+        },
+        guard: sattrguard3::None,
+    };
+    match client
+        .nfs3_client
+        .setattr(&args)
+        .await
+        .expect("SETATTR RPC")
+    {
+        Nfs3Result::Ok(ok) => match ok.obj_wcc.after {
+            Nfs3Option::Some(attr) => Ok(attr),
+            Nfs3Option::None => panic!("SETATTR returned no attributes"),
+        },
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn remove(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<(), nfsstat3> {
+    let args = REMOVE3args {
+        object: dirop(dir, name),
+    };
+    match client.nfs3_client.remove(&args).await.expect("REMOVE RPC") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn rmdir(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<(), nfsstat3> {
+    let args = RMDIR3args {
+        object: dirop(dir, name),
+    };
+    match client.nfs3_client.rmdir(&args).await.expect("RMDIR RPC") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn mkdir(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<nfs_fh3, nfsstat3> {
+    let args = MKDIR3args {
+        where_: dirop(dir, name),
+        attributes: mode(0o755),
+    };
+    match client.nfs3_client.mkdir(&args).await.expect("MKDIR RPC") {
+        Nfs3Result::Ok(ok) => match ok.obj {
+            post_op_fh3::Some(fh) => Ok(fh),
+            post_op_fh3::None => panic!("MKDIR returned no handle"),
+        },
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn rename(
+    client: &mut Client,
+    from: (&nfs_fh3, &str),
+    to: (&nfs_fh3, &str),
+) -> Result<(), nfsstat3> {
+    let args = RENAME3args {
+        from: dirop(from.0, from.1),
+        to: dirop(to.0, to.1),
+    };
+    match client.nfs3_client.rename(&args).await.expect("RENAME RPC") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn symlink(
+    client: &mut Client,
+    dir: &nfs_fh3,
+    name: &str,
+    target: &str,
+) -> Result<nfs_fh3, nfsstat3> {
+    let args = SYMLINK3args {
+        where_: dirop(dir, name),
+        symlink: symlinkdata3 {
+            symlink_attributes: sattr3::default(),
+            symlink_data: nfspath3::from(target.as_bytes().to_vec()),
+        },
+    };
+    match client
+        .nfs3_client
+        .symlink(&args)
+        .await
+        .expect("SYMLINK RPC")
+    {
+        Nfs3Result::Ok(ok) => match ok.obj {
+            post_op_fh3::Some(fh) => Ok(fh),
+            post_op_fh3::None => panic!("SYMLINK returned no handle"),
+        },
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_created_written_and_committed_reads_back_and_the_source_holds_it() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let want = bytes(3 * MIB + 1234, 9);
+    let fh = create(&mut client, &root, "new.bin").await.expect("create");
+    let after = write(&mut client, &fh, 0, &want).await.expect("write");
+    assert_eq!(
+        after.size,
+        want.len() as u64,
+        "WRITE's attributes are fresh"
+    );
+    commit(&mut client, &fh).await.expect("commit");
+    assert_eq!(getattr(&mut client, &fh).await.size, want.len() as u64);
+    // While its write handle is open, and after it closed.
+    let read_back = read_all(&mut client, &fh).await.expect("read");
+    assert!(read_back == want, "the bytes written, read back");
+    assert!(f.source_bytes("new.bin") == want, "the source holds them");
+    assert_eq!(f.serving.close_idle_writes(Duration::ZERO), 1);
+    let read_back = read_all(&mut client, &fh).await.expect("read");
+    assert!(
+        read_back == want,
+        "the bytes written, read back after the close"
+    );
+    // COMMIT after the handle closed still syncs (it opens the file again).
+    commit(&mut client, &fh).await.expect("commit after close");
+    assert!(f.source_bytes("new.bin") == want);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_over_a_file_the_front_serves_from_its_copy_is_read_back_at_once() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let old = read_all(&mut client, &fh).await.expect("stage");
+    // Its copy is open for reads now: the front answers the READs below itself.
+    let (again, _) = read(&mut client, &fh, 4096, 4096).await.expect("read");
+    assert!(again == old[4096..8192]);
+    // A rewrite in place that keeps the size (and may keep the mtime).
+    let new = bytes(old.len(), 200);
+    assert_ne!(new[..4096], old[..4096]);
+    let after = write(&mut client, &fh, 0, &new).await.expect("write");
+    assert_eq!(after.size, old.len() as u64);
+    let (head, _) = read(&mut client, &fh, 4096, 4096).await.expect("read");
+    assert!(
+        head == new[4096..8192],
+        "READ after WRITE: the new bytes, not the copy's"
+    );
+    commit(&mut client, &fh).await.expect("commit");
+    assert_eq!(f.serving.close_idle_writes(Duration::ZERO), 1);
+    let whole = read_all(&mut client, &fh).await.expect("read");
+    assert!(
+        whole == new,
+        "after the write handle closed: still the new bytes"
+    );
+    assert!(f.source_bytes("weights.bin") == new);
+    // A truncate of a file open for reads is seen at once too.
+    let cut = truncate(&mut client, &fh, 1000).await.expect("truncate");
+    assert_eq!(cut.size, 1000, "SETATTR's attributes are fresh");
+    assert_eq!(getattr(&mut client, &fh).await.size, 1000);
+    let short = read_all(&mut client, &fh).await.expect("read");
+    assert!(short == new[..1000], "the truncated file's bytes");
+    assert_eq!(
+        fs::metadata(f.src.join("weights.bin")).expect("stat").len(),
+        1000
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rename_over_a_file_being_read_serves_the_new_file_under_its_name() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let old_fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let old = read_all(&mut client, &old_fh).await.expect("stage");
+    let new = bytes(2 * MIB, 77);
+    let tmp = create(&mut client, &root, "weights.bin.tmp")
+        .await
+        .expect("create");
+    write(&mut client, &tmp, 0, &new).await.expect("write");
+    commit(&mut client, &tmp).await.expect("commit");
+    rename(
+        &mut client,
+        (&root, "weights.bin.tmp"),
+        (&root, "weights.bin"),
+    )
+    .await
+    .expect("rename over");
+    assert!(f.source_bytes("weights.bin") == new);
+    assert!(!f.src.join("weights.bin.tmp").exists());
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let now = read_all(&mut client, &fh).await.expect("read");
+    assert!(now == new, "the name leads to the new file");
+    assert!(now != old);
+    assert_eq!(
+        lookup(&mut client, "weights.bin.tmp").await,
+        Err(nfsstat3::NFS3ERR_NOENT)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remove_mkdir_rmdir_and_symlink_pass_through() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    // A staged file, removed: gone from the source and from the export.
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    read_all(&mut client, &fh).await.expect("stage");
+    remove(&mut client, &root, "weights.bin")
+        .await
+        .expect("remove");
+    assert!(!f.src.join("weights.bin").exists());
+    assert_eq!(
+        lookup(&mut client, "weights.bin").await,
+        Err(nfsstat3::NFS3ERR_NOENT)
+    );
+    assert_eq!(
+        remove(&mut client, &root, "weights.bin").await,
+        Err(nfsstat3::NFS3ERR_NOENT)
+    );
+    // A directory, made, filled, refused while full, then removed (REMOVE and RMDIR
+    // reach the same library call; the entry's kind decides).
+    let dir = mkdir(&mut client, &root, "made").await.expect("mkdir");
+    assert!(f.src.join("made").is_dir());
+    assert_eq!(getattr(&mut client, &dir).await.type_, ftype3::NF3DIR);
+    assert_eq!(
+        mkdir(&mut client, &root, "made").await,
+        Err(nfsstat3::NFS3ERR_EXIST)
+    );
+    let inner = create(&mut client, &dir, "f").await.expect("create");
+    write(&mut client, &inner, 0, b"x").await.expect("write");
+    assert_eq!(
+        rmdir(&mut client, &root, "made").await,
+        Err(nfsstat3::NFS3ERR_NOTEMPTY)
+    );
+    remove(&mut client, &dir, "f").await.expect("remove");
+    rmdir(&mut client, &root, "made").await.expect("rmdir");
+    assert!(!f.src.join("made").exists());
+    // A link, verbatim.
+    let link = symlink(&mut client, &root, "cfg", "config.json")
+        .await
+        .expect("symlink");
+    assert_eq!(getattr(&mut client, &link).await.type_, ftype3::NF3LNK);
+    assert_eq!(
+        fs::read_link(f.src.join("cfg")).expect("readlink"),
+        Path::new("config.json")
+    );
+    remove(&mut client, &root, "cfg")
+        .await
+        .expect("remove link");
+    assert!(fs::symlink_metadata(f.src.join("cfg")).is_err());
+    assert!(
+        f.src.join("config.json").exists(),
+        "the link's target stays"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_source_answers_nospc_and_a_dead_one_io_while_a_staged_file_still_reads() {
+    let f = fixture(Duration::from_secs(1)).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let staged = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let before = read_all(&mut client, &staged).await.expect("stage");
+    let fh = create(&mut client, &root, "out.bin").await.expect("create");
+    f.source.set(Behaviour::Full);
+    assert_eq!(
+        write(&mut client, &fh, 0, &bytes(MIB, 3)).await.map(|_| ()),
+        Err(nfsstat3::NFS3ERR_NOSPC)
+    );
+    assert_eq!(
+        create(&mut client, &root, "other.bin").await.map(|_| ()),
+        Err(nfsstat3::NFS3ERR_NOSPC)
+    );
+    f.source.set(Behaviour::Hang);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        write(&mut client, &fh, 0, b"late").await.map(|_| ()),
+        Err(nfsstat3::NFS3ERR_IO)
+    );
+    assert_eq!(
+        mkdir(&mut client, &root, "d").await.map(|_| ()),
+        Err(nfsstat3::NFS3ERR_IO)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "within the source timeout: {:?}",
+        started.elapsed()
+    );
+    let again = read_all(&mut client, &staged).await.expect("staged copy");
+    assert!(again == before, "the staged copy answers meanwhile");
+    f.source.set(Behaviour::Healthy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_export_answers_rofs_to_every_change() {
+    let f = fixture_with(PATIENT, true).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let rofs = Err(nfsstat3::NFS3ERR_ROFS);
+    assert_eq!(create(&mut client, &root, "n").await.map(|_| ()), rofs);
+    assert_eq!(write(&mut client, &fh, 0, b"x").await.map(|_| ()), rofs);
+    assert_eq!(truncate(&mut client, &fh, 0).await.map(|_| ()), rofs);
+    assert_eq!(commit(&mut client, &fh).await, rofs);
+    assert_eq!(mkdir(&mut client, &root, "d").await.map(|_| ()), rofs);
+    assert_eq!(remove(&mut client, &root, "config.json").await, rofs);
+    assert_eq!(rmdir(&mut client, &root, "models--acme--tiny").await, rofs);
+    assert_eq!(
+        rename(&mut client, (&root, "config.json"), (&root, "c")).await,
+        rofs
+    );
+    assert_eq!(
+        symlink(&mut client, &root, "l", "x").await.map(|_| ()),
+        rofs
+    );
+    assert_eq!(
+        fs::read(f.src.join("weights.bin")).expect("read").len(),
+        4 * MIB
+    );
+    assert!(f.src.join("config.json").exists());
+    let data = read_all(&mut client, &fh).await.expect("reads still work");
+    assert_eq!(data.len(), 4 * MIB);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_with_another_uids_credentials_is_refused() {
+    let f = fixture(PATIENT).await;
+    let client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let stream = stagefs_nfs::listen::connect_from_reserved_port(f.serving.addr)
+        .await
+        .expect("connect");
+    let mut other = nfs3_client::Nfs3Client::new_with_auth(
+        nfs3_client::tokio::TokioIo::new(stream),
+        client::credential(4242),
+        nfs3_server::nfs3_types::rpc::opaque_auth::default(),
+    );
+    let args = CREATE3args {
+        where_: dirop(&root, "intruder"),
+        how: createhow3::UNCHECKED(mode(0o644)),
+    };
+    let refused = other.create(&args).await.map(|_| ()).expect_err("refused");
+    assert!(
+        format!("{refused:?}").to_lowercase().contains("auth"),
+        "{refused:?}"
+    );
+    assert!(!f.src.join("intruder").exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_blob_written_as_incomplete_and_renamed_is_staged_as_written() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let blobs = lookup(&mut client, "models--acme--tiny/blobs")
+        .await
+        .expect("lookup");
+    let blob = bytes(2 * MIB, 55);
+    let sha = format!("{:x}", Sha256::digest(&blob));
+    let incomplete = format!("{sha}.incomplete");
+    let fh = create(&mut client, &blobs, &incomplete)
+        .await
+        .expect("create");
+    write(&mut client, &fh, 0, &blob).await.expect("write");
+    commit(&mut client, &fh).await.expect("commit");
+    // huggingface_hub renames it at once, before any idle close.
+    rename(&mut client, (&blobs, &incomplete), (&blobs, &sha))
+        .await
+        .expect("rename");
+    let staged = async {
+        while !f
+            .stager
+            .store()
+            .entries()
+            .iter()
+            .any(|e| e.key.contains(&sha))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), staged)
+        .await
+        .expect("the blob's copy is committed");
+    let fh = lookup(&mut client, &format!("models--acme--tiny/blobs/{sha}"))
+        .await
+        .expect("lookup");
+    let data = read_all(&mut client, &fh).await.expect("read");
+    assert!(data == blob);
+    assert_eq!(f.copies(), 0, "read from the copy staged as written");
 }
