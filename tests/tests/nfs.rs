@@ -1,8 +1,8 @@
-//! The NFS backend end to end: `stagefs serve` as a real process, read by clients no
-//! one here wrote: Debian's libnfs utilities (`nfs-ls`, `nfs-cat`) and, for the
-//! protocol-level cases across a restart, the `nfs3_client` crate. No kernel NFS
-//! client is needed. Bytes are compared with the source (an LFS blob's sha256 with
-//! its name) and staging is counted in the cache.
+//! The NFS backend end to end: `stagefs serve` as a real process, read and written
+//! by clients no one here wrote: Debian's libnfs utilities (`nfs-ls`, `nfs-cat`,
+//! `nfs-cp`) and, for the protocol-level cases across a restart, the `nfs3_client`
+//! crate. No kernel NFS client is needed. Bytes are compared with the source (an LFS
+//! blob's sha256 with its name) and staging is counted in the cache.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -596,5 +596,131 @@ fn readers_racing_evictions_over_nfs_always_get_the_right_bytes() {
         assert!(bytes == expected[n], "wrong bytes for shard {n} read alone");
     }
     assert!(staged_shards(&s.cache) <= 4, "the budget holds");
+    served.stop();
+}
+
+/// `nfs-cp LOCAL URL` as root, bounded in time.
+fn nfs_cp_to(local: &Path, url: &str) -> Output {
+    Command::new("timeout")
+        .args(["30", "nfs-cp"])
+        .arg(local)
+        .arg(url)
+        .output()
+        .expect("running nfs-cp (libnfs-utils)")
+}
+
+#[test]
+fn a_file_copied_in_with_nfs_cp_lands_on_the_source_byte_for_byte() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::PlainFolder, ID, 1, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &[]);
+    let local = s.dir.path().join("upload.bin");
+    let bytes: Vec<u8> = (0..(3 * MIB + 4321))
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    fs::write(&local, &bytes).expect("write the local file");
+    // Into the model's folder: libnfs mounts a URL's directory part.
+    let rel = src.model_dir.join("upload.bin");
+    let out = nfs_cp_to(&local, &served.url_of(&rel));
+    assert!(
+        out.status.success(),
+        "nfs-cp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        fs::read(src.root.join(&rel)).expect("on the source") == bytes,
+        "the source holds exactly the bytes copied in"
+    );
+    assert!(read_through(&served, &rel) == bytes, "and they read back");
+    served.stop();
+}
+
+#[test]
+fn a_blob_written_through_the_export_is_staged_as_written() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::HubCache, ID, 1, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &[]);
+    let blobs = src
+        .stored_path(&src.shard_names()[0])
+        .parent()
+        .expect("blobs dir")
+        .to_path_buf();
+    let bytes: Vec<u8> = (0..(3 * MIB)).map(|i| (i * 17 % 253) as u8).collect();
+    let local = s.dir.path().join("new-blob");
+    fs::write(&local, &bytes).expect("write the local file");
+    let sha = sha256(&bytes);
+    let blob = blobs.join(&sha);
+    let out = nfs_cp_to(&local, &served.url_of(&blob));
+    assert!(
+        out.status.success(),
+        "nfs-cp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fs::read(src.root.join(&blob)).expect("on the source") == bytes);
+    // NFS has no CLOSE: the write handle is closed once idle (2 s), and its close
+    // commits the copy made as the bytes went by.
+    wait_for("the blob staged as written", || {
+        staged_files_of_at_least(&s.cache, 3 * MIB).len() == 1
+    });
+    let metrics = &status_json(&s.cache)["metrics"];
+    assert_eq!(
+        metrics["stage_copies"], 0,
+        "nothing copied from the source: {metrics}"
+    );
+    let read = read_through(&served, &blob);
+    assert!(read == bytes, "the blob reads back");
+    let metrics = &status_json(&s.cache)["metrics"];
+    assert_eq!(
+        metrics["stage_copies"], 0,
+        "read from the copy staged as written: {metrics}"
+    );
+    served.stop();
+}
+
+#[test]
+fn an_ordinary_user_can_serve_and_write_through_it() {
+    let s = Scratch::for_user();
+    let src = ShapedSource::generate(&s, Layout::PlainFolder, ID, 1, SHARD_SIZE);
+    let user = s.user();
+    let folder = src.root.join(&src.model_dir);
+    user.chown(&folder);
+    let served = Served::start_with(user.command(stagefs_bin()), &src.root, &s.cache, &[]);
+    let local = s.dir.path().join("mine.bin");
+    let bytes: Vec<u8> = (0..(2 * MIB + 7)).map(|i| (i * 13 % 241) as u8).collect();
+    fs::write(&local, &bytes).expect("write the local file");
+    // The user's own libnfs client (an unreserved port, the user's uid).
+    let rel = src.model_dir.join("mine.bin");
+    let mut command = user.command("timeout");
+    command
+        .args(["30", "nfs-cp"])
+        .arg(&local)
+        .arg(served.url_of(&rel));
+    let out = user.output(&mut command);
+    assert!(
+        out.status.success(),
+        "nfs-cp as {TEST_USER}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = src.root.join(&rel);
+    assert!(fs::read(&written).expect("on the source") == bytes);
+    let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(&written).expect("stat"));
+    assert_eq!(owner, user.uid, "the new file is the serving user's");
+    served.stop();
+}
+
+#[test]
+fn a_read_only_export_refuses_a_copy_in() {
+    let s = Scratch::new();
+    let src = ShapedSource::generate(&s, Layout::PlainFolder, ID, 1, SHARD_SIZE);
+    let served = Served::start(&src.root, &s.cache, &["--read-only"]);
+    let local = s.dir.path().join("refused.bin");
+    fs::write(&local, b"no").expect("write the local file");
+    let rel = src.model_dir.join("refused.bin");
+    let out = nfs_cp_to(&local, &served.url_of(&rel));
+    assert!(!out.status.success(), "a read-only export took a write");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("NFS3ERR_ROFS"), "not ROFS: {said}");
+    assert!(!src.root.join(&rel).exists(), "nothing reached the source");
+    assert_shards_right(&src, &served);
     served.stop();
 }
