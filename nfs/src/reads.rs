@@ -123,6 +123,7 @@ impl Reads {
     /// Opens `ino` in the background: the open outlives the READ that asked for it.
     fn start_open(self: &Arc<Self>, policy: &Arc<Policy>, ino: u64, done: watch::Sender<Outcome>) {
         let (this, policy) = (Arc::clone(self), Arc::clone(policy));
+        let mine = done.subscribe();
         tokio::spawn(async move {
             let opened = match policy.open(ino).await {
                 Err(e) if needs_room(&e) && this.close_idle(&policy, IDLE_UNDER_PRESSURE) > 0 => {
@@ -138,12 +139,32 @@ impl Reads {
                         size,
                     };
                     let used = Instant::now();
-                    this.lock().insert(ino, Slot::Open { open, used });
+                    let mut slots = this.lock();
+                    // Forgotten meanwhile (a change through NFS): the version opened
+                    // may be the old one, so it is not kept; a READ that waited for
+                    // it finds its handle gone and opens the file anew.
+                    let ours = matches!(
+                        slots.get(&ino),
+                        Some(Slot::Opening(outcome)) if outcome.same_channel(&mine)
+                    );
+                    if ours {
+                        slots.insert(ino, Slot::Open { open, used });
+                    } else {
+                        drop(slots);
+                        policy.release(open.fh);
+                    }
                     Ok(open)
                 }
                 Err(e) => {
                     // The next READ tries again from scratch.
-                    this.lock().remove(&ino);
+                    let mut slots = this.lock();
+                    if matches!(
+                        slots.get(&ino),
+                        Some(Slot::Opening(outcome)) if outcome.same_channel(&mine)
+                    ) {
+                        slots.remove(&ino);
+                    }
+                    drop(slots);
                     Err(nfsstat_logged("read", &e))
                 }
             };
