@@ -632,6 +632,12 @@ fn a_file_copied_in_with_nfs_cp_lands_on_the_source_byte_for_byte() {
         "the source holds exactly the bytes copied in"
     );
     assert!(read_through(&served, &rel) == bytes, "and they read back");
+    let metrics = &status_json(&s.cache)["metrics"];
+    assert_eq!(
+        metrics["bytes_written"],
+        bytes.len() as u64,
+        "status counts what was written through: {metrics}"
+    );
     served.stop();
 }
 
