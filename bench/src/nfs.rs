@@ -134,21 +134,34 @@ async fn lean_round(
     chunk: u32,
 ) -> anyhow::Result<(f64, Vec<LeanClient>)> {
     let step = clients.len() as u64 * u64::from(chunk);
+    let fh = fh.clone();
+    timed_round(clients, move |k, mut client| {
+        let fh = fh.clone();
+        async move {
+            let mut offset = k as u64 * u64::from(chunk);
+            while offset < size {
+                client.read(&fh, offset, chunk).await?;
+                offset += step;
+            }
+            Ok(client)
+        }
+    })
+    .await
+}
+
+/// Runs `read(k, client)` for every client at once: how long until all are done,
+/// and the clients back.
+async fn timed_round<C, R, F>(clients: Vec<C>, read: R) -> anyhow::Result<(f64, Vec<C>)>
+where
+    C: Send + 'static,
+    R: Fn(usize, C) -> F,
+    F: Future<Output = anyhow::Result<C>> + Send + 'static,
+{
     let started = Instant::now();
     let tasks: Vec<_> = clients
         .into_iter()
         .enumerate()
-        .map(|(k, mut client)| {
-            let fh = fh.clone();
-            tokio::spawn(async move {
-                let mut offset = k as u64 * u64::from(chunk);
-                while offset < size {
-                    client.read(&fh, offset, chunk).await?;
-                    offset += step;
-                }
-                anyhow::Ok(client)
-            })
-        })
+        .map(|(k, client)| tokio::spawn(read(k, client)))
         .collect();
     let mut back = Vec::new();
     for task in tasks {
@@ -329,24 +342,15 @@ async fn nfs_round(
     chunk: u32,
 ) -> anyhow::Result<(f64, Vec<Client>)> {
     let step = clients.len() as u64;
-    let started = Instant::now();
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(k, mut client)| {
-            let fh = fh.clone();
-            tokio::spawn(async move {
-                read_range(&mut client, &fh, k as u64, size, step, chunk)
-                    .await
-                    .map(|_| client)
-            })
-        })
-        .collect();
-    let mut back = Vec::new();
-    for task in tasks {
-        back.push(task.await??);
-    }
-    Ok((started.elapsed().as_secs_f64(), back))
+    let fh = fh.clone();
+    timed_round(clients, move |k, mut client| {
+        let fh = fh.clone();
+        async move {
+            read_range(&mut client, &fh, k as u64, size, step, chunk).await?;
+            Ok(client)
+        }
+    })
+    .await
 }
 
 async fn local_round(copy: &Path, size: u64, readers: usize, chunk: u32) -> anyhow::Result<f64> {

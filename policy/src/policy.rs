@@ -1817,24 +1817,32 @@ mod tests {
         }
     }
 
+    impl Fixture {
+        /// Writes `data` as huggingface_hub does: into `blobs/<name>.incomplete`,
+        /// then renamed to `blobs/<name>`.
+        async fn download_blob(&self, name: &str, data: &[u8]) {
+            let blobs = self.lookup("models--acme--m/blobs").await.expect("blobs");
+            let incomplete = format!("{name}.incomplete");
+            self.write_into(blobs.ino, &incomplete, data).await;
+            self.policy
+                .rename(
+                    blobs.ino,
+                    OsStr::new(&incomplete),
+                    blobs.ino,
+                    OsStr::new(name),
+                    RenameHow::default(),
+                )
+                .await
+                .expect("rename");
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_blob_downloaded_through_the_mount_is_staged_as_it_is_written() {
         let f = writable(|c, _, _| c.prefetch = false);
         let data = bytes(3 * MIB, 42);
         let sha = format!("{:x}", Sha256::digest(&data));
-        let blobs = f.lookup("models--acme--m/blobs").await.expect("blobs");
-        let incomplete = format!("{sha}.incomplete");
-        f.write_into(blobs.ino, &incomplete, &data).await;
-        f.policy
-            .rename(
-                blobs.ino,
-                OsStr::new(&incomplete),
-                blobs.ino,
-                OsStr::new(&sha),
-                RenameHow::default(),
-            )
-            .await
-            .expect("rename");
+        f.download_blob(&sha, &data).await;
         let blob = PathBuf::from("models--acme--m/blobs").join(&sha);
         wait_until("the written copy", || f.stored(&blob)).await;
         assert!(f.read_all(&blob).await.expect("read") == data);
@@ -1851,19 +1859,7 @@ mod tests {
         let f = writable(|c, _, _| c.prefetch = false);
         let data = bytes(3 * MIB, 42);
         let wrong = format!("{:x}", Sha256::digest(b"something else"));
-        let blobs = f.lookup("models--acme--m/blobs").await.expect("blobs");
-        let incomplete = format!("{wrong}.incomplete");
-        f.write_into(blobs.ino, &incomplete, &data).await;
-        f.policy
-            .rename(
-                blobs.ino,
-                OsStr::new(&incomplete),
-                blobs.ino,
-                OsStr::new(&wrong),
-                RenameHow::default(),
-            )
-            .await
-            .expect("rename");
+        f.download_blob(&wrong, &data).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!f.stored(PathBuf::from("models--acme--m/blobs").join(&wrong)));
         assert!(
