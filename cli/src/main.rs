@@ -158,7 +158,10 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         let log = daemon::launch_background(&spec)?;
         // One line: where it is mounted, and how programs find the models in it.
         let usage = stagefs_mount::bounded::shape(&spec.source, spec.fs.source_timeout)
-            .map(|shape| format!("; {}", doctor::shape_usage(shape, &spec.mountpoint)))
+            .map(|shape| {
+                let usage = doctor::shape_usage(shape, &spec.mountpoint, Some(&spec.cache_dir));
+                format!("; {usage}")
+            })
             .unwrap_or_default();
         println!("{}{usage}", daemon::describe(&spec, &log));
         Ok(())

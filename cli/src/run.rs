@@ -48,7 +48,12 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
     // The source, not the mount: through the mount, staged files may be links.
     let timeout = spec.fs.source_timeout.min(SHAPE_TIMEOUT);
     let shape = shape(&spec.source, timeout).unwrap_or(Shape::Unknown);
-    let env = environment(shape, &spec.mountpoint, args.relax_gpu_watchdog);
+    let env = environment(
+        shape,
+        &spec.mountpoint,
+        &spec.cache_dir,
+        args.relax_gpu_watchdog,
+    );
     announce(&env, shape, &spec.mountpoint, args.relax_gpu_watchdog);
     let (program, rest) = args.command.split_first().context("no COMMAND given")?;
     let error = Command::new(program).args(rest).envs(env).exec();
@@ -123,11 +128,13 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
 /// The variables COMMAND gets, by the shape of the source: the HF variables that
 /// point huggingface_hub at the mount (see [`Shape::hf_variables`]) with
 /// `HF_HUB_OFFLINE=1`, which keeps it from asking the Hub for newer revisions of the
-/// models just staged (downloads through the mount are `hf download`'s job); for
-/// plain model folders, loaded by path, none of them.
+/// models just staged (downloads through the mount are `hf download`'s job), and for
+/// an HF_HOME, `HF_XET_CACHE` beside the cache in `cache_dir` (see
+/// [`Shape::xet_cache`]); for plain model folders, loaded by path, none of them.
 fn environment(
     shape: Shape,
     mountpoint: &Path,
+    cache_dir: &Path,
     relax_watchdog: bool,
 ) -> Vec<(&'static str, OsString)> {
     let mut env: Vec<(&'static str, OsString)> = shape
@@ -137,6 +144,9 @@ fn environment(
         .collect();
     if !env.is_empty() {
         env.push(("HF_HUB_OFFLINE", "1".into()));
+    }
+    if let Some(xet) = shape.xet_cache(cache_dir) {
+        env.push(("HF_XET_CACHE", xet.into_os_string()));
     }
     if relax_watchdog {
         env.push((RELAX_WATCHDOG_VAR, "1".into()));
@@ -190,7 +200,7 @@ mod tests {
     use super::*;
 
     fn names(shape: Shape, relax: bool) -> Vec<&'static str> {
-        environment(shape, Path::new("/m"), relax)
+        environment(shape, Path::new("/m"), Path::new("/c"), relax)
             .into_iter()
             .map(|(k, _)| k)
             .collect()
@@ -199,11 +209,12 @@ mod tests {
     #[test]
     fn the_environment_follows_the_shape_of_the_source() {
         assert_eq!(
-            environment(Shape::HfHome, Path::new("/m"), false),
+            environment(Shape::HfHome, Path::new("/m"), Path::new("/c"), false),
             [
                 ("HF_HOME", OsString::from("/m")),
                 ("HF_HUB_CACHE", OsString::from("/m/hub")),
-                ("HF_HUB_OFFLINE", OsString::from("1"))
+                ("HF_HUB_OFFLINE", OsString::from("1")),
+                ("HF_XET_CACHE", OsString::from("/c/xet"))
             ]
         );
         assert_eq!(

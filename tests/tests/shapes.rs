@@ -332,7 +332,10 @@ fn run_model(layout: Layout) {
     let (env, said) = match layout {
         Layout::HfHome => (
             format!("{mnt}|{mnt}/hub|1"),
-            format!("running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_HUB_OFFLINE=1"),
+            format!(
+                "running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_HUB_OFFLINE=1 HF_XET_CACHE={}/xet",
+                s.cache.display()
+            ),
         ),
         Layout::HubCache => (
             format!("unset|{mnt}|1"),
@@ -423,7 +426,11 @@ matrix! {
 #[test]
 fn mount_says_what_to_export_for_each_shape() {
     for (layout, expected) in [
-        (Layout::HfHome, "export HF_HOME={mnt}"),
+        // An HF_HOME's xet chunk cache goes beside the stagefs cache, off the NAS.
+        (
+            Layout::HfHome,
+            "export HF_HOME={mnt} HF_XET_CACHE={cache}/xet",
+        ),
         (Layout::HubCache, "export HF_HUB_CACHE={mnt}"),
         (Layout::PlainFolder, "load models by path under {mnt}"),
     ] {
@@ -440,7 +447,9 @@ fn mount_says_what_to_export_for_each_shape() {
         ]);
         assert!(ok, "{err}");
         assert!(is_mounted(&s.mnt));
-        let expected = expected.replace("{mnt}", &s.mnt.display().to_string());
+        let expected = expected
+            .replace("{mnt}", &s.mnt.display().to_string())
+            .replace("{cache}", &s.cache.display().to_string());
         assert_eq!(out.lines().count(), 1, "one line: {out}");
         assert!(
             out.starts_with("mounted ") && out.contains(&expected),

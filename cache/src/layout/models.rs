@@ -154,6 +154,16 @@ impl Shape {
         }
     }
 
+    /// Where huggingface_hub's xet chunk cache goes for programs using a mount of
+    /// this source with the stagefs cache in `cache_dir`. An HF_HOME keeps it at
+    /// `xet/`, which on the mount would be the NAS: a scratch area of chunks read and
+    /// written constantly during downloads, that nobody else needs. So it goes beside
+    /// the stagefs cache, on the local disk (`HF_XET_CACHE`). Other shapes leave it in
+    /// the program's own HF_HOME, which is local already.
+    pub fn xet_cache(self, cache_dir: &Path) -> Option<PathBuf> {
+        (self == Shape::HfHome).then(|| cache_dir.join("xet"))
+    }
+
     /// The hub cache inside a mount of this source, where huggingface_hub must look.
     pub fn hub_cache(self, mountpoint: &Path) -> Option<PathBuf> {
         match self {
@@ -917,6 +927,18 @@ mod tests {
         assert_eq!(owner("solo.gguf").as_deref(), Some("solo.gguf"));
         assert_eq!(owner("hub/models--o--r/blobs/b").as_deref(), Some("o/r"));
         assert_eq!(owner("token"), None);
+    }
+
+    #[test]
+    fn only_an_hf_homes_xet_cache_is_moved_beside_the_stagefs_cache() {
+        let cache = Path::new("/c");
+        assert_eq!(
+            Shape::HfHome.xet_cache(cache),
+            Some(PathBuf::from("/c/xet"))
+        );
+        for shape in [Shape::HubCache, Shape::ModelFolders, Shape::Unknown] {
+            assert_eq!(shape.xet_cache(cache), None, "{shape:?}");
+        }
     }
 
     #[test]

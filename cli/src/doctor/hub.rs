@@ -77,7 +77,7 @@ pub(crate) fn shape_check(path: &Path, survey: &Survey, advise_mounting: bool) -
     match advise_mounting {
         true => check.advise(format!(
             "once mounted (`stagefs mount {shown} MOUNTPOINT`): {}",
-            usage(survey.shape, Path::new("MOUNTPOINT"))
+            usage(survey.shape, Path::new("MOUNTPOINT"), None)
         )),
         false => check,
     }
@@ -102,10 +102,15 @@ fn contents(catalog: &Catalog) -> String {
 }
 
 /// How programs find the models of a mount at `mountpoint` of a source of `shape`:
-/// `export HF_HOME=/m`, or loading by path.
-pub(crate) fn usage(shape: Shape, mountpoint: &Path) -> String {
+/// `export HF_HOME=/m`, or loading by path. With the mount's cache directory known,
+/// an HF_HOME's xet cache is pointed beside it (see [`Shape::xet_cache`]).
+pub(crate) fn usage(shape: Shape, mountpoint: &Path, cache_dir: Option<&Path>) -> String {
+    let xet = cache_dir
+        .and_then(|c| shape.xet_cache(c))
+        .map(|xet| format!(" HF_XET_CACHE={}", xet.display()))
+        .unwrap_or_default();
     match (shape, shape.export(mountpoint)) {
-        (_, Some((var, value))) => format!("export {var}={}", value.display()),
+        (_, Some((var, value))) => format!("export {var}={}{xet}", value.display()),
         (Shape::ModelFolders, None) => format!(
             "load models by path under {} (plain folders need no HF variable)",
             mountpoint.display()
@@ -204,7 +209,9 @@ pub(crate) fn hub_cache_check(
         }
         None => Some(resolved == mount || resolved == mount.join("hub")),
     };
-    let export = shape.map(|s| usage(s, mountpoint)).unwrap_or_default();
+    let export = shape
+        .map(|s| usage(s, mountpoint, None))
+        .unwrap_or_default();
     let is_home = shape == Some(Shape::HfHome);
     let home_elsewhere = set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount);
     let check = match (shape, hub.points_at_mount) {
