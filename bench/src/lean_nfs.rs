@@ -8,14 +8,11 @@ use std::net::SocketAddr;
 
 use anyhow::{Context, bail, ensure};
 use nfs3_client::nfs3_types::nfs3::{self as nfs, READ3args, nfs_fh3};
-use nfs3_client::nfs3_types::rpc::{call_body, msg_body, opaque_auth, rpc_msg};
+use nfs3_client::nfs3_types::rpc::{RPC_VERSION_2, call_body, msg_body, opaque_auth, rpc_msg};
 use nfs3_client::nfs3_types::xdr_codec::Pack;
 use stagefs_nfs::client::credential;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// READ, procedure 6 of NFS version 3.
-const NFSPROC3_READ: u32 = 6;
 
 /// One connection that sends READs one at a time.
 pub(crate) struct LeanClient {
@@ -74,10 +71,10 @@ fn read_call(xid: u32, fh: &nfs_fh3, offset: u64, count: u32) -> anyhow::Result<
     let msg = rpc_msg {
         xid,
         body: msg_body::CALL(call_body {
-            rpcvers: 2,
+            rpcvers: RPC_VERSION_2,
             prog: nfs::PROGRAM,
-            vers: 3,
-            proc: NFSPROC3_READ,
+            vers: nfs::VERSION,
+            proc: nfs::NFS_PROGRAM::NFSPROC3_READ as u32,
             cred: credential(0),
             verf: opaque_auth::default(),
         }),

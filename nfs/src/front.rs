@@ -16,6 +16,7 @@
 //! answer JUKEBOX), a stale handle, a refused credential and every other procedure,
 //! goes to the library and is answered by it as before.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, Cursor};
 use std::net::SocketAddr;
@@ -53,10 +54,6 @@ const MAX_WRITE: usize = 1 << 20;
 /// The most bytes one READ is answered with, as the library's FSINFO advertises.
 const MAX_READ: u32 = 1 << 20;
 
-/// READ is procedure 6 of program 100003, version 3.
-const NFSPROC3_READ: u32 = 6;
-const NFS_VERSION: u32 = 3;
-
 /// What the front needs to answer a READ itself.
 #[derive(Debug, Clone)]
 pub(crate) struct Front {
@@ -79,13 +76,12 @@ enum Reply {
     /// A whole record from the library, record marks included.
     Record(Vec<u8>),
     /// A READ answered here: its record mark and headers, then `len` bytes of
-    /// `file` at `offset`, then `pad` zero bytes.
+    /// `file` at `offset`, then their XDR padding.
     Range {
         head: Vec<u8>,
         file: Arc<File>,
         offset: u64,
         len: usize,
-        pad: usize,
     },
 }
 
@@ -135,10 +131,10 @@ impl Front {
         to_client: &ToClient,
     ) -> io::Result<()> {
         loop {
-            let Some((record, body)) = read_record(&mut from_client).await? else {
+            let Some(record) = read_record(&mut from_client).await? else {
                 return Ok(());
             };
-            match self.servable_read(&body) {
+            match self.servable_read(&record.body()) {
                 Some(read) => {
                     let (this, to_client) = (self.clone(), Arc::clone(to_client));
                     tokio::spawn(async move {
@@ -146,7 +142,7 @@ impl Front {
                         send(&to_client, reply).await;
                     });
                 }
-                None => to_library.write_all(&record).await?,
+                None => to_library.write_all(&record.0).await?,
             }
         }
     }
@@ -158,7 +154,8 @@ impl Front {
         let msg_body::CALL(body) = msg.body else {
             return None;
         };
-        if body.prog != nfs::PROGRAM || body.vers != NFS_VERSION || body.proc != NFSPROC3_READ {
+        let read = nfs::NFS_PROGRAM::NFSPROC3_READ as u32;
+        if body.prog != nfs::PROGRAM || body.vers != nfs::VERSION || body.proc != read {
             return None;
         }
         if body.cred.flavor != auth_flavor::AUTH_UNIX {
@@ -202,13 +199,11 @@ impl Front {
             .await
             .ok()
             .map(|attr| fattr(&attr));
-        let pad = (4 - read.len % 4) % 4;
         Reply::Range {
-            head: read_reply_head(read.xid, attrs, read.len, read.eof, pad),
+            head: read_reply_head(read.xid, attrs, read.len, read.eof),
             file: read.file,
             offset: read.offset,
             len: read.len,
-            pad,
         }
     }
 }
@@ -236,15 +231,14 @@ fn ino_of(fh: &[u8], generation: u64) -> Option<u64> {
     (u64::from_le_bytes(*head) == generation).then(|| u64::from_be_bytes(ino))
 }
 
+/// The zero bytes XDR puts after `len` bytes of opaque data.
+fn xdr_pad(len: usize) -> usize {
+    (4 - len % 4) % 4
+}
+
 /// The record mark, RPC reply header and READ3resok fields before the data, for a
-/// reply carrying `len` bytes and `pad` bytes of XDR padding.
-fn read_reply_head(
-    xid: u32,
-    attrs: Option<nfs::fattr3>,
-    len: usize,
-    eof: bool,
-    pad: usize,
-) -> Vec<u8> {
+/// reply carrying `len` bytes (and their padding).
+fn read_reply_head(xid: u32, attrs: Option<nfs::fattr3>, len: usize, eof: bool) -> Vec<u8> {
     let rpc = rpc_msg {
         xid,
         body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
@@ -268,15 +262,47 @@ fn read_reply_head(
             + count.pack(&mut head)?)
     });
     debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
-    let record = (head.len() - 4 + len + pad) as u32;
-    head[..4].copy_from_slice(&(record | 0x8000_0000).to_be_bytes());
+    let record = (head.len() - 4 + len + xdr_pad(len)) as u32;
+    head[..4].copy_from_slice(&(record | LAST_FRAGMENT).to_be_bytes());
     head
 }
 
-/// One whole record from `from`: its bytes as sent (record marks included) and its
-/// body (fragments joined). `None` at a clean end of the stream.
-async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<(Vec<u8>, Vec<u8>)>> {
-    let (mut record, mut body) = (Vec::new(), Vec::new());
+/// The flag of a record mark that says its fragment ends the record.
+const LAST_FRAGMENT: u32 = 0x8000_0000;
+
+/// One whole record, as it came: record marks included, so that it is relayed
+/// without being put together again.
+struct Record(Vec<u8>);
+
+impl Record {
+    /// The record's body, its fragments joined. Kernel clients send a record in one
+    /// fragment, whose body is borrowed; only a record in pieces is copied.
+    fn body(&self) -> Cow<'_, [u8]> {
+        let bytes = &self.0;
+        let (last, len) = fragment(bytes[..4].try_into().unwrap_or_default());
+        if last && len + 4 == bytes.len() {
+            return Cow::Borrowed(&bytes[4..]);
+        }
+        let (mut joined, mut at) = (Vec::new(), 0);
+        while at + 4 <= bytes.len() {
+            let (_, len) = fragment(bytes[at..at + 4].try_into().unwrap_or_default());
+            let end = (at + 4 + len).min(bytes.len());
+            joined.extend_from_slice(&bytes[at + 4..end]);
+            at = end;
+        }
+        Cow::Owned(joined)
+    }
+}
+
+/// Whether a fragment with record mark `mark` ends its record, and its length.
+fn fragment(mark: [u8; 4]) -> (bool, usize) {
+    let mark = u32::from_be_bytes(mark);
+    (mark & LAST_FRAGMENT != 0, (mark & !LAST_FRAGMENT) as usize)
+}
+
+/// One whole record from `from`; `None` at a clean end of the stream.
+async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<Record>> {
+    let mut record = Vec::new();
     loop {
         let mut mark = [0u8; 4];
         match from.read_exact(&mut mark).await {
@@ -286,28 +312,26 @@ async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<(Vec<u8>, Ve
             }
             Err(e) => return Err(e),
         }
-        let mark = u32::from_be_bytes(mark);
-        let (last, len) = (mark & 0x8000_0000 != 0, (mark & 0x7fff_ffff) as usize);
-        if body.len() + len > MAX_RECORD {
+        let (last, len) = fragment(mark);
+        if record.len() + len > MAX_RECORD {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("a call of over {MAX_RECORD} bytes"),
             ));
         }
-        let start = body.len();
-        body.resize(start + len, 0);
-        from.read_exact(&mut body[start..]).await?;
-        record.extend_from_slice(&mark.to_be_bytes());
-        record.extend_from_slice(&body[start..]);
+        record.extend_from_slice(&mark);
+        let start = record.len();
+        record.resize(start + len, 0);
+        from.read_exact(&mut record[start..]).await?;
         if last {
-            return Ok(Some((record, body)));
+            return Ok(Some(Record(record)));
         }
     }
 }
 
 /// Passes the library's replies, whole records, to the client.
 async fn relay_replies(mut from_library: OwnedReadHalf, to_client: ToClient) {
-    while let Ok(Some((record, _))) = read_record(&mut from_library).await {
+    while let Ok(Some(Record(record))) = read_record(&mut from_library).await {
         if !send(&to_client, Reply::Record(record)).await {
             return;
         }
@@ -325,8 +349,7 @@ async fn send(to_client: &ToClient, reply: Reply) -> bool {
             file,
             offset,
             len,
-            pad,
-        } => write_range(&mut to, &head, &file, offset, len, pad).await,
+        } => write_range(&mut to, &head, &file, offset, len).await,
     };
     match written {
         Ok(()) => true,
@@ -346,11 +369,10 @@ async fn write_range(
     file: &Arc<File>,
     offset: u64,
     len: usize,
-    pad: usize,
 ) -> io::Result<()> {
     to.write_all(head).await?;
     crate::send_file::send(to, file, offset, len).await?;
-    to.write_all(&[0u8; 3][..pad]).await
+    to.write_all(&[0u8; 3][..xdr_pad(len)]).await
 }
 
 #[cfg(test)]
@@ -363,7 +385,7 @@ mod tests {
     fn a_read_reply_is_framed_as_the_library_frames_it() {
         for len in [0usize, 1, 3, 4, 1000, 4093] {
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
-            let pad = (4 - len % 4) % 4;
+            let pad = xdr_pad(len);
             let attrs = nfs::fattr3 {
                 type_: nfs::ftype3::NF3REG,
                 mode: 0o644,
@@ -382,7 +404,7 @@ mod tests {
                 },
                 ctime: nfs::nfstime3::default(),
             };
-            let mut ours = read_reply_head(7, Some(attrs.clone()), len, true, pad);
+            let mut ours = read_reply_head(7, Some(attrs.clone()), len, true);
             ours.extend_from_slice(&data);
             ours.extend(std::iter::repeat_n(0, pad));
 
@@ -406,6 +428,22 @@ mod tests {
             assert_eq!(&ours[..4], &mark, "record mark for {len} bytes");
             assert_eq!(&ours[4..], &theirs[..], "reply for {len} bytes");
         }
+    }
+
+    #[test]
+    fn a_records_body_joins_its_fragments_and_borrows_a_lone_one() {
+        let lone = Record([&(3 | LAST_FRAGMENT).to_be_bytes()[..], b"abc"].concat());
+        assert!(matches!(lone.body(), Cow::Borrowed(b"abc")));
+        let pieces = Record(
+            [
+                &2u32.to_be_bytes()[..],
+                b"ab",
+                &(3 | LAST_FRAGMENT).to_be_bytes()[..],
+                b"cde",
+            ]
+            .concat(),
+        );
+        assert_eq!(&*pieces.body(), b"abcde");
     }
 
     #[test]
