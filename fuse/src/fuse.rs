@@ -7,7 +7,7 @@ use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     BsdFileFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -17,7 +17,7 @@ use fuser::{
 };
 use stagefs_cache::{CreateFile, Remedy, SetTime, Stager, WriteOpen};
 use stagefs_policy::{
-    Caller, FsConfig, FsError, Keepalive, Policy, RenameHow, SetAttr, backing_file,
+    Attr, Caller, FsConfig, FsError, Keepalive, Policy, RenameHow, SetAttr, backing_file,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, warn};
@@ -58,6 +58,30 @@ impl StageFs {
         self.runtime.spawn(async move {
             reply(answering.await.map_err(|e| errno_logged(op, &e, hint)));
         });
+    }
+}
+
+/// Answers a lookup, mkdir or symlink with the entry's attributes, or the errno.
+fn entry_reply(reply: ReplyEntry, ttl: Duration) -> impl FnOnce(Result<Attr, Errno>) + Send {
+    move |r| match r {
+        Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+/// Answers a getattr or setattr with the attributes, or the errno.
+fn attr_reply(reply: ReplyAttr, ttl: Duration) -> impl FnOnce(Result<Attr, Errno>) + Send {
+    move |r| match r {
+        Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
+        Err(e) => reply.error(e),
+    }
+}
+
+/// Answers a call with nothing to say but success, or the errno.
+fn empty_reply(reply: ReplyEmpty) -> impl FnOnce(Result<(), Errno>) + Send {
+    move |r| match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
     }
 }
 
@@ -155,10 +179,7 @@ impl Filesystem for StageFs {
         self.serve(
             "lookup",
             |p| async move { p.lookup(parent.0, &name).await },
-            move |r| match r {
-                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
-                Err(e) => reply.error(e),
-            },
+            entry_reply(reply, ttl),
         );
     }
 
@@ -167,10 +188,7 @@ impl Filesystem for StageFs {
         self.serve(
             "getattr",
             |p| async move { p.getattr(ino.0).await },
-            move |r| match r {
-                Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
-                Err(e) => reply.error(e),
-            },
+            attr_reply(reply, ttl),
         );
     }
 
@@ -285,10 +303,7 @@ impl Filesystem for StageFs {
         self.serve(
             "fsync",
             |p| async move { p.fsync(fh.0, datasync).await },
-            move |r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            },
+            empty_reply(reply),
         );
     }
 
@@ -381,10 +396,7 @@ impl Filesystem for StageFs {
         self.serve(
             "setattr",
             |p| async move { p.setattr(ino.0, fh.map(|f| f.0), change).await },
-            move |r| match r {
-                Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
-                Err(e) => reply.error(e),
-            },
+            attr_reply(reply, ttl),
         );
     }
 
@@ -402,10 +414,7 @@ impl Filesystem for StageFs {
         self.serve(
             "mkdir",
             |p| async move { p.mkdir(parent.0, &name, mode, caller).await },
-            move |r| match r {
-                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
-                Err(e) => reply.error(e),
-            },
+            entry_reply(reply, ttl),
         );
     }
 
@@ -422,10 +431,7 @@ impl Filesystem for StageFs {
         self.serve(
             "symlink",
             |p| async move { p.symlink(parent.0, &name, &target, caller).await },
-            move |r| match r {
-                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), Generation(0)),
-                Err(e) => reply.error(e),
-            },
+            entry_reply(reply, ttl),
         );
     }
 
@@ -434,10 +440,7 @@ impl Filesystem for StageFs {
         self.serve(
             "unlink",
             |p| async move { p.unlink(parent.0, &name).await },
-            move |r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            },
+            empty_reply(reply),
         );
     }
 
@@ -446,10 +449,7 @@ impl Filesystem for StageFs {
         self.serve(
             "rmdir",
             |p| async move { p.rmdir(parent.0, &name).await },
-            move |r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            },
+            empty_reply(reply),
         );
     }
 
@@ -472,10 +472,7 @@ impl Filesystem for StageFs {
         self.serve(
             "rename",
             |p| async move { p.rename(parent.0, &name, newparent.0, &newname, how).await },
-            move |r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(e),
-            },
+            empty_reply(reply),
         );
     }
 
