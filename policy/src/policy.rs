@@ -1009,6 +1009,15 @@ mod tests {
                 .store()
                 .contains(&Key::for_source_path(rel.as_ref()))
         }
+
+        /// Whether the copy a writer's close staged for `rel` is in the store and
+        /// trusted: the tee records the copy first and clears the writer's taint
+        /// after, and an open between the two would take the copy for a stale one.
+        fn trusted_copy(&self, rel: impl AsRef<Path>) -> bool {
+            let rel = rel.as_ref();
+            self.stored(rel)
+                && self.policy.written.trust(rel, false) == crate::written::Trust::Trusted
+        }
     }
 
     async fn wait_until(what: &str, done: impl Fn() -> bool) {
@@ -1873,7 +1882,7 @@ mod tests {
         let f = writable(|c, _, _| c.prefetch = false);
         let data = bytes(3 * MIB, 43);
         f.write_into(ROOT_INO, "saved.bin", &data).await;
-        wait_until("the written copy", || f.stored("saved.bin")).await;
+        wait_until("the written copy", || f.trusted_copy("saved.bin")).await;
         assert!(f.read_all("saved.bin").await.expect("read") == data);
         assert_eq!(f.metrics().stage_copies, 0, "nothing copied over the link");
 
