@@ -82,7 +82,8 @@ pub enum SourceError {
 }
 
 impl SourceError {
-    pub(crate) fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
+    /// A failed read (or stat) of `path` on the source.
+    pub fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
         let path = path.into();
         if err.kind() == io::ErrorKind::NotFound {
             SourceError::NotFound { path }

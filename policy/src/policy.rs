@@ -568,6 +568,11 @@ impl Policy {
             prefetcher.on_open(&node.path, &self.runtime);
         }
         let version = node.stamp.ok_or(FsError::NotADirectory)?;
+        if version.size >= self.config.min_stage_size {
+            // A copy of it written through the mount is being verified (a download
+            // just finished): its outcome decides whether the copy below is that one.
+            self.stager.written_settled(&node.path).await;
+        }
         let opened = if version.size < self.config.min_stage_size {
             self.open_small(&node, version).await?
         } else if !self.copy_trusted(&node.path).await {

@@ -18,6 +18,7 @@
 
 pub mod copy;
 pub mod prefetch;
+mod written;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -44,6 +45,7 @@ use crate::store::index::{CopyId, Entry};
 use crate::store::key::Key;
 use crate::store::{Hit, Pin, Store};
 use copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
+pub use written::{SourceVersion, WrittenCopy};
 
 /// A complete, verified local copy of one source file.
 #[derive(Debug, Clone)]
@@ -95,6 +97,8 @@ enum Purpose {
     Prefetch,
     /// A small file's copy, kept for when the source does not respond.
     Keep,
+    /// A copy written through the mount, being verified ([`written`]).
+    Written,
 }
 
 #[derive(Debug, Clone)]
@@ -227,31 +231,48 @@ impl Stager {
     /// Returns a complete local copy of the current version of source file `rel`,
     /// copying it first unless an up-to-date copy is already stored.
     pub async fn stage(&self, rel: &Path) -> StageResult {
-        let flight = self.flight_for(rel, Purpose::Open);
-        // Someone is waiting for this one: a prefetch of it stops yielding to opens.
-        flight.progress.urgent.store(true, Ordering::Relaxed);
-        let result = flight.result.await;
-        match result {
-            // A prefetch may not evict; an open may, so it tries again on its own.
-            Err(StageError::Store(StoreError::NoRoom { .. }))
-                if flight.purpose != Purpose::Open =>
-            {
-                self.flight_for(rel, Purpose::Open).result.await
-            }
-            other => other,
-        }
+        self.join(rel, Purpose::Open).await
     }
 
     /// Stages `rel` ahead of use: like [`Stager::stage`], but never evicts anything.
     pub async fn prefetch(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel, Purpose::Prefetch).result.await
+        self.join(rel, Purpose::Prefetch).await
     }
 
     /// Keeps a copy of small file `rel`, to serve while the source does not respond:
     /// like [`Stager::prefetch`], but counted apart (`kept_copies`), since the file
     /// itself is still read from the source.
     pub async fn keep(&self, rel: &Path) -> StageResult {
-        self.flight_for(rel, Purpose::Keep).result.await
+        self.join(rel, Purpose::Keep).await
+    }
+
+    /// The result of the copy of `rel` in flight, started for `purpose` if none is.
+    /// Joining one started for another purpose, it tries once more on its own where
+    /// that one's failure need not be its own: a prefetch's or a kept copy's lack of
+    /// room (an open may evict), and any refusal of a written copy (a copy from the
+    /// source may still succeed).
+    async fn join(&self, rel: &Path, purpose: Purpose) -> StageResult {
+        let flight = self.flight_for(rel, purpose);
+        if purpose == Purpose::Open {
+            // Someone is waiting for this one: a prefetch of it stops yielding to opens.
+            flight.progress.urgent.store(true, Ordering::Relaxed);
+        }
+        let result = flight.result.await;
+        let again = match &result {
+            Err(_) if flight.purpose == Purpose::Written => true,
+            Err(StageError::Store(StoreError::NoRoom { .. })) => {
+                purpose == Purpose::Open && flight.purpose != Purpose::Open
+            }
+            _ => false,
+        };
+        if !again {
+            return result;
+        }
+        let retry = self.flight_for(rel, purpose);
+        if purpose == Purpose::Open {
+            retry.progress.urgent.store(true, Ordering::Relaxed);
+        }
+        retry.result.await
     }
 
     /// A complete copy of version `version` of `rel`, which the caller looked up a
@@ -362,11 +383,26 @@ impl Stager {
             .unwrap_or_else(PoisonError::into_inner);
         inflight
             .entry(key.clone())
-            .or_insert_with(|| self.start_flight(rel.to_path_buf(), key, purpose))
+            .or_insert_with(|| {
+                self.start_flight(
+                    rel.to_path_buf(),
+                    key,
+                    purpose,
+                    move |inner, rel, key, progress| inner.stage_now(rel, key, progress, purpose),
+                )
+            })
             .clone()
     }
 
-    fn start_flight(&self, rel: PathBuf, key: Key, purpose: Purpose) -> Flight {
+    /// Starts `work` for `rel` on a worker thread, as the flight the caller enters in
+    /// `inflight` under `key`; the worker takes it out once `work` is done.
+    fn start_flight(
+        &self,
+        rel: PathBuf,
+        key: Key,
+        purpose: Purpose,
+        work: impl FnOnce(&Inner, &Path, &Key, &Progress) -> StageResult + Send + 'static,
+    ) -> Flight {
         let inner = Arc::clone(&self.inner);
         let worker_rel = rel.clone();
         let progress = Arc::new(Progress::default());
@@ -375,7 +411,7 @@ impl Stager {
         let urgent =
             (purpose == Purpose::Open).then(|| UrgentGuard::new(&self.inner.urgent_copies));
         let task = self.inner.runtime.spawn_blocking(move || {
-            let result = inner.stage_now(&worker_rel, &key, &worker_progress, purpose);
+            let result = work(&inner, &worker_rel, &key, &worker_progress);
             drop(urgent);
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner

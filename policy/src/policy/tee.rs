@@ -19,16 +19,14 @@
 //! for a rename that does not come is dropped after a minute.
 
 use std::collections::HashMap;
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::stage::copy::{Digests, digest_file};
-use stagefs_cache::{Entry, Key, Stager, Stamp, WritableFile};
+use stagefs_cache::stage::{SourceVersion, WrittenCopy};
+use stagefs_cache::{Key, SourceError, Stager, WritableFile};
 use tempfile::NamedTempFile;
-use tracing::{debug, info};
 
 use tokio::runtime::Handle;
 
@@ -229,22 +227,24 @@ impl WrittenCopies {
         if !content && !untouched {
             return;
         }
-        let this = self.clone();
-        let asked = self.stager.source_pool().run(move || file.meta());
-        self.runtime.spawn(async move {
-            let Ok(Ok(meta)) = asked.await else {
-                return;
-            };
-            if meta.size != len {
-                debug!(path = %path.display(), "the source does not hold what was written; not staged");
-                return;
+        let source_path = path.clone();
+        let version: SourceVersion =
+            Box::new(move || file.meta().map_err(|e| SourceError::io(&source_path, e)));
+        let (written, cleared) = (Arc::clone(&self.written), path.clone());
+        let committed = move || {
+            // The copy is of the file as this handle left it: a later change taints
+            // it anew.
+            if let Some(generation) = closed_at {
+                written.cleared(&cleared, generation);
             }
-            this.commit(path, tmp, Stamp::of(&meta), closed_at).await;
-        });
+        };
+        self.stager
+            .adopt_written(&path, WrittenCopy { tmp, len }, version, committed);
     }
 
     /// `ino` was renamed to `to`: a copy of it parked for that is committed under
-    /// the new name, if it is a blob's.
+    /// the new name, if it is a blob's. Entered as the blob's copy in flight before
+    /// the rename is answered, so an open of the blob that follows waits for it.
     pub(crate) fn renamed(&self, ino: u64, to: &Path) {
         let parked = {
             let mut parked = lock(&self.parked);
@@ -257,88 +257,13 @@ impl WrittenCopies {
         if Key::for_source_path(to).content_sha256().is_none() {
             return;
         }
-        let (this, to) = (self.clone(), to.to_path_buf());
-        let source = self.stager.source().clone();
-        let stat_path = to.clone();
-        let asked = self
-            .stager
-            .source_pool()
-            .run(move || source.stat(&stat_path));
-        self.runtime.spawn(async move {
-            match asked.await {
-                Ok(Ok(meta)) if meta.is_file() && meta.size == parked.len => {
-                    this.commit(to, parked.tmp, Stamp::of(&meta), None).await;
-                }
-                _ => {}
-            }
-        });
-    }
-
-    /// Verifies written copy `tmp` of `path` at version `stamp` and makes it the
-    /// path's staged copy.
-    async fn commit(
-        &self,
-        path: PathBuf,
-        tmp: NamedTempFile,
-        stamp: Stamp,
-        closed_at: Option<u64>,
-    ) {
-        let this = self.clone();
-        let done = self
-            .runtime
-            .spawn_blocking(move || this.commit_now(&path, tmp, stamp, closed_at).map(|()| path))
-            .await;
-        match done {
-            Ok(Ok(path)) => {
-                info!(path = %path.display(), bytes = stamp.size, "staged as written");
-            }
-            Ok(Err(why)) => debug!(%why, "a written copy was not staged"),
-            Err(_) => {}
-        }
-    }
-
-    fn commit_now(
-        &self,
-        path: &Path,
-        tmp: NamedTempFile,
-        stamp: Stamp,
-        closed_at: Option<u64>,
-    ) -> io::Result<()> {
-        let key = Key::for_source_path(path);
-        let store = self.stager.store();
-        let named = key.content_sha256().map(str::to_owned);
-        if named.is_some() && store.contains(&key) {
-            return Ok(());
-        }
-        let digest = digest_file(tmp.path(), Digests::for_copy(named.is_some()))?;
-        if digest.bytes != stamp.size {
-            return Err(io::Error::other("the copy is not the whole file"));
-        }
-        if let Some(named) = &named
-            && digest.sha256.as_deref() != Some(named.as_str())
-        {
-            return Err(io::Error::other(
-                "the written bytes do not match the blob's name",
-            ));
-        }
-        let reservation = store
-            .reserve(&key, stamp.size, path, false)
-            .map_err(io::Error::other)?;
-        let entry = Entry {
-            source: path.to_path_buf(),
-            stamp,
-            blake3: digest.blake3,
-            last_use: stagefs_cache::sys::now_secs(),
-            copy: Default::default(),
+        let (source, stat_path) = (self.stager.source().clone(), to.to_path_buf());
+        let version: SourceVersion = Box::new(move || source.stat(&stat_path));
+        let copy = WrittenCopy {
+            tmp: parked.tmp,
+            len: parked.len,
         };
-        store
-            .commit(&key, tmp, entry, reservation)
-            .map_err(io::Error::other)?;
-        // The copy is of the file as this handle left it: a later change taints it anew.
-        if let Some(generation) = closed_at {
-            self.written.cleared(path, generation);
-        }
-        Ok(())
+        self.stager.adopt_written(to, copy, version, || {});
     }
 }
 
