@@ -8,6 +8,14 @@
     hub_client.py save DIR            save_pretrained-like: config.json and model.safetensors
                                       written into DIR, the shard first as a temp name
     hub_client.py load-folder DIR     load DIR's model by path
+    hub_client.py hub-download REPO   each file of the model by hf_hub_download, online
+    hub_client.py make-llama DIR      write a tiny Llama (weights drawn from $MODEL_SEED) that
+                                      mlx_lm and transformers load
+    hub_client.py mlx-load REPO       mlx_lm.load(REPO), online: the revision it loaded and
+                                      whether its weights equal $EXPECT_WEIGHTS (a plain file)
+    hub_client.py from-pretrained REPO
+                                      transformers' AutoConfig and AutoTokenizer
+                                      .from_pretrained(REPO), online
 
 The hub modes read HF_ENDPOINT and HF_HUB_CACHE (or HF_HOME) from the environment.
 """
@@ -111,6 +119,105 @@ def load_folder(d):
     }
 
 
+def hub_download(repo):
+    from huggingface_hub import hf_hub_download
+
+    names = ["config.json", "tokenizer.json", "model.safetensors"]
+    return {name: sha256(hf_hub_download(repo, name)) for name in names}
+
+
+def make_llama(d):
+    """A Llama small enough to load on a CPU in a second, its weights (4.6 MiB) above
+    the mount's default staging threshold; a word-level tokenizer transformers loads."""
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    seed = int(os.environ["MODEL_SEED"])
+    os.makedirs(d, exist_ok=True)
+    vocab = {f"w{i}": i for i in range(64)} | {"<unk>": 64, "<s>": 65, "</s>": 66}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(os.path.join(d, "tokenizer.json"))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"} | special, f)
+    hidden, inner, layers, words = 256, 512, 2, len(vocab)
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": inner,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": words,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "seed": seed,
+    }
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+
+    t = {
+        "model.embed_tokens.weight": weight(words, hidden),
+        "model.norm.weight": np.ones(hidden, np.float32),
+        "lm_head.weight": weight(words, hidden),
+    }
+    shapes = {
+        "self_attn.q_proj": (hidden, hidden),
+        "self_attn.k_proj": (hidden, hidden),
+        "self_attn.v_proj": (hidden, hidden),
+        "self_attn.o_proj": (hidden, hidden),
+        "mlp.gate_proj": (inner, hidden),
+        "mlp.up_proj": (inner, hidden),
+        "mlp.down_proj": (hidden, inner),
+    }
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}."
+        for name, shape in shapes.items():
+            t[f"{prefix}{name}.weight"] = weight(*shape)
+        for norm in ["input_layernorm", "post_attention_layernorm"]:
+            t[f"{prefix}{norm}.weight"] = np.ones(hidden, np.float32)
+    save_file(t, os.path.join(d, "model.safetensors"), metadata={"format": "mlx"})
+    return {"files": sorted(os.listdir(d))}
+
+
+def mlx_load(repo):
+    """mlx_lm.load as a user calls it: online, it asks the Hub for the newest revision
+    and downloads what the cache lacks (snapshot_download), then loads the weights."""
+    import mlx.core as mx
+    import mlx_lm
+    from huggingface_hub import snapshot_download
+    from mlx.utils import tree_flatten
+    from safetensors.numpy import load_file
+
+    model, tokenizer = mlx_lm.load(repo)
+    loaded = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    expected = load_file(os.environ["EXPECT_WEIGHTS"])
+    mx.eval(model.parameters())
+    path = snapshot_download(repo, local_files_only=True)
+    return {
+        "revision": os.path.basename(path),
+        "weights_match": loaded.keys() == expected.keys()
+        and all(np.array_equal(loaded[k], v) for k, v in expected.items()),
+        "tokens": tokenizer.encode("w1 w2"),
+    }
+
+
+def from_pretrained(repo):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(repo)
+    tokenizer = AutoTokenizer.from_pretrained(repo)
+    return {"seed": config.to_dict().get("seed"), "tokens": tokenizer("w1 w2")["input_ids"]}
+
+
 MODES = {
     "make-model": make_model,
     "hf-download": hf_download,
@@ -118,6 +225,10 @@ MODES = {
     "load": load,
     "save": save,
     "load-folder": load_folder,
+    "hub-download": hub_download,
+    "make-llama": make_llama,
+    "mlx-load": mlx_load,
+    "from-pretrained": from_pretrained,
 }
 
 if __name__ == "__main__":

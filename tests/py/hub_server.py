@@ -3,12 +3,13 @@ routes huggingface_hub's download path uses (checked against its source:
 `HfApi.repo_info`, `HfApi.list_repo_tree`, `get_hf_file_metadata`, `http_get`), so
 `HF_ENDPOINT=http://127.0.0.1:PORT hf download REPO` works without a network.
 
-    python hub_server.py DIR REPO [--lfs-min BYTES]
+    python hub_server.py DIR REPO [--lfs-min BYTES] [--rate BYTES_PER_SECOND]
 
 DIR holds the repository's files (any depth). Files of at least --lfs-min bytes, and
 every *.safetensors, are served as LFS files (their ETag is their sha256, as on the
 Hub); the others as git blobs (ETag: the git blob sha1). The commit is derived from
-the content, so one DIR always gives one commit. Prints `PORT COMMIT` on its first
+the content, so one DIR always gives one commit. --rate paces each download's body
+(as a slow link would), so that concurrent clients overlap. Prints `PORT COMMIT` on its first
 line, then serves until killed.
 
 Routes:
@@ -24,6 +25,7 @@ import json
 import os
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
@@ -49,6 +51,9 @@ def main():
     lfs_min = 1 << 20
     if "--lfs-min" in sys.argv:
         lfs_min = int(sys.argv[sys.argv.index("--lfs-min") + 1])
+    rate = None
+    if "--rate" in sys.argv:
+        rate = int(sys.argv[sys.argv.index("--rate") + 1])
     files, commit = load(root, lfs_min)
     revisions = {"main", commit}
 
@@ -133,7 +138,15 @@ def main():
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if self.command == "GET":
-                self.wfile.write(body)
+                self.send_body(body)
+
+        def send_body(self, body):
+            if rate is None:
+                return self.wfile.write(body)
+            step = max(1, rate // 20)
+            for at in range(0, len(body), step):
+                self.wfile.write(body[at:at + step])
+                time.sleep(step / rate)
 
         def route(self):
             path = urlparse(self.path).path

@@ -36,10 +36,16 @@ struct Hub {
 
 impl Hub {
     fn serve(dir: &Path) -> Hub {
+        Self::serve_with(dir, &[])
+    }
+
+    /// With `hub_server.py`'s options, e.g. `["--rate", "4000000"]`.
+    fn serve_with(dir: &Path, options: &[&str]) -> Hub {
         let mut child = Command::new(python())
             .arg(script("hub_server.py"))
             .arg(dir)
             .arg(REPO)
+            .args(options)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -262,6 +268,175 @@ fn hf_download_through_the_mount_writes_what_a_direct_download_writes() {
 #[test]
 fn snapshot_download_through_a_users_mount_writes_what_a_direct_download_writes() {
     download_through_the_mount(true, "snapshot");
+}
+
+#[test]
+fn hf_hub_download_through_the_mount_writes_what_a_direct_download_writes() {
+    download_through_the_mount(false, "hub-download");
+}
+
+/// Two `snapshot_download`s of one repo at once through the mount, the Hub paced so
+/// that they overlap (huggingface_hub serializes them per blob with filelock): both
+/// succeed, and the source holds what one direct download holds.
+#[test]
+fn two_concurrent_downloads_of_one_repo_write_what_one_direct_download_writes() {
+    let s = Scratch::new();
+    let repo = s.dir.path().join("repo");
+    As::Root.ok("make-model", &repo, &[]);
+    let hub = Hub::serve_with(&repo, &["--rate", "4000000"]);
+    let endpoint = PathBuf::from(&hub.url);
+    let direct = s.dir.path().join("direct");
+    As::Root.ok(
+        "snapshot",
+        Path::new(REPO),
+        &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &direct)],
+    );
+    let mount = s.mount(&[]);
+    let env = [("HF_ENDPOINT", &*endpoint), ("HF_HUB_CACHE", &*mount.mnt)];
+    let results: Vec<Result<Value, String>> = std::thread::scope(|scope| {
+        let downloads: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| As::Root.client("snapshot", Path::new(REPO), &env)))
+            .collect();
+        downloads
+            .into_iter()
+            .map(|d| d.join().expect("a download thread"))
+            .collect()
+    });
+    for result in &results {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    assert_eq!(
+        tree(&s.hub),
+        tree(&direct),
+        "the source holds what a direct download holds"
+    );
+    let weights = sha256_of(&repo.join("model.safetensors"));
+    wait_for("the weights staged as they were written", || {
+        staged_files(&s.cache)
+            .iter()
+            .any(|p| p.ends_with(format!("sha256-{weights}")))
+    });
+    drop(hub);
+    let load = As::Root.ok(
+        "load",
+        Path::new(REPO),
+        &[
+            ("HF_HUB_CACHE", &mount.mnt),
+            ("HF_HUB_OFFLINE", Path::new("1")),
+        ],
+    );
+    assert_eq!(load["tensors_match"], true, "{load}");
+    assert_eq!(mount.metrics().stage_copies, 0, "nothing read back");
+    assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
+    mount.unmount();
+}
+
+/// A user's online loads, as on a Mac with HF_HUB_CACHE at the mount: `mlx_lm.load`
+/// downloads a model; the Hub then gets a newer revision, and transformers'
+/// `from_pretrained` and `mlx_lm.load`, still online, find it and download it through
+/// the mount. The source then holds what the same loads into a plain directory
+/// write (both snapshots, refs/main at the newer one), and the newer weights load
+/// offline with nothing read back over the link.
+fn online_loads_find_a_newer_revision(user: bool) {
+    let s = if user {
+        Scratch::for_user()
+    } else {
+        Scratch::new()
+    };
+    let (old, new) = (s.dir.path().join("old"), s.dir.path().join("new"));
+    for (dir, seed) in [(&old, "0"), (&new, "1")] {
+        As::Root.ok("make-llama", dir, &[("MODEL_SEED", Path::new(seed))]);
+        // The clients compare what they load with these, as whoever runs them.
+        let weights = dir.join("model.safetensors");
+        fs::set_permissions(&weights, fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let direct = s.dir.path().join("direct");
+    fs::create_dir_all(&direct).expect("mkdir");
+    let who = match &s.user {
+        Some(u) => {
+            u.chown(&direct);
+            u.chown(&s.hub);
+            As::User(u)
+        }
+        None => As::Root,
+    };
+    // The same loads, in the same order, into `cache`; the revisions they loaded.
+    let online_loads = |cache: &Path| -> [String; 2] {
+        let mlx_load = |hub: &Hub, model: &Path| {
+            let endpoint = PathBuf::from(&hub.url);
+            let expect = model.join("model.safetensors");
+            let loaded = who.ok(
+                "mlx-load",
+                Path::new(REPO),
+                &[
+                    ("HF_ENDPOINT", &endpoint),
+                    ("HF_HUB_CACHE", cache),
+                    ("EXPECT_WEIGHTS", &expect),
+                ],
+            );
+            assert_eq!(loaded["weights_match"], true, "{loaded}");
+            loaded["revision"].as_str().expect("a revision").to_string()
+        };
+        let first = mlx_load(&Hub::serve(&old), &old);
+        let hub = Hub::serve(&new);
+        let endpoint = PathBuf::from(&hub.url);
+        let pretrained = who.ok(
+            "from-pretrained",
+            Path::new(REPO),
+            &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", cache)],
+        );
+        assert_eq!(pretrained["seed"], 1, "the newer config: {pretrained}");
+        let second = mlx_load(&hub, &new);
+        assert_ne!(first, second, "the newer revision was found");
+        [first, second]
+    };
+    let direct_revisions = online_loads(&direct);
+    let mount = s.mount(&[]);
+    assert_eq!(online_loads(&mount.mnt), direct_revisions);
+    assert_eq!(
+        tree(&s.hub),
+        tree(&direct),
+        "the source holds what the same loads write into a plain directory"
+    );
+    let refs = fs::read_to_string(s.hub.join("models--acme--tiny/refs/main")).expect("refs");
+    assert_eq!(
+        refs, direct_revisions[1],
+        "refs/main names the newer revision"
+    );
+    let newer = sha256_of(&new.join("model.safetensors"));
+    wait_for("the newer weights staged as they were written", || {
+        staged_files(&s.cache)
+            .iter()
+            .any(|p| p.ends_with(format!("sha256-{newer}")))
+    });
+
+    // Offline, with the Hub gone: the newer weights, from the local copy.
+    let expect = new.join("model.safetensors");
+    let loaded = who.ok(
+        "mlx-load",
+        Path::new(REPO),
+        &[
+            ("HF_HUB_CACHE", &mount.mnt),
+            ("HF_HUB_OFFLINE", Path::new("1")),
+            ("EXPECT_WEIGHTS", &expect),
+        ],
+    );
+    assert_eq!(loaded["weights_match"], true, "{loaded}");
+    assert_eq!(loaded["revision"], direct_revisions[1].as_str());
+    let metrics = mount.metrics();
+    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
+    mount.unmount();
+}
+
+#[test]
+fn online_loads_through_the_mount_find_and_download_a_newer_revision() {
+    online_loads_find_a_newer_revision(false);
+}
+
+#[test]
+fn online_loads_through_a_users_mount_find_and_download_a_newer_revision() {
+    online_loads_find_a_newer_revision(true);
 }
 
 /// A save into a plain model folder on the mount (config, then the weights under a
