@@ -400,6 +400,10 @@ pub(crate) struct RunArgs {
     /// macOS Metal GPU watchdog for that process.
     #[arg(long)]
     pub(crate) relax_gpu_watchdog: bool,
+    /// Set HF_HUB_OFFLINE=1 for COMMAND: loads never ask the Hub, names resolve
+    /// through the cache's refs/ [always so on a read-only mount].
+    #[arg(long)]
+    pub(crate) offline: bool,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<std::ffi::OsString>,

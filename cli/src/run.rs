@@ -48,10 +48,13 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
     // The source, not the mount: through the mount, staged files may be links.
     let timeout = spec.fs.source_timeout.min(SHAPE_TIMEOUT);
     let shape = shape(&spec.source, timeout).unwrap_or(Shape::Unknown);
+    // A read-only mount cannot take a download: there, a load must not try one.
+    let offline = args.offline || read_only(&spec.mountpoint);
     let env = environment(
         shape,
         &spec.mountpoint,
         &spec.cache_dir,
+        offline,
         args.relax_gpu_watchdog,
     );
     announce(&env, shape, &spec.mountpoint, args.relax_gpu_watchdog);
@@ -126,15 +129,16 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
 }
 
 /// The variables COMMAND gets, by the shape of the source: the HF variables that
-/// point huggingface_hub at the mount (see [`Shape::hf_variables`]) with
-/// `HF_HUB_OFFLINE=1`, which keeps it from asking the Hub for newer revisions of the
-/// models just staged (downloads through the mount are `hf download`'s job), and for
-/// an HF_HOME, `HF_XET_CACHE` beside the cache in `cache_dir` (see
+/// point huggingface_hub at the mount (see [`Shape::hf_variables`]), with
+/// `HF_HUB_OFFLINE=1` if `offline` (otherwise a load may ask the Hub for a newer
+/// revision and download it through the mount, which writes it through and stages
+/// it), and for an HF_HOME, `HF_XET_CACHE` beside the cache in `cache_dir` (see
 /// [`Shape::xet_cache`]); for plain model folders, loaded by path, none of them.
 fn environment(
     shape: Shape,
     mountpoint: &Path,
     cache_dir: &Path,
+    offline: bool,
     relax_watchdog: bool,
 ) -> Vec<(&'static str, OsString)> {
     let mut env: Vec<(&'static str, OsString)> = shape
@@ -142,7 +146,7 @@ fn environment(
         .into_iter()
         .map(|(name, value)| (name, value.into_os_string()))
         .collect();
-    if !env.is_empty() {
+    if offline && !env.is_empty() {
         env.push(("HF_HUB_OFFLINE", "1".into()));
     }
     if let Some(xet) = shape.xet_cache(cache_dir) {
@@ -152,6 +156,13 @@ fn environment(
         env.push((RELAX_WATCHDOG_VAR, "1".into()));
     }
     env
+}
+
+/// Whether the mount at `mountpoint` is read-only (`--read-only`, this run's or the
+/// running mount's): the kernel says so for both backends.
+fn read_only(mountpoint: &Path) -> bool {
+    stagefs_cache::sys::statvfs(mountpoint)
+        .is_ok_and(|st| st.f_flag & libc::ST_RDONLY as libc::c_ulong != 0)
 }
 
 /// Says in one line what COMMAND's environment is; the watchdog change is never silent.
@@ -200,7 +211,7 @@ mod tests {
     use super::*;
 
     fn names(shape: Shape, relax: bool) -> Vec<&'static str> {
-        environment(shape, Path::new("/m"), Path::new("/c"), relax)
+        environment(shape, Path::new("/m"), Path::new("/c"), true, relax)
             .into_iter()
             .map(|(k, _)| k)
             .collect()
@@ -209,7 +220,7 @@ mod tests {
     #[test]
     fn the_environment_follows_the_shape_of_the_source() {
         assert_eq!(
-            environment(Shape::HfHome, Path::new("/m"), Path::new("/c"), false),
+            environment(Shape::HfHome, Path::new("/m"), Path::new("/c"), true, false),
             [
                 ("HF_HOME", OsString::from("/m")),
                 ("HF_HUB_CACHE", OsString::from("/m/hub")),
@@ -226,6 +237,32 @@ mod tests {
             ["HF_HUB_CACHE", "HF_HUB_OFFLINE"]
         );
         assert!(names(Shape::ModelFolders, false).is_empty());
+    }
+
+    #[test]
+    fn online_unless_asked_or_read_only() {
+        let online = environment(
+            Shape::HubCache,
+            Path::new("/m"),
+            Path::new("/c"),
+            false,
+            false,
+        );
+        assert_eq!(online, [("HF_HUB_CACHE", OsString::from("/m"))]);
+        let folders = environment(
+            Shape::ModelFolders,
+            Path::new("/m"),
+            Path::new("/c"),
+            true,
+            false,
+        );
+        assert!(folders.is_empty(), "loaded by path: {folders:?}");
+    }
+
+    #[test]
+    fn a_writable_directory_is_not_read_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(!read_only(dir.path()));
     }
 
     #[test]

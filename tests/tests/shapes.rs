@@ -315,6 +315,12 @@ fn run_model(layout: Layout) {
         .arg(&s.mnt)
         .arg("--cache-dir")
         .arg(&s.cache)
+        // A hub cache mounted read-only: loads must not try to download (below).
+        .args(if layout == Layout::HubCache {
+            &["--read-only"][..]
+        } else {
+            &[]
+        })
         .args(["--model", ID, "--", "sh", "-c", show])
         .env_remove("HF_HOME")
         .env_remove("HF_HUB_CACHE")
@@ -330,10 +336,11 @@ fn run_model(layout: Layout) {
     );
     let mnt = s.mnt.display();
     let (env, said) = match layout {
+        // Writable: online, so a load may download a newer revision through the mount.
         Layout::HfHome => (
-            format!("{mnt}|{mnt}/hub|1"),
+            format!("{mnt}|{mnt}/hub|unset"),
             format!(
-                "running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_HUB_OFFLINE=1 HF_XET_CACHE={}/xet",
+                "running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_XET_CACHE={}/xet",
                 s.cache.display()
             ),
         ),

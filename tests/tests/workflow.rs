@@ -145,7 +145,16 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
 
     let out = stagefs(
         &config,
-        &["run", "--model", &model.repo, "--", "sh", "-c", show_env],
+        &[
+            "run",
+            "--offline",
+            "--model",
+            &model.repo,
+            "--",
+            "sh",
+            "-c",
+            show_env,
+        ],
     );
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(7), "exit code passed on: {err}");
@@ -166,7 +175,8 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
         &["run", "--relax-gpu-watchdog", "--", "sh", "-c", show_env],
     );
     let err = text(&out.stderr);
-    assert_eq!(text(&out.stdout).trim(), format!("{}|1|1", s.mnt.display()));
+    // The mount is writable: online, unless asked.
+    assert_eq!(text(&out.stdout).trim(), format!("{}||1", s.mnt.display()));
     assert!(!err.contains("mounted"), "reuses the live mount: {err}");
     assert!(
         err.contains("AGX_RELAX_CDM_CTXSTORE_TIMEOUT=1"),
@@ -180,7 +190,7 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
     let out = Command::new(stagefs_bin())
         .arg("--config")
         .arg(&config)
-        .args(["run", "--"])
+        .args(["run", "--offline", "--"])
         .arg(python())
         .args(["-c", &resolve])
         .env("HF_HUB_CACHE", "/nonexistent/elsewhere")
