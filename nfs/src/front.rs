@@ -36,6 +36,7 @@ use tokio::sync::Mutex;
 use tracing::debug;
 
 use crate::attrs::fattr;
+use crate::intents::{self, Intents};
 use crate::listen::connect_from_reserved_port;
 use crate::reads::Reads;
 
@@ -59,6 +60,8 @@ const MAX_READ: u32 = 1 << 20;
 pub(crate) struct Front {
     pub(crate) policy: Arc<Policy>,
     pub(crate) reads: Arc<Reads>,
+    /// Where what the library drops of a call is noted for the export.
+    pub(crate) intents: Arc<Intents>,
     /// The user the export serves (besides root).
     pub(crate) owner: u32,
     /// The inode journal's generation, the first 8 bytes (little-endian) of every
@@ -142,7 +145,10 @@ impl Front {
                         send(&to_client, reply).await;
                     });
                 }
-                None => to_library.write_all(&record.0).await?,
+                None => {
+                    self.note_intent(&record.body());
+                    to_library.write_all(&record.0).await?
+                }
             }
         }
     }
@@ -188,6 +194,27 @@ impl Front {
             len: usize::try_from(len).ok()?,
             eof: offset.saturating_add(len) >= open.size,
         })
+    }
+
+    /// Notes what the library will drop of `call`, if it is a MKDIR, REMOVE or
+    /// RMDIR (`intents.rs`).
+    fn note_intent(&self, call: &[u8]) {
+        let mut cursor = Cursor::new(call);
+        let Ok((msg, _)) = rpc_msg::unpack(&mut cursor) else {
+            return;
+        };
+        let msg_body::CALL(body) = msg.body else {
+            return;
+        };
+        if body.prog != nfs::PROGRAM || body.vers != nfs::VERSION {
+            return;
+        }
+        let args = &call[usize::try_from(cursor.position()).unwrap_or(call.len())..];
+        if let Some((dir, name, intent)) =
+            intents::of_call(body.proc, args, |fh| ino_of(fh, self.generation))
+        {
+            self.intents.note(dir, &name, intent);
+        }
     }
 
     /// The reply to `read`: its headers, then the range of the copy.

@@ -27,6 +27,7 @@ pub mod attrs;
 pub mod client;
 mod front;
 pub mod handle;
+mod intents;
 pub mod kernel_mount;
 pub mod listen;
 pub mod reads;

@@ -99,6 +99,7 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
     let export = StageNfs::new(Arc::clone(&policy), owner);
     let reads = Arc::clone(export.reads());
     let writes = Arc::clone(export.writes());
+    let intents = Arc::clone(export.intents());
     let generation = policy.inode_generation();
     // The library's own listener, behind the front, on a port of its own.
     let library = NFSTcpListener::bind_with_generation(
@@ -128,6 +129,7 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
         Front {
             policy: Arc::clone(&policy),
             reads: Arc::clone(&reads),
+            intents,
             owner,
             generation,
             library: library_addr,

@@ -39,13 +39,15 @@ use stagefs_policy::{Caller, DirEntry, FsError, Policy, ROOT_INO, RenameHow, Set
 
 use crate::attrs::fattr;
 use crate::handle::NodeHandle;
+use crate::intents::{Intent, Intents};
 use crate::reads::{HOLD, Reads};
 use crate::status::nfsstat_logged;
 use crate::writes::Writes;
 
 /// The mode of a file CREATE gives none.
 const DEFAULT_FILE_MODE: u32 = 0o644;
-/// The mode of every directory MKDIR makes (the library passes it no attributes).
+/// The mode of a directory MKDIR gives none (the front notes the one it gives:
+/// `intents.rs`).
 const DIR_MODE: u32 = 0o755;
 
 /// An NFS export of a policy's source (read-only when the policy is).
@@ -54,6 +56,8 @@ pub struct StageNfs {
     policy: Arc<Policy>,
     reads: Arc<Reads>,
     writes: Arc<Writes>,
+    /// What the library drops of MKDIR and RMDIR calls, noted by the front.
+    intents: Arc<Intents>,
     /// The user the export serves (besides root).
     owner: u32,
 }
@@ -65,6 +69,7 @@ impl StageNfs {
             policy,
             reads: Arc::default(),
             writes: Arc::default(),
+            intents: Arc::default(),
             owner,
         }
     }
@@ -77,6 +82,11 @@ impl StageNfs {
     /// The files open for writes.
     pub fn writes(&self) -> &Arc<Writes> {
         &self.writes
+    }
+
+    /// Where the front notes what the library drops of a call.
+    pub(crate) fn intents(&self) -> &Arc<Intents> {
+        &self.intents
     }
 
     /// Who the policy is told makes a change: the serving user, the only one besides
@@ -329,8 +339,12 @@ impl NfsFileSystem for StageNfs {
         dirname: &filename3<'_>,
     ) -> Result<(NodeHandle, fattr3), nfsstat3> {
         let name = OsStr::from_bytes(dirname.0.as_ref());
+        let mode = match self.intents.take(dirid.ino(), name.as_bytes()) {
+            Some(Intent::Mkdir(Some(mode))) => mode,
+            _ => DIR_MODE,
+        };
         self.policy
-            .mkdir(dirid.ino(), name, DIR_MODE, self.caller())
+            .mkdir(dirid.ino(), name, mode, self.caller())
             .await
             .map(|attr| (NodeHandle::of(attr.ino), fattr(&attr)))
             .map_err(|e| nfsstat_logged("mkdir", &e))
@@ -342,6 +356,12 @@ impl NfsFileSystem for StageNfs {
             .child_ino(dirid, name)
             .await
             .map_err(|e| nfsstat_logged("remove", &e))?;
+        // The library sends RMDIR here too: the call, not the entry, says which.
+        match self.intents.take(dirid.ino(), name.as_bytes()) {
+            Some(Intent::Rmdir) if !is_dir => return Err(nfsstat3::NFS3ERR_NOTDIR),
+            Some(Intent::Remove) if is_dir => return Err(nfsstat3::NFS3ERR_ISDIR),
+            _ => {}
+        }
         self.let_go(ino);
         let removed = if is_dir {
             self.policy.rmdir(dirid.ino(), name).await

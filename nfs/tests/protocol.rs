@@ -11,6 +11,7 @@
 
 use std::fs;
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -510,9 +511,18 @@ async fn rmdir(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<(), nfs
 }
 
 async fn mkdir(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<nfs_fh3, nfsstat3> {
+    mkdir_with(client, dir, name, 0o755).await
+}
+
+async fn mkdir_with(
+    client: &mut Client,
+    dir: &nfs_fh3,
+    name: &str,
+    with: u32,
+) -> Result<nfs_fh3, nfsstat3> {
     let args = MKDIR3args {
         where_: dirop(dir, name),
-        attributes: mode(0o755),
+        attributes: mode(with),
     };
     match client.nfs3_client.mkdir(&args).await.expect("MKDIR RPC") {
         Nfs3Result::Ok(ok) => match ok.obj {
@@ -686,8 +696,7 @@ async fn remove_mkdir_rmdir_and_symlink_pass_through() {
         remove(&mut client, &root, "weights.bin").await,
         Err(nfsstat3::NFS3ERR_NOENT)
     );
-    // A directory, made, filled, refused while full, then removed (REMOVE and RMDIR
-    // reach the same library call; the entry's kind decides).
+    // A directory, made, filled, refused while full, then removed.
     let dir = mkdir(&mut client, &root, "made").await.expect("mkdir");
     assert!(f.src.join("made").is_dir());
     assert_eq!(getattr(&mut client, &dir).await.type_, ftype3::NF3DIR);
@@ -701,9 +710,28 @@ async fn remove_mkdir_rmdir_and_symlink_pass_through() {
         rmdir(&mut client, &root, "made").await,
         Err(nfsstat3::NFS3ERR_NOTEMPTY)
     );
+    // REMOVE and RMDIR reach one library call: the call still decides, not the
+    // entry's kind, so neither takes the other's kind.
+    assert_eq!(
+        rmdir(&mut client, &dir, "f").await,
+        Err(nfsstat3::NFS3ERR_NOTDIR)
+    );
+    assert!(f.src.join("made/f").is_file());
+    assert_eq!(
+        remove(&mut client, &root, "made").await,
+        Err(nfsstat3::NFS3ERR_ISDIR)
+    );
+    assert!(f.src.join("made").is_dir());
     remove(&mut client, &dir, "f").await.expect("remove");
     rmdir(&mut client, &root, "made").await.expect("rmdir");
     assert!(!f.src.join("made").exists());
+    // MKDIR's mode is the client's (mkdir(2)'s with its umask applied).
+    mkdir_with(&mut client, &root, "private", 0o700)
+        .await
+        .expect("mkdir 0700");
+    let made = fs::metadata(f.src.join("private")).expect("made");
+    assert_eq!(made.permissions().mode() & 0o7777, 0o700);
+    rmdir(&mut client, &root, "private").await.expect("rmdir");
     // A link, verbatim.
     let link = symlink(&mut client, &root, "cfg", "config.json")
         .await
