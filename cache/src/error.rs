@@ -211,6 +211,13 @@ pub enum StageError {
         /// Path relative to the source root.
         path: PathBuf,
     },
+    /// A renamed file's copy, written through the mount, was gone by the time it
+    /// was to be committed under the new name (an open then copies from the source).
+    #[error("{path}: the copy written under its old name is gone")]
+    NoWrittenCopy {
+        /// Path relative to the source root.
+        path: PathBuf,
+    },
     /// The path is not a regular file, so there is nothing to stage.
     #[error("{path}: not a regular file")]
     NotAFile {

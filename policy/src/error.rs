@@ -116,6 +116,7 @@ fn stage_errno(e: &StageError) -> i32 {
         StageError::Store(StoreError::Io { .. } | StoreError::Locked { .. }) => libc::EIO,
         StageError::SourceChanged { .. }
         | StageError::ContentMismatch { .. }
+        | StageError::NoWrittenCopy { .. }
         | StageError::Worker { .. } => libc::EIO,
         StageError::NotAFile { .. } => libc::EISDIR,
     }

@@ -45,6 +45,9 @@ pub(crate) struct Writer {
     pub(crate) ino: u64,
     /// The local copy it fills as it writes, for a new file (`policy/tee.rs`).
     pub(crate) tee: Option<crate::policy::tee::Tee>,
+    /// Whether a write was sent through it (even one that failed: it may have
+    /// landed in part). A handle that wrote nothing changes nothing at its close.
+    pub(crate) wrote: std::sync::atomic::AtomicBool,
 }
 
 /// One entry of a directory listing snapshot, with the attributes it is presented with.
@@ -83,6 +86,11 @@ impl<T> Handles<T> {
 
     pub(crate) fn remove(&self, fh: u64) -> Option<Arc<T>> {
         self.lock().remove(&fh)
+    }
+
+    /// The first open handle `pick` takes.
+    pub(crate) fn find(&self, pick: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        self.lock().values().find(|v| pick(v)).cloned()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<T>>> {

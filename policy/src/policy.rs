@@ -1916,6 +1916,99 @@ mod tests {
         );
     }
 
+    impl Fixture {
+        async fn rename_in_root(&self, from: &str, to: &str) {
+            self.policy
+                .rename(
+                    ROOT_INO,
+                    OsStr::new(from),
+                    ROOT_INO,
+                    OsStr::new(to),
+                    RenameHow::default(),
+                )
+                .await
+                .expect("rename");
+        }
+    }
+
+    /// As safetensors' `save_file` writes (and transformers' `save_pretrained`
+    /// through it): a temp file, its whole length set first, written front to back,
+    /// renamed before its close reaches the daemon (FUSE sends RELEASE on its own
+    /// time); then a careful caller reopens it to fsync and renames it again. The
+    /// copy follows both renames, and the load reads nothing back over the link.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_preallocated_temp_file_renamed_before_its_close_and_again_keeps_its_copy() {
+        let f = writable(|c, _, _| c.prefetch = false);
+        let data = bytes(3 * MIB, 45);
+        let (attr, fh) = f
+            .policy
+            .create(ROOT_INO, OsStr::new(".tmpAbC123"), NEW, me())
+            .await
+            .expect("create");
+        let preallocate = SetAttr {
+            size: Some(data.len() as u64),
+            ..SetAttr::default()
+        };
+        f.policy
+            .setattr(attr.ino, Some(fh), preallocate)
+            .await
+            .expect("ftruncate");
+        for (i, chunk) in data.chunks(128 << 10).enumerate() {
+            let offset = (i * (128 << 10)) as u64;
+            f.policy
+                .write(fh, offset, chunk.to_vec())
+                .await
+                .expect("write");
+        }
+        f.rename_in_root(".tmpAbC123", "model.safetensors.tmp")
+            .await;
+        f.policy.release(fh);
+        wait_until("the written copy", || {
+            f.trusted_copy("model.safetensors.tmp")
+        })
+        .await;
+        // Reopened to fsync: no write, so no change.
+        let tmp = f.lookup("model.safetensors.tmp").await.expect("lookup");
+        let fh = f
+            .policy
+            .open_write(tmp.ino, stagefs_cache::WriteOpen::default())
+            .await
+            .expect("open");
+        f.policy.fsync(fh, false).await.expect("fsync");
+        f.policy.release(fh);
+        f.rename_in_root("model.safetensors.tmp", "model.safetensors")
+            .await;
+        assert!(f.read_all("model.safetensors").await.expect("read") == data);
+        assert_eq!(f.metrics().stage_copies, 0, "nothing copied over the link");
+        assert!(
+            !f.stored("model.safetensors.tmp"),
+            "one copy, under the final name"
+        );
+    }
+
+    /// The copy follows a rename only if nothing else changed the file: a second
+    /// handle's write in between leaves it to be staged from the source.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_file_changed_by_another_handle_before_its_rename_is_staged_from_the_source() {
+        let f = writable(|c, _, _| c.prefetch = false);
+        let data = bytes(3 * MIB, 46);
+        f.write_into(ROOT_INO, "w.tmp", &data).await;
+        wait_until("the written copy", || f.trusted_copy("w.tmp")).await;
+        let tmp = f.lookup("w.tmp").await.expect("lookup");
+        let fh = f
+            .policy
+            .open_write(tmp.ino, stagefs_cache::WriteOpen::default())
+            .await
+            .expect("open");
+        f.policy.write(fh, 7, b"X".to_vec()).await.expect("write");
+        f.policy.release(fh);
+        f.rename_in_root("w.tmp", "w.bin").await;
+        let mut expected = data.clone();
+        expected[7] = b'X';
+        assert!(f.read_all("w.bin").await.expect("read") == expected);
+        assert_eq!(f.metrics().stage_copies, 1, "staged from the source");
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_copy_the_budget_has_no_room_for_is_not_filled_as_written() {
         // Room is asked for 32 MiB ahead; a 16 MiB budget has none.

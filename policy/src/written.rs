@@ -33,8 +33,16 @@ struct State {
     tainted: HashMap<PathBuf, u64>,
     /// The generation up to which a path's stored copy was removed.
     cleared: HashMap<PathBuf, u64>,
-    /// Handles writing to each path now.
-    writers: HashMap<PathBuf, usize>,
+    /// Handles open for writing on each path now.
+    writers: HashMap<PathBuf, Writers>,
+}
+
+/// The handles open for writing on one path.
+#[derive(Debug, Default, Clone, Copy)]
+struct Writers {
+    open: usize,
+    /// Those of them that sent a write.
+    wrote: usize,
 }
 
 /// Whether a path's stored copy may be used.
@@ -68,51 +76,95 @@ impl Written {
         generation
     }
 
+    /// Taints `path` and says whether `expected` was its latest taint until then
+    /// (nothing else changed it since), in one step.
+    pub(crate) fn taint_after(&self, path: &Path, expected: u64) -> (u64, bool) {
+        let mut state = lock(&self.state);
+        let unchanged = state.tainted.get(path).copied().unwrap_or(0) == expected;
+        state.generation += 1;
+        let generation = state.generation;
+        state.tainted.insert(path.to_path_buf(), generation);
+        (generation, unchanged)
+    }
+
     /// The generation of `path`'s own latest taint.
     pub(crate) fn exact(&self, path: &Path) -> Option<u64> {
         lock(&self.state).tainted.get(path).copied()
     }
 
-    /// Handles writing to `path` now.
+    /// Handles open for writing on `path` now.
     pub(crate) fn writers_of(&self, path: &Path) -> usize {
-        lock(&self.state).writers.get(path).copied().unwrap_or(0)
+        lock(&self.state).writers.get(path).map_or(0, |w| w.open)
     }
 
-    /// A handle opened `path` for writing.
-    pub(crate) fn writer_opened(&self, path: &Path) -> u64 {
-        let generation = self.taint(path);
-        *lock(&self.state)
+    /// Handles open for writing on `path` now that sent a write.
+    pub(crate) fn writers_that_wrote(&self, path: &Path) -> usize {
+        lock(&self.state).writers.get(path).map_or(0, |w| w.wrote)
+    }
+
+    /// A handle open for writing on `path` sent its first write.
+    pub(crate) fn first_write(&self, path: &Path) {
+        if let Some(w) = lock(&self.state).writers.get_mut(path) {
+            w.wrote += 1;
+        }
+    }
+
+    /// The generation of `path`'s own latest taint, 0 for none.
+    pub(crate) fn latest(&self, path: &Path) -> u64 {
+        self.exact(path).unwrap_or(0)
+    }
+
+    /// A handle opened `path` for writing; `changed`: the open itself changed it (a
+    /// create, a truncation). While it is open the path is not trusted; an open that
+    /// changed nothing taints nothing, so a writer that reopens a file it just wrote
+    /// (to fsync it, say) leaves that file's written copy standing. The path's
+    /// latest taint once opened.
+    pub(crate) fn writer_opened(&self, path: &Path, changed: bool) -> u64 {
+        let generation = if changed {
+            self.taint(path)
+        } else {
+            self.latest(path)
+        };
+        lock(&self.state)
             .writers
             .entry(path.to_path_buf())
-            .or_default() += 1;
+            .or_default()
+            .open += 1;
         generation
     }
 
-    /// A handle writing to `path` was closed: what it wrote taints the path anew
-    /// (the generation returned).
-    pub(crate) fn writer_closed(&self, path: &Path) -> u64 {
+    /// A handle writing to `path` was closed; `wrote`: it sent writes, which taint
+    /// the path anew. The path's latest taint once closed.
+    pub(crate) fn writer_closed(&self, path: &Path, wrote: bool) -> u64 {
         {
             let mut state = lock(&self.state);
-            if let Some(n) = state.writers.get_mut(path) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(w) = state.writers.get_mut(path) {
+                w.open -= 1;
+                if wrote {
+                    w.wrote = w.wrote.saturating_sub(1);
+                }
+                if w.open == 0 {
                     state.writers.remove(path);
                 }
             }
         }
-        self.taint(path)
+        if wrote {
+            self.taint(path)
+        } else {
+            self.latest(path)
+        }
     }
 
     /// A writer's path moved with a rename.
     pub(crate) fn writers_renamed(&self, from: &Path, to: &Path) {
         let mut state = lock(&self.state);
-        let moved: Vec<(PathBuf, usize)> = state
+        let moved: Vec<(PathBuf, Writers)> = state
             .writers
             .iter()
             .filter(|(p, _)| p.starts_with(from))
-            .map(|(p, n)| (p.clone(), *n))
+            .map(|(p, w)| (p.clone(), *w))
             .collect();
-        for (path, n) in moved {
+        for (path, w) in moved {
             state.writers.remove(&path);
             let rest = path.strip_prefix(from).unwrap_or(Path::new(""));
             let new = if rest.as_os_str().is_empty() {
@@ -120,7 +172,9 @@ impl Written {
             } else {
                 to.join(rest)
             };
-            *state.writers.entry(new).or_default() += n;
+            let there = state.writers.entry(new).or_default();
+            there.open += w.open;
+            there.wrote += w.wrote;
         }
     }
 
@@ -131,11 +185,11 @@ impl Written {
             return Trust::Trusted;
         }
         let state = lock(&self.state);
-        if state.tainted.is_empty() {
-            return Trust::Trusted;
-        }
         if state.writers.contains_key(path) {
             return Trust::Untrusted;
+        }
+        if state.tainted.is_empty() {
+            return Trust::Trusted;
         }
         let needed = path
             .ancestors()
@@ -173,9 +227,9 @@ mod tests {
         let w = Written::default();
         let p = Path::new("m/weights.bin");
         assert_eq!(w.trust(p, false), Trust::Trusted);
-        w.writer_opened(p);
+        w.writer_opened(p, false);
         assert_eq!(w.trust(p, false), Trust::Untrusted);
-        w.writer_closed(p);
+        w.writer_closed(p, true);
         let Trust::RemoveFirst(generation) = w.trust(p, false) else {
             panic!("tainted");
         };
@@ -183,6 +237,21 @@ mod tests {
         w.cleared(p, generation);
         assert_eq!(w.trust(p, false), Trust::Trusted);
         w.taint(p);
+        assert!(matches!(w.trust(p, false), Trust::RemoveFirst(_)));
+    }
+
+    #[test]
+    fn a_writer_that_changes_nothing_taints_nothing_but_is_never_trusted_while_open() {
+        let w = Written::default();
+        let p = Path::new("m/weights.bin");
+        let opened = w.writer_opened(p, false);
+        assert_eq!(w.trust(p, false), Trust::Untrusted);
+        assert_eq!(w.writer_closed(p, false), opened);
+        assert_eq!(w.trust(p, false), Trust::Trusted);
+        // A create or a truncation at the open is a change.
+        let created = w.writer_opened(p, true);
+        assert!(created > opened);
+        w.writer_closed(p, false);
         assert!(matches!(w.trust(p, false), Trust::RemoveFirst(_)));
     }
 

@@ -474,6 +474,10 @@ fn save_into_a_plain_folder(user: bool) {
     let loaded = who.ok("load-folder", &mount.path(folder), &[]);
     assert_eq!(loaded["tensors_match"], true, "{loaded}");
     assert_eq!(loaded["sha256"], saved["model.safetensors"], "{loaded}");
+    // The weights' copy, written under the temp name, followed the rename.
+    let metrics = mount.metrics();
+    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
     mount.unmount();
 
     let again = s.mount(&[]);

@@ -70,6 +70,60 @@ impl Stager {
         inflight.insert(key, flight);
     }
 
+    /// `from`, whose copy was written through the mount (stored, or in flight as
+    /// [`Stager::adopt_written`] made it), was renamed to `to` on the source: that
+    /// copy becomes `to`'s, checked as [`Stager::adopt_written`] checks a copy
+    /// against `version` (what the source holds at `to` now). As there, the flight
+    /// for `to` is entered before this returns; it waits for `from`'s own flight,
+    /// then takes its copy out of the store.
+    pub fn adopt_renamed(
+        &self,
+        from: &Path,
+        to: &Path,
+        version: SourceVersion,
+        committed: impl FnOnce() + Send + 'static,
+    ) {
+        let key = Key::for_source_path(to);
+        let mut inflight = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if inflight.contains_key(&key) {
+            return;
+        }
+        let from_key = Key::for_source_path(from);
+        let earlier = inflight.get(&from_key).map(|f| f.result.clone());
+        let (from, runtime) = (from.to_path_buf(), self.inner.runtime.clone());
+        let flight = self.start_flight(
+            to.to_path_buf(),
+            key.clone(),
+            Purpose::Written,
+            move |inner, rel, key, progress| {
+                if let Some(earlier) = earlier {
+                    // On a worker thread, outside the runtime: it may wait here.
+                    let _ = runtime.block_on(earlier);
+                }
+                let taken = inner.store.take(&from_key, |e| e.source == from)?;
+                let Some(tmp) = taken else {
+                    return Err(StageError::NoWrittenCopy {
+                        path: rel.to_path_buf(),
+                    });
+                };
+                let len = tmp
+                    .as_file()
+                    .metadata()
+                    .map_err(|e| StoreError::io(tmp.path(), e))?
+                    .len();
+                let copy = WrittenCopy { tmp, len };
+                inner
+                    .adopt_now(rel, key, copy, version, progress, committed)
+                    .inspect_err(|why| debug!(%why, "a renamed written copy was not staged"))
+            },
+        );
+        inflight.insert(key, flight);
+    }
+
     /// Waits until a copy of `rel` written through the mount is settled, if one is
     /// being verified: committed (then the store has it) or refused.
     pub async fn written_settled(&self, rel: &Path) {
@@ -250,6 +304,56 @@ mod tests {
         assert!(contents(&staged) == data);
         assert!(!committed.load(Ordering::SeqCst));
         assert_eq!(fx.stager.metrics().snapshot().stage_copies, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_written_copy_follows_a_rename_even_while_it_is_still_verified() {
+        let fx = fixture();
+        let data: Vec<u8> = (0..5_000_000u32).map(|i| (i * 3 % 241) as u8).collect();
+        let (tmp, done) = (PathBuf::from("m/w.bin.tmp"), PathBuf::from("m/w.bin"));
+        fs::create_dir_all(fx.src.path().join("m")).expect("mkdir");
+        fs::write(fx.src.path().join(&tmp), &data).expect("write");
+        // As the tee asks it: of the written handle, which a rename does not change.
+        let meta = fx.stager.source().stat(&tmp).expect("stat");
+        let mut copy = fx.stager.store().create_temp().expect("temp");
+        copy.write_all(&data).expect("write the copy");
+        let len = data.len() as u64;
+        let copy = WrittenCopy { tmp: copy, len };
+        fx.stager
+            .adopt_written(&tmp, copy, Box::new(move || Ok(meta)), || {});
+        fs::rename(fx.src.path().join(&tmp), fx.src.path().join(&done)).expect("rename");
+        let (source, path) = (fx.stager.source().clone(), done.clone());
+        let committed = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&committed);
+        fx.stager.adopt_renamed(
+            &tmp,
+            &done,
+            Box::new(move || source.stat(&path)),
+            move || flag.store(true, Ordering::SeqCst),
+        );
+        let staged = fx.stager.stage(&done).await.expect("stage");
+        assert!(!staged.copied && contents(&staged) == data);
+        assert!(committed.load(Ordering::SeqCst));
+        assert_eq!(fx.stager.metrics().snapshot().stage_copies, 0);
+        let store = fx.stager.store();
+        assert!(!store.contains(&crate::store::key::Key::for_source_path(&tmp)));
+        assert_eq!(store.entries().len(), 1, "one copy, under the new name");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rename_without_a_written_copy_is_staged_from_the_source() {
+        let fx = fixture();
+        let data = vec![9u8; 2_000_000];
+        fs::write(fx.src.path().join("b.bin"), &data).expect("write");
+        let (source, path) = (fx.stager.source().clone(), PathBuf::from("b.bin"));
+        fx.stager.adopt_renamed(
+            Path::new("a.bin"),
+            Path::new("b.bin"),
+            Box::new(move || source.stat(&path)),
+            || {},
+        );
+        let staged = fx.stager.stage(Path::new("b.bin")).await.expect("stage");
+        assert!(staged.copied && contents(&staged) == data);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -665,6 +665,40 @@ impl Store {
         Ok(Some(entry))
     }
 
+    /// Takes the copy for `key` out of the store, if `accept` takes its entry and
+    /// nothing uses it: the copy, as a temp file of the store (unverified from here
+    /// on: whoever commits it again checks it). For a file renamed on the source,
+    /// whose copy is to be committed under its new name.
+    pub fn take(
+        &self,
+        key: &Key,
+        accept: impl Fn(&Entry) -> bool,
+    ) -> Result<Option<NamedTempFile>, StoreError> {
+        self.commit_now();
+        let mut state = lock_state(&self.books.state);
+        if !state.index.get(key).is_some_and(&accept) || state.in_use(key, self.redirect_grace) {
+            return Ok(None);
+        }
+        let taken = self
+            .books
+            .evict_locked(&mut state, key, "to be committed under a new name");
+        let Some(Evicted {
+            path: Some(aside),
+            bytes,
+        }) = taken
+        else {
+            return Ok(None);
+        };
+        // Handed over, not unlinked: its bytes count again once it is committed.
+        state.unlinking -= bytes;
+        drop(state);
+        self.books.write_journal(true, true)?;
+        let opened = File::open(&aside)
+            .and_then(|file| Ok((file, tempfile::TempPath::try_from_path(&aside)?)));
+        let (file, path) = opened.map_err(|e| StoreError::io(&aside, e))?;
+        Ok(Some(NamedTempFile::from_parts(file, path)))
+    }
+
     /// Keeps the copy for `key` from being evicted or removed while the pin is held,
     /// including one committed after the pin was taken.
     pub fn pin(&self, key: &Key) -> Pin {

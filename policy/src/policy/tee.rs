@@ -5,15 +5,20 @@
 //!
 //! A tee only follows a handle that created its file (or truncated it to nothing)
 //! with no other writer on it, and that writes it front to back: any write out of
-//! order, a truncate, or a failed local write drops the tee (the file is then staged
-//! from the source at its first open, as any other). At close:
+//! order, a truncate below what it holds, or a failed local write drops the tee
+//! (the file is then staged from the source at its first open, as any other). A
+//! preallocating extension does not (safetensors sets the whole length first). At
+//! close:
 //! - the source must hold exactly the bytes the tee saw (its size, from the source);
 //! - a file named as an LFS blob (`blobs/<sha256>`) is committed only if its sha256
 //!   is its name, whatever else wrote to it;
 //! - `blobs/<sha256>[.<random>].incomplete`, huggingface_hub's temp name, waits (a
 //!   minute at most) for its rename to a blob's name, and is committed under it;
 //! - any other file is committed under its path, with its blake3, only if nothing
-//!   but this handle changed it through the mount while it was open (no other taint).
+//!   but this handle changed it through the mount while it was open (no taint but
+//!   its own, no other handle that wrote); a rename before the close (FUSE's
+//!   RELEASE comes on its own time) or after it, with nothing changed in between,
+//!   takes the copy to the new name (a careful saver's temp name to its final one).
 //!
 //! A copy is committed like a prefetched one: it never evicts anything. One waiting
 //! for a rename that does not come is dropped after a minute.
@@ -21,6 +26,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -29,6 +35,7 @@ use stagefs_cache::{Key, SourceError, Stager, WritableFile};
 use tempfile::NamedTempFile;
 
 use tokio::runtime::Handle;
+use tracing::debug;
 
 use crate::written::Written;
 
@@ -43,9 +50,10 @@ const PARKED_FOR: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub(crate) struct Tee {
     state: Mutex<Filling>,
-    /// The path's taint when the handle opened (its own), to tell at close whether
+    /// The path's taint when the handle opened, or from its own latest change of
+    /// the file's attributes (a preallocating `ftruncate`): to tell at close whether
     /// anything else changed the file through the mount meanwhile.
-    pub(crate) opened_at: u64,
+    baseline: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -76,7 +84,15 @@ pub(crate) struct WrittenCopies {
     min_stage_size: u64,
     /// Written copies waiting for their renames, by inode.
     parked: Arc<Mutex<HashMap<u64, Parked>>>,
+    /// Files outside `blobs/` whose written copy was adopted, with the taint their
+    /// close left: a rename that follows with nothing changed since (a careful
+    /// saver's temp name to its final one) carries the copy over.
+    closes: Arc<Mutex<HashMap<PathBuf, u64>>>,
 }
+
+/// The most closes remembered for a rename; past it they are forgotten (such a
+/// rename then stages the file at its first open, as before).
+const CLOSES_KEPT: usize = 1024;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -86,8 +102,19 @@ impl Tee {
     pub(crate) fn new(opened_at: u64) -> Tee {
         Tee {
             state: Mutex::new(Filling::Empty),
-            opened_at,
+            baseline: AtomicU64::new(opened_at),
         }
+    }
+
+    /// The taint this handle's own changes left last (see [`Tee::baseline`]).
+    pub(crate) fn baseline(&self) -> u64 {
+        self.baseline.load(Ordering::Relaxed)
+    }
+
+    /// The handle changed the file itself, leaving taint `generation`, with nothing
+    /// else changing it since the baseline.
+    pub(crate) fn rebase(&self, generation: u64) {
+        self.baseline.store(generation, Ordering::Relaxed);
     }
 
     /// Also writes `data` at `offset` to the copy (a temp file in `store`, made at
@@ -118,8 +145,11 @@ impl Tee {
         }
     }
 
-    /// The file was truncated or extended to `len`: the copy goes on only if that
-    /// is where it stands (an `O_TRUNC` open truncates a new file to nothing).
+    /// The file was truncated or extended to `len`: the copy goes on unless that
+    /// cuts into what it holds. An extension is what a writer that preallocates does
+    /// (safetensors' `save_file` sets the whole length, then writes front to back):
+    /// only writes that go on from where the copy stands keep it, and at close the
+    /// source must hold exactly the bytes it has.
     pub(crate) fn set_len(&self, len: u64) {
         let mut state = lock(&self.state);
         let at = match &*state {
@@ -127,7 +157,7 @@ impl Tee {
             Filling::Copy { next, .. } => *next,
             Filling::Dropped => return,
         };
-        if at != len {
+        if len < at {
             *state = Filling::Dropped;
         }
     }
@@ -185,6 +215,7 @@ impl WrittenCopies {
             runtime,
             min_stage_size,
             parked: Arc::default(),
+            closes: Arc::default(),
         }
     }
 
@@ -201,6 +232,7 @@ impl WrittenCopies {
         closed_at: Option<u64>,
     ) {
         let Some((tmp, len)) = tee.take() else {
+            debug!(path = %path.display(), "closed without a whole written copy");
             return;
         };
         if len < self.min_stage_size {
@@ -225,7 +257,15 @@ impl WrittenCopies {
             return;
         }
         if !content && !untouched {
+            debug!(path = %path.display(), "changed by another handle too; not staged as written");
             return;
+        }
+        if let Some(generation) = closed_at {
+            let mut closes = lock(&self.closes);
+            if closes.len() >= CLOSES_KEPT {
+                closes.clear();
+            }
+            closes.insert(path.clone(), generation);
         }
         let source_path = path.clone();
         let version: SourceVersion =
@@ -240,6 +280,26 @@ impl WrittenCopies {
         };
         self.stager
             .adopt_written(&path, WrittenCopy { tmp, len }, version, committed);
+    }
+
+    /// Whether `path`'s written copy can follow a rename: one was adopted at a close
+    /// whose taint is still `latest`, its latest (nothing changed it since).
+    pub(crate) fn unchanged_since_close(&self, path: &Path, latest: Option<u64>) -> bool {
+        let closed = lock(&self.closes).remove(path);
+        closed.is_some() && closed == latest
+    }
+
+    /// `from`, unchanged since its written copy was adopted, was renamed to `to`
+    /// (whose taint from the rename is `generation`): the copy becomes `to`'s,
+    /// checked against what the source holds there, and may follow a further rename.
+    pub(crate) fn carry_over(&self, from: &Path, to: &Path, generation: u64) {
+        lock(&self.closes).insert(to.to_path_buf(), generation);
+        let (source, stat_path) = (self.stager.source().clone(), to.to_path_buf());
+        let version: SourceVersion = Box::new(move || source.stat(&stat_path));
+        let (written, cleared) = (Arc::clone(&self.written), to.to_path_buf());
+        self.stager.adopt_renamed(from, to, version, move || {
+            written.cleared(&cleared, generation);
+        });
     }
 
     /// `ino` was renamed to `to`: a copy of it parked for that is committed under

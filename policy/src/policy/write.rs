@@ -132,7 +132,12 @@ impl Policy {
             reader: Reader::Source(file.clone()),
             _keep: None,
             _pin: None,
-            writer: Some(Writer { file, ino, tee }),
+            writer: Some(Writer {
+                file,
+                ino,
+                tee,
+                wrote: Default::default(),
+            }),
         })
     }
 
@@ -152,7 +157,7 @@ impl Policy {
         caller: Caller,
     ) -> Result<(Attr, u64), FsError> {
         let path = self.child(parent, name)?;
-        let opened_at = self.written.writer_opened(&path);
+        let opened_at = self.written.writer_opened(&path, true);
         let work_path = path.clone();
         let created = self
             .change(&path, move |p| {
@@ -168,7 +173,7 @@ impl Policy {
         let (file, meta) = match created {
             Ok(created) => created,
             Err(e) => {
-                self.written.writer_closed(&path);
+                self.written.writer_closed(&path, false);
                 return Err(e);
             }
         };
@@ -184,7 +189,7 @@ impl Policy {
         if node.stamp.is_none() {
             return Err(FsError::NotADirectory);
         }
-        let opened_at = self.written.writer_opened(&node.path);
+        let opened_at = self.written.writer_opened(&node.path, how.truncate);
         self.inodes.set_live(ino);
         let path = node.path.clone();
         let opened = self
@@ -202,7 +207,7 @@ impl Policy {
                 Ok(self.writer_handle(ino, file, tee))
             }
             Err(e) => {
-                self.written.writer_closed(&path);
+                self.written.writer_closed(&path, false);
                 Err(e)
             }
         }
@@ -221,6 +226,13 @@ impl Policy {
         };
         let (file, ino) = (Arc::clone(&writer.file), writer.ino);
         let path = self.node(ino).map(|n| n.path).unwrap_or_default();
+        // Before the attempt: a write that fails may still have landed in part.
+        if !writer
+            .wrote
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.written.first_write(&path);
+        }
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
         let work_path = path.clone();
         let handle = Arc::clone(&open);
@@ -275,11 +287,14 @@ impl Policy {
         let Ok(node) = self.node(writer.ino) else {
             return;
         };
+        // Nothing else changed it: no taint since its open, and no other handle open
+        // on it sent a write (one that only reads or syncs changes nothing).
         let untouched = writer.tee.as_ref().is_some_and(|tee| {
-            self.written.exact(&node.path) == Some(tee.opened_at)
-                && self.written.writers_of(&node.path) == 1
+            self.written.latest(&node.path) == tee.baseline()
+                && self.written.writers_that_wrote(&node.path) <= 1
         });
-        let closed_at = self.written.writer_closed(&node.path);
+        let wrote = writer.wrote.load(std::sync::atomic::Ordering::Relaxed);
+        let closed_at = self.written.writer_closed(&node.path, wrote);
         if let Some(tee) = &writer.tee {
             let file = Arc::clone(&writer.file);
             self.copies
@@ -297,12 +312,10 @@ impl Policy {
         self.writable()?;
         let node = self.node(ino)?;
         let handle = fh.and_then(|fh| self.files.get(fh));
-        if let (Some(size), Some(tee)) = (
-            change.size,
-            handle
-                .as_ref()
-                .and_then(|h| h.writer.as_ref()?.tee.as_ref()),
-        ) {
+        let tee = handle
+            .as_ref()
+            .and_then(|h| h.writer.as_ref()?.tee.as_ref());
+        if let (Some(size), Some(tee)) = (change.size, tee) {
             tee.set_len(size);
         }
         let writer = handle
@@ -314,8 +327,16 @@ impl Policy {
         }
         let is_file = node.stamp.is_some();
         let versioned = change.size.is_some() || change.mtime.is_some();
+        // A change through a tee's handle with nothing else changing the file in
+        // between is the tee's own: its copy stands (see `Tee::rebase`).
+        let mut own = false;
         if is_file && versioned {
-            self.written.taint(&node.path);
+            let baseline = tee.map_or(u64::MAX, Tee::baseline);
+            let (generation, unchanged) = self.written.taint_after(&node.path, baseline);
+            own = tee.is_some() && unchanged;
+            if own && let Some(tee) = tee {
+                tee.rebase(generation);
+            }
             self.inodes.set_live(ino);
         }
         let path = node.path.clone();
@@ -355,7 +376,14 @@ impl Policy {
             .await;
         if is_file && versioned {
             // Tainted again after the change, so a copy made meanwhile is not trusted.
-            self.written.taint(&path);
+            let baseline = tee.map_or(u64::MAX, Tee::baseline);
+            let (generation, unchanged) = self.written.taint_after(&path, baseline);
+            if own
+                && unchanged
+                && let Some(tee) = tee
+            {
+                tee.rebase(generation);
+            }
         }
         attr
     }
@@ -372,8 +400,25 @@ impl Policy {
     ) -> Result<(), FsError> {
         let from = self.child(parent, name)?;
         let to = self.child(new_parent, new_name)?;
-        self.written.taint(&from);
-        self.written.taint(&to);
+        // Asked before this rename taints it.
+        let carry = self
+            .copies
+            .unchanged_since_close(&from, self.written.exact(&from));
+        // A handle still filling a copy of `from`: a writer's close may reach the
+        // daemon after its rename (FUSE sends RELEASE on its own time), and the copy
+        // then follows the file to its new name, if nothing else changed it.
+        let filling = self.open_tee_of(&from);
+        let own = match &filling {
+            Some(open) => {
+                let baseline = tee_of(open).map_or(u64::MAX, Tee::baseline);
+                self.written.taint_after(&from, baseline).1
+            }
+            None => {
+                self.written.taint(&from);
+                false
+            }
+        };
+        let before = self.written.taint(&to);
         let (work_from, work_to) = (from.clone(), to.clone());
         self.change(&from, move |p| {
             p.stager
@@ -389,9 +434,19 @@ impl Policy {
         })
         .await?;
         self.written.taint(&from);
-        self.written.taint(&to);
-        // A copy of what was at `from` (a temp name's, staged as written) serves no path.
-        self.drop_copy(&from).await;
+        let (generation, unchanged) = self.written.taint_after(&to, before);
+        if own
+            && unchanged
+            && let Some(tee) = filling.as_deref().and_then(tee_of)
+        {
+            tee.rebase(generation);
+        }
+        if carry {
+            // A temp name's copy, staged as written, is the final name's now.
+            self.copies.carry_over(&from, &to, generation);
+        }
+        // A copy of what was at `from` serves no path (once carried over, if it is).
+        self.drop_copy(&from, carry.then_some(to)).await;
         Ok(())
     }
 
@@ -406,16 +461,20 @@ impl Policy {
             Ok(())
         })
         .await?;
-        self.drop_copy(&path).await;
+        self.drop_copy(&path, None).await;
         Ok(())
     }
 
     /// Removes the stored copy of `path`, which is gone from the source, once
     /// nothing holds it (a reader, a link followed a moment ago); meanwhile its taint
     /// keeps it from being served. Gives up after a while: eviction then takes it.
-    async fn drop_copy(self: &Arc<Self>, path: &Path) {
+    /// `after`: a path whose copy in flight is taking this one's, waited for first.
+    async fn drop_copy(self: &Arc<Self>, path: &Path, after: Option<PathBuf>) {
         let (this, path) = (Arc::clone(self), path.to_path_buf());
         self.runtime.spawn(async move {
+            if let Some(after) = after {
+                this.stager.written_settled(&after).await;
+            }
             for _ in 0..DROP_TRIES {
                 let Trust::RemoveFirst(generation) = this.written.trust(&path, false) else {
                     return;
@@ -522,6 +581,19 @@ impl Policy {
                     .unwrap_or(false)
             }
         }
+    }
+}
+
+impl Policy {
+    /// The open handle filling a copy of `path` as it writes, if any (at most one:
+    /// a tee needs its file to itself when it opens).
+    fn open_tee_of(&self, path: &Path) -> Option<Arc<OpenFile>> {
+        let ino = self.inodes.latest_ino(path)?;
+        self.files.find(|open| {
+            open.writer
+                .as_ref()
+                .is_some_and(|w| w.ino == ino && w.tee.is_some())
+        })
     }
 }
 
