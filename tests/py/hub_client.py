@@ -9,6 +9,7 @@
                                       written into DIR, the shard first as a temp name
     hub_client.py load-folder DIR     load DIR's model by path
     hub_client.py hub-download REPO   each file of the model by hf_hub_download, online
+    hub_client.py local-dir DIR       `hf download $REPO --local-dir DIR`, online
     hub_client.py make-llama DIR      write a tiny Llama (weights drawn from $MODEL_SEED) that
                                       mlx_lm and transformers load
     hub_client.py mlx-load REPO       mlx_lm.load(REPO), online: the revision it loaded and
@@ -119,6 +120,18 @@ def load_folder(d):
     }
 
 
+def local_dir(d):
+    from huggingface_hub.cli.hf import main
+
+    sys.argv = ["hf", "download", os.environ["REPO"], "--local-dir", d]
+    try:
+        main()
+    except SystemExit as e:
+        if e.code:
+            raise
+    return {name: sha256(os.path.join(d, name)) for name in sorted(os.listdir(d)) if name != ".cache"}
+
+
 def hub_download(repo):
     from huggingface_hub import hf_hub_download
 
@@ -226,6 +239,7 @@ MODES = {
     "save": save,
     "load-folder": load_folder,
     "hub-download": hub_download,
+    "local-dir": local_dir,
     "make-llama": make_llama,
     "mlx-load": mlx_load,
     "from-pretrained": from_pretrained,

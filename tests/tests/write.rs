@@ -275,6 +275,44 @@ fn hf_hub_download_through_the_mount_writes_what_a_direct_download_writes() {
     download_through_the_mount(false, "hub-download");
 }
 
+/// `hf download --local-dir` into a plain folder on the mount (huggingface_hub
+/// writes each file under `.cache/huggingface/download/` and moves it into place),
+/// then a load by path: the files are the repo's, and the load copies nothing.
+#[test]
+fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
+    let s = Scratch::new();
+    let repo = s.dir.path().join("repo");
+    As::Root.ok("make-model", &repo, &[]);
+    let hub = Hub::serve(&repo);
+    let mount = s.mount(&[]);
+    let folder = mount.path("models/acme/tiny");
+    let endpoint = PathBuf::from(&hub.url);
+    let got = As::Root.ok(
+        "local-dir",
+        &folder,
+        &[("HF_ENDPOINT", &endpoint), ("REPO", Path::new(REPO))],
+    );
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert_eq!(
+            got[name],
+            sha256_of(&repo.join(name)).as_str(),
+            "{name}: {got}"
+        );
+        assert_eq!(
+            sha256_of(&s.hub.join("models/acme/tiny").join(name)),
+            sha256_of(&repo.join(name)),
+            "{name} on the source"
+        );
+    }
+    drop(hub);
+    let loaded = As::Root.ok("load-folder", &folder, &[]);
+    assert_eq!(loaded["tensors_match"], true, "{loaded}");
+    let metrics = mount.metrics();
+    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
+    mount.unmount();
+}
+
 /// Two `snapshot_download`s of one repo at once through the mount, the Hub paced so
 /// that they overlap (huggingface_hub serializes them per blob with filelock): both
 /// succeed, and the source holds what one direct download holds.
