@@ -699,6 +699,11 @@ async fn remove_mkdir_rmdir_and_symlink_pass_through() {
     // A directory, made, filled, refused while full, then removed.
     let dir = mkdir(&mut client, &root, "made").await.expect("mkdir");
     assert!(f.src.join("made").is_dir());
+    assert_eq!(
+        write(&mut client, &dir, 0, b"x").await.err(),
+        Some(nfsstat3::NFS3ERR_ISDIR),
+        "a WRITE to a directory"
+    );
     assert_eq!(getattr(&mut client, &dir).await.type_, ftype3::NF3DIR);
     assert_eq!(
         mkdir(&mut client, &root, "made").await,

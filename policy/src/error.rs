@@ -40,9 +40,12 @@ pub enum FsError {
     /// A write through a handle that was not opened for writing.
     #[error("the file handle is not open for writing")]
     NotOpenForWriting,
-    /// The kernel asked for a directory operation on a non-directory or vice versa.
+    /// The kernel asked for a directory operation on a non-directory.
     #[error("not a directory")]
     NotADirectory,
+    /// A file operation (open, read, write) on a directory.
+    #[error("is a directory")]
+    IsADirectory,
     /// The source did not answer (or a copy made no progress) within the source timeout.
     #[error("{path}: the source did not respond within {secs} s")]
     SourceTimeout {
@@ -63,6 +66,7 @@ impl FsError {
             FsError::UnknownInode(_) | FsError::UnknownHandle(_) | FsError::Stale => libc::ESTALE,
             FsError::ReadOnly => libc::EROFS,
             FsError::NotADirectory => libc::ENOTDIR,
+            FsError::IsADirectory => libc::EISDIR,
             FsError::NotPermitted => libc::EPERM,
             FsError::NotOpenForWriting => libc::EBADF,
             FsError::SourceTimeout { .. } => libc::EIO,

@@ -567,7 +567,7 @@ impl Policy {
         if let Some(prefetcher) = &self.prefetcher {
             prefetcher.on_open(&node.path, &self.runtime);
         }
-        let version = node.stamp.ok_or(FsError::NotADirectory)?;
+        let version = node.stamp.ok_or(FsError::IsADirectory)?;
         if version.size >= self.config.min_stage_size {
             // A copy of it written through the mount is being verified (a download
             // just finished): its outcome decides whether the copy below is that one.
@@ -1259,7 +1259,7 @@ mod tests {
         let file = f.lookup("config.json").await.expect("lookup");
         assert_eq!(errno(f.policy.opendir(file.ino).await), libc::ENOTDIR);
         let dir = f.lookup("models--acme--m").await.expect("lookup");
-        assert_eq!(errno(f.policy.open(dir.ino).await), libc::ENOTDIR);
+        assert_eq!(errno(f.policy.open(dir.ino).await), libc::EISDIR);
         assert_eq!(errno(f.policy.getattr(9_999).await), libc::ESTALE);
     }
 

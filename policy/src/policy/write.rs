@@ -187,7 +187,7 @@ impl Policy {
         self.writable()?;
         let node = self.node(ino)?;
         if node.stamp.is_none() {
-            return Err(FsError::NotADirectory);
+            return Err(FsError::IsADirectory);
         }
         let opened_at = self.written.writer_opened(&node.path, how.truncate);
         self.inodes.set_live(ino);
