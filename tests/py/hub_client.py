@@ -38,8 +38,10 @@ def sha256(path):
 
 
 def tensors():
+    """The model's weights: 3 MiB, or $MODEL_MIB (for bench/download-load.sh)."""
+    mib = int(os.environ.get("MODEL_MIB", "3"))
     return {
-        "embed": np.arange(3 * 2**18, dtype=np.float32).reshape(-1, 1024),
+        "embed": np.arange(mib * 2**18, dtype=np.float32).reshape(-1, 1024),
         "head": np.linspace(0, 1, 4096, dtype=np.float32),
     }
 
