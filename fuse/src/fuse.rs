@@ -282,14 +282,19 @@ impl Filesystem for StageFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Every write reached the source before it was answered: nothing is held here.
-        // (No getlk/setlk either: the kernel then keeps flock and fcntl locks itself,
-        // between the processes of this machine, which is what filelock needs.)
-        reply.ok();
+        // Each close(2): the source's client may still hold what a handle wrote, so the
+        // close waits for it to reach the source, and fails if it does not.
+        // (No getlk/setlk: the kernel then keeps flock and fcntl locks itself, between
+        // the processes of this machine, which is what filelock needs.)
+        self.serve(
+            "flush",
+            |p| async move { p.flush(fh.0).await },
+            empty_reply(reply),
+        );
     }
 
     fn fsync(
