@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     BsdFileFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use stagefs_cache::{CreateFile, Remedy, SetTime, Stager, WriteOpen};
 use stagefs_policy::{
@@ -102,11 +102,17 @@ fn set_time(time: TimeOrNow) -> SetTime {
     }
 }
 
-/// How an open's flags ask for writing: None for a read-only open.
+/// How an open's flags ask for writing: None for a read-only open. One that
+/// truncates (`O_RDONLY | O_TRUNC`, which Linux honours) writes: with atomic O_TRUNC
+/// the truncation is the open's to do.
 fn write_open(flags: i32) -> Option<WriteOpen> {
     let truncate = flags & libc::O_TRUNC != 0;
     match flags & libc::O_ACCMODE {
-        libc::O_RDONLY => None,
+        libc::O_RDONLY if !truncate => None,
+        libc::O_RDONLY => Some(WriteOpen {
+            read: true,
+            truncate,
+        }),
         libc::O_WRONLY => Some(WriteOpen {
             read: false,
             truncate,
@@ -170,6 +176,11 @@ impl Filesystem for StageFs {
             "FUSE init"
         );
         platform::tune_kernel(config);
+        // An open with O_TRUNC then reaches `open` with the flag, instead of as an
+        // open and then a setattr to size 0: a handle that empties its file starts
+        // with it empty, and so is staged as it is written, like one that created it
+        // (without this, `open(path, "wb")` over an existing file never was).
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         Ok(())
     }
 
@@ -204,8 +215,7 @@ impl Filesystem for StageFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            let how = write_open(flags.0).unwrap_or_default();
+        if let Some(how) = write_open(flags.0) {
             // The kernel keeps no page cache of ours across a write open: the file is
             // the source's, as it is now.
             self.serve(
@@ -282,14 +292,19 @@ impl Filesystem for StageFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Every write reached the source before it was answered: nothing is held here.
-        // (No getlk/setlk either: the kernel then keeps flock and fcntl locks itself,
-        // between the processes of this machine, which is what filelock needs.)
-        reply.ok();
+        // Each close(2): the source's client may still hold what a handle wrote, so the
+        // close waits for it to reach the source, and fails if it does not.
+        // (No getlk/setlk: the kernel then keeps flock and fcntl locks itself, between
+        // the processes of this machine, which is what filelock needs.)
+        self.serve(
+            "flush",
+            |p| async move { p.flush(fh.0).await },
+            empty_reply(reply),
+        );
     }
 
     fn fsync(

@@ -1809,6 +1809,50 @@ mod tests {
         f.source.set(Behaviour::Healthy);
     }
 
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_close_fails_with_eio_when_the_source_cannot_take_what_was_written() {
+        let f = writable(|c, _, _| {
+            c.source_timeout = Duration::from_millis(300);
+            c.prefetch = false;
+        });
+        let data = bytes(3 * MIB, 46);
+        let (_, fh) = f
+            .policy
+            .create(ROOT_INO, OsStr::new("saved.bin"), NEW, me())
+            .await
+            .expect("create");
+        f.policy.write(fh, 0, data.clone()).await.expect("write");
+        // Answered, and then the source goes away before the writer closes: the close
+        // (a flush of what the source's client holds) must say so.
+        f.source.set(Behaviour::Hang);
+        let started = Instant::now();
+        assert_eq!(errno(f.policy.flush(fh).await), libc::EIO);
+        assert!(started.elapsed() < PROMPTLY, "{:?}", started.elapsed());
+        f.policy.release(fh);
+        f.source.set(Behaviour::Healthy);
+        // The copy it filled is not staged: the source may not hold what it saw.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!f.stored("saved.bin"));
+        assert!(f.read_all("saved.bin").await.expect("read") == f.source_bytes("saved.bin"));
+
+        // A source that takes it: the close succeeds, and the copy is staged as written.
+        let (_, fh) = f
+            .policy
+            .create(ROOT_INO, OsStr::new("kept.bin"), NEW, me())
+            .await
+            .expect("create");
+        f.policy.write(fh, 0, data.clone()).await.expect("write");
+        f.policy.flush(fh).await.expect("flush");
+        f.policy.release(fh);
+        wait_until("the written copy", || f.trusted_copy("kept.bin")).await;
+        // A read handle has nothing to flush, even with the source gone.
+        let reader = f.hold("kept.bin").await;
+        f.source.set(Behaviour::Hang);
+        f.policy.flush(reader).await.expect("nothing to flush");
+        f.source.set(Behaviour::Healthy);
+        f.policy.release(reader);
+    }
+
     // ------------------------------------------------------------ staged as written
 
     impl Fixture {

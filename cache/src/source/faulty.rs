@@ -360,4 +360,9 @@ impl WritableFile for FaultyFile {
         self.faults.enter()?;
         self.file.writable()?.sync(data_only)
     }
+
+    fn flush(&self) -> io::Result<()> {
+        self.faults.enter()?;
+        self.file.writable()?.flush()
+    }
 }

@@ -223,6 +223,11 @@ pub trait WritableFile: SourceFile {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes what was written durable on the source (`fdatasync` with `data_only`).
     fn sync(&self, data_only: bool) -> io::Result<()>;
+    /// Hands what was written to the source itself, as a `close` does, and says
+    /// whether it got there: a network client (sshfs, NFS) answers a write once it
+    /// has taken the bytes in, before the server has them, and reports a write that
+    /// never arrived only when a descriptor of the file is closed.
+    fn flush(&self) -> io::Result<()>;
 }
 
 impl WritableFile for File {
@@ -239,6 +244,18 @@ impl WritableFile for File {
             self.sync_data()
         } else {
             self.sync_all()
+        }
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        // Every close of a descriptor calls the filesystem's flush (the file stays
+        // open through this one): sshfs waits there for the replies to its writes,
+        // NFS writes its dirty pages back; a local disk has nothing to do.
+        let duplicate = std::os::fd::IntoRawFd::into_raw_fd(self.try_clone()?);
+        // SAFETY: `duplicate` is a descriptor this function owns, closed once.
+        match unsafe { libc::close(duplicate) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
         }
     }
 }
