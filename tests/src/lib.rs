@@ -26,6 +26,8 @@ use stagefs_control::{self as control, Request, Response};
 use stagefs_mount::{MountError, MountSpec, Running};
 use tempfile::TempDir;
 
+pub mod hub;
+
 /// Root of the workspace.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -883,6 +885,17 @@ pub fn status_json(cache: &Path) -> Value {
     let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
     assert!(ok, "status failed: {err}");
     serde_json::from_str(&out).expect("status JSON")
+}
+
+/// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a
+/// stuck test.
+#[track_caller]
+pub fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).expect("the operation hung")
 }
 
 /// Polls `done` until it holds; a minute without it fails the test rather than hang.

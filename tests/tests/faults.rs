@@ -9,23 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::thread::sleep;
 use std::time::{Duration, SystemTime};
 
 use stagefs_tests::{
     Model, Mount, NetFs, Scratch, Tmpfs, generate, hf_offline_check, run_stagefs, staged_files,
-    stagefs_bin, temp_files, wait_for,
+    stagefs_bin, temp_files, wait_for, within,
 };
-
-/// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a stuck test.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).expect("the operation hung")
-}
 
 #[test]
 fn a_source_file_changing_mid_copy_is_never_cached() {

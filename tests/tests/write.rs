@@ -3,147 +3,16 @@
 //! user. A local Hub endpoint (`tests/py/hub_server.py`) serves a generated model, so
 //! downloads run online without a network; `tests/py/hub_client.py` holds the clients.
 
-use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-use stagefs_tests::{
-    Mount, Scratch, TestUser, Tmpfs, python, staged_files, temp_files, wait_for, workspace_root,
-};
-
-const REPO: &str = "acme/tiny";
-
-fn script(name: &str) -> PathBuf {
-    workspace_root().join("tests/py").join(name)
-}
-
-fn sha256_of(path: &Path) -> String {
-    format!("{:x}", Sha256::digest(fs::read(path).expect("read")))
-}
-
-/// The local Hub endpoint, serving the model in one directory; killed when dropped.
-struct Hub {
-    child: Child,
-    _stdin: ChildStdin,
-    url: String,
-}
-
-impl Hub {
-    fn serve(dir: &Path) -> Hub {
-        Self::serve_with(dir, &[])
-    }
-
-    /// With `hub_server.py`'s options, e.g. `["--rate", "4000000"]`.
-    fn serve_with(dir: &Path, options: &[&str]) -> Hub {
-        let mut child = Command::new(python())
-            .arg(script("hub_server.py"))
-            .arg(dir)
-            .arg(REPO)
-            .args(options)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the hub server");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the server's first line");
-        let port = line.split_whitespace().next().expect("a port");
-        Hub {
-            child,
-            _stdin: stdin,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Who runs the clients: root (the test process) or the mount's ordinary user.
-#[derive(Clone, Copy)]
-enum As<'a> {
-    Root,
-    User(&'a TestUser),
-}
-
-impl As<'_> {
-    /// `hub_client.py MODE ARG` with `env`, run to completion: its JSON line, or the
-    /// exit status and output when it failed.
-    fn client(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Result<Value, String> {
-        let mut command = match self {
-            As::Root => Command::new(python()),
-            As::User(user) => user.python(),
-        };
-        command
-            .arg(script("hub_client.py"))
-            .arg(mode)
-            .arg(arg)
-            .env("HF_HUB_DISABLE_TELEMETRY", "1")
-            .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-            .stdin(Stdio::null());
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        let out = command.output().expect("run the client");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let last = stdout.lines().last().unwrap_or_default();
-        match (out.status.success(), serde_json::from_str(last)) {
-            (true, Ok(value)) => Ok(value),
-            _ => Err(format!(
-                "{}\n{stdout}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )),
-        }
-    }
-
-    fn ok(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Value {
-        self.client(mode, arg, env)
-            .unwrap_or_else(|e| panic!("hub_client.py {mode} {}: {e}", arg.display()))
-    }
-}
-
-/// What a tree holds, by relative path: directories and files with their modes
-/// (which the writer's umask decides), files by their sha256, links by their target.
-fn tree(root: &Path) -> BTreeMap<PathBuf, String> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
-        let mut entries: Vec<_> = fs::read_dir(dir).expect("list").flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let path = entry.path();
-            let rel = path.strip_prefix(root).expect("under root").to_path_buf();
-            let kind = entry.file_type().expect("type");
-            if kind.is_symlink() {
-                let target = fs::read_link(&path).expect("readlink");
-                out.insert(rel, format!("link -> {}", target.display()));
-            } else {
-                let mode = entry.metadata().expect("stat").permissions().mode() & 0o7777;
-                if kind.is_dir() {
-                    out.insert(rel, format!("dir {mode:o}"));
-                    walk(root, &path, out);
-                } else {
-                    out.insert(rel, format!("file {mode:o} {}", sha256_of(&path)));
-                }
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
+use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, sha256_of, tree};
+use stagefs_tests::{Mount, Scratch, Tmpfs, python, staged_files, temp_files, wait_for};
 
 /// A scratch area (as `user`, if any) with a generated model in `repo/` served by a
 /// local Hub, and a direct download of it into `direct/`, a plain directory.
@@ -154,7 +23,7 @@ fn hub_and_direct_download(user: bool, mode: &str) -> (Scratch, Hub, PathBuf) {
         Scratch::new()
     };
     let repo = s.dir.path().join("repo");
-    As::Root.ok("make-model", &repo, &[]);
+    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
     let hub = Hub::serve(&repo);
     let direct = s.dir.path().join("direct");
     fs::create_dir_all(&direct).expect("mkdir");
@@ -169,6 +38,7 @@ fn hub_and_direct_download(user: bool, mode: &str) -> (Scratch, Hub, PathBuf) {
     };
     let endpoint = PathBuf::from(&hub.url);
     who.ok(
+        HUB_CLIENT,
         mode,
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &direct)],
@@ -185,6 +55,7 @@ fn download_through_the_mount(user: bool, mode: &str) {
     let mount = s.mount(&[]);
     let endpoint = PathBuf::from(&hub.url);
     who.ok(
+        HUB_CLIENT,
         mode,
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
@@ -215,6 +86,7 @@ fn download_through_the_mount(user: bool, mode: &str) {
     // Offline, through the mount, with the Hub gone.
     drop(hub);
     let load = who.ok(
+        HUB_CLIENT,
         "load",
         Path::new(REPO),
         &[
@@ -282,12 +154,13 @@ fn hf_hub_download_through_the_mount_writes_what_a_direct_download_writes() {
 fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok("make-model", &repo, &[]);
+    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
     let hub = Hub::serve(&repo);
     let mount = s.mount(&[]);
     let folder = mount.path("models/acme/tiny");
     let endpoint = PathBuf::from(&hub.url);
     let got = As::Root.ok(
+        HUB_CLIENT,
         "local-dir",
         &folder,
         &[("HF_ENDPOINT", &endpoint), ("REPO", Path::new(REPO))],
@@ -305,7 +178,7 @@ fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
         );
     }
     drop(hub);
-    let loaded = As::Root.ok("load-folder", &folder, &[]);
+    let loaded = As::Root.ok(HUB_CLIENT, "load-folder", &folder, &[]);
     assert_eq!(loaded["tensors_match"], true, "{loaded}");
     let metrics = mount.metrics();
     assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
@@ -320,11 +193,12 @@ fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
 fn two_concurrent_downloads_of_one_repo_write_what_one_direct_download_writes() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok("make-model", &repo, &[]);
+    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
     let hub = Hub::serve_with(&repo, &["--rate", "4000000"]);
     let endpoint = PathBuf::from(&hub.url);
     let direct = s.dir.path().join("direct");
     As::Root.ok(
+        HUB_CLIENT,
         "snapshot",
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &direct)],
@@ -333,7 +207,7 @@ fn two_concurrent_downloads_of_one_repo_write_what_one_direct_download_writes() 
     let env = [("HF_ENDPOINT", &*endpoint), ("HF_HUB_CACHE", &*mount.mnt)];
     let results: Vec<Result<Value, String>> = std::thread::scope(|scope| {
         let downloads: Vec<_> = (0..2)
-            .map(|_| scope.spawn(|| As::Root.client("snapshot", Path::new(REPO), &env)))
+            .map(|_| scope.spawn(|| As::Root.client(HUB_CLIENT, "snapshot", Path::new(REPO), &env)))
             .collect();
         downloads
             .into_iter()
@@ -356,6 +230,7 @@ fn two_concurrent_downloads_of_one_repo_write_what_one_direct_download_writes() 
     });
     drop(hub);
     let load = As::Root.ok(
+        HUB_CLIENT,
         "load",
         Path::new(REPO),
         &[
@@ -383,7 +258,12 @@ fn online_loads_find_a_newer_revision(user: bool) {
     };
     let (old, new) = (s.dir.path().join("old"), s.dir.path().join("new"));
     for (dir, seed) in [(&old, "0"), (&new, "1")] {
-        As::Root.ok("make-llama", dir, &[("MODEL_SEED", Path::new(seed))]);
+        As::Root.ok(
+            HUB_CLIENT,
+            "make-llama",
+            dir,
+            &[("MODEL_SEED", Path::new(seed))],
+        );
         // The clients compare what they load with these, as whoever runs them.
         let weights = dir.join("model.safetensors");
         fs::set_permissions(&weights, fs::Permissions::from_mode(0o644)).expect("chmod");
@@ -404,6 +284,7 @@ fn online_loads_find_a_newer_revision(user: bool) {
             let endpoint = PathBuf::from(&hub.url);
             let expect = model.join("model.safetensors");
             let loaded = who.ok(
+                HUB_CLIENT,
                 "mlx-load",
                 Path::new(REPO),
                 &[
@@ -419,6 +300,7 @@ fn online_loads_find_a_newer_revision(user: bool) {
         let hub = Hub::serve(&new);
         let endpoint = PathBuf::from(&hub.url);
         let pretrained = who.ok(
+            HUB_CLIENT,
             "from-pretrained",
             Path::new(REPO),
             &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", cache)],
@@ -451,6 +333,7 @@ fn online_loads_find_a_newer_revision(user: bool) {
     // Offline, with the Hub gone: the newer weights, from the local copy.
     let expect = new.join("model.safetensors");
     let loaded = who.ok(
+        HUB_CLIENT,
         "mlx-load",
         Path::new(REPO),
         &[
@@ -494,7 +377,7 @@ fn save_into_a_plain_folder(user: bool) {
     };
     let mount = s.mount(&[]);
     let folder = Path::new("models/acme/saved");
-    let saved = who.ok("save", &mount.path(folder), &[]);
+    let saved = who.ok(HUB_CLIENT, "save", &mount.path(folder), &[]);
     let names: Vec<_> = saved.as_object().expect("files").keys().cloned().collect();
     assert_eq!(
         names,
@@ -509,7 +392,7 @@ fn save_into_a_plain_folder(user: bool) {
             "{name}"
         );
     }
-    let loaded = who.ok("load-folder", &mount.path(folder), &[]);
+    let loaded = who.ok(HUB_CLIENT, "load-folder", &mount.path(folder), &[]);
     assert_eq!(loaded["tensors_match"], true, "{loaded}");
     assert_eq!(loaded["sha256"], saved["model.safetensors"], "{loaded}");
     // The weights' copy, written under the temp name, followed the rename.
@@ -519,7 +402,7 @@ fn save_into_a_plain_folder(user: bool) {
     mount.unmount();
 
     let again = s.mount(&[]);
-    let loaded = who.ok("load-folder", &again.path(folder), &[]);
+    let loaded = who.ok(HUB_CLIENT, "load-folder", &again.path(folder), &[]);
     assert_eq!(loaded["tensors_match"], true, "{loaded}");
     again.unmount();
 }
@@ -541,7 +424,7 @@ fn a_model_saved_into_a_plain_folder_on_a_users_mount_loads_by_path() {
 fn a_full_source_fails_the_writer_with_enospc_and_leaves_no_final_name() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok("make-model", &repo, &[]);
+    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
     let hub = Hub::serve(&repo);
     let small = s.dir.path().join("small");
     let _tmpfs = Tmpfs::mount(&small, "size=2m");
@@ -561,6 +444,7 @@ fn a_full_source_fails_the_writer_with_enospc_and_leaves_no_final_name() {
     // once it is whole.
     let endpoint = PathBuf::from(&hub.url);
     let failed = As::Root.client(
+        HUB_CLIENT,
         "snapshot",
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],

@@ -10,203 +10,19 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use sha2::{Digest, Sha256};
+use stagefs_tests::hub::{As, FAULT_CLIENT, Hub, REPO, sha256_hex, sha256_of, tree};
 use stagefs_tests::{
-    Mount, NetFs, Scratch, TestUser, generate, python, run_stagefs, staged_files, status_json,
-    temp_files, wait_for, workspace_root,
+    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, status_json, temp_files, wait_for,
+    within,
 };
 
-const REPO: &str = "acme/tiny";
 const REPO_DIR: &str = "models--acme--tiny";
 /// The mounts' source timeout: how long a writer waits on a dead link before EIO.
 const SOURCE_TIMEOUT: &str = "3s";
-
-// ---------------------------------------------------------------------------------
-// Copied from tests/tests/write.rs (Hub, tree, sha256_of, script, the As runner) and
-// tests/tests/faults.rs (within), to be moved into tests/src/lib.rs.
-// ---------------------------------------------------------------------------------
-
-fn script(name: &str) -> PathBuf {
-    workspace_root().join("tests/py").join(name)
-}
-
-fn sha256_of(path: &Path) -> String {
-    sha256_hex(&fs::read(path).expect("read"))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
-}
-
-/// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a
-/// stuck test.
-#[track_caller]
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).expect("the operation hung")
-}
-
-/// The local Hub endpoint, serving the model in one directory; killed when dropped.
-struct Hub {
-    child: Child,
-    _stdin: ChildStdin,
-    url: String,
-}
-
-impl Hub {
-    fn serve(dir: &Path) -> Hub {
-        let mut child = Command::new(python())
-            .arg(script("hub_server.py"))
-            .arg(dir)
-            .arg(REPO)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the hub server");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the server's first line");
-        let port = line.split_whitespace().next().expect("a port");
-        Hub {
-            child,
-            _stdin: stdin,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Who runs the clients: root (the test process) or the mount's ordinary user.
-#[derive(Clone, Copy)]
-enum As<'a> {
-    Root,
-    User(&'a TestUser),
-}
-
-impl As<'_> {
-    /// `fault_client.py MODE ARG` with `env`, started with its stdin and stdout piped.
-    fn spawn(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Client {
-        let mut command = match self {
-            As::Root => Command::new(python()),
-            As::User(user) => user.python(),
-        };
-        command
-            .arg(script("fault_client.py"))
-            .arg(mode)
-            .arg(arg)
-            .env("HF_HUB_DISABLE_TELEMETRY", "1")
-            .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        let mut child = command.spawn().expect("start the client");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        Client {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// `fault_client.py MODE ARG` with `env`, run to completion: its last JSON line,
-    /// or the exit status and output when it failed.
-    fn client(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Result<Value, String> {
-        self.spawn(mode, arg, env).finish()
-    }
-
-    #[track_caller]
-    fn ok(self, mode: &str, arg: &Path, env: &[(&str, &Path)]) -> Value {
-        self.client(mode, arg, env)
-            .unwrap_or_else(|e| panic!("fault_client.py {mode} {}: {e}", arg.display()))
-    }
-}
-
-/// A running `fault_client.py`.
-struct Client {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Client {
-    /// The next line the client printed, as JSON.
-    fn line(&mut self) -> Value {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read the client");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    }
-
-    /// Waits for the client to exit: its last JSON line if it succeeded, else its exit
-    /// status and output (the last line then says why, e.g. `"errno": 5`).
-    fn finish(mut self) -> Result<Value, String> {
-        drop(self.stdin.take());
-        let mut stdout = String::new();
-        std::io::Read::read_to_string(&mut self.stdout, &mut stdout).expect("stdout");
-        let mut stderr = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
-        }
-        let status = self.child.wait().expect("wait for the client");
-        let last = stdout.lines().last().unwrap_or_default();
-        match (status.success(), serde_json::from_str(last)) {
-            (true, Ok(value)) => Ok(value),
-            _ => Err(format!("{status}\n{stdout}\n{stderr}")),
-        }
-    }
-}
-
-/// What a tree holds, by relative path: directories and files with their modes
-/// (which the writer's umask decides), files by their sha256, links by their target.
-fn tree(root: &Path) -> BTreeMap<PathBuf, String> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
-        let mut entries: Vec<_> = fs::read_dir(dir).expect("list").flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let path = entry.path();
-            let rel = path.strip_prefix(root).expect("under root").to_path_buf();
-            let kind = entry.file_type().expect("type");
-            if kind.is_symlink() {
-                let target = fs::read_link(&path).expect("readlink");
-                out.insert(rel, format!("link -> {}", target.display()));
-            } else {
-                let mode = entry.metadata().expect("stat").permissions().mode() & 0o7777;
-                if kind.is_dir() {
-                    out.insert(rel, format!("dir {mode:o}"));
-                    walk(root, &path, out);
-                } else {
-                    out.insert(rel, format!("file {mode:o} {}", sha256_of(&path)));
-                }
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
 
 // ---------------------------------------------------------------------------------
 // Helpers of these tests.
@@ -216,7 +32,7 @@ fn tree(root: &Path) -> BTreeMap<PathBuf, String> {
 /// local Hub, and a direct download of it into `direct/`, a plain directory, by `who`.
 fn hub_and_direct_download(s: &Scratch, who: As) -> (Hub, PathBuf) {
     let repo = s.dir.path().join("repo");
-    As::Root.ok("make-model", &repo, &[]);
+    As::Root.ok(FAULT_CLIENT, "make-model", &repo, &[]);
     let hub = Hub::serve(&repo);
     let direct = s.dir.path().join("direct");
     fs::create_dir_all(&direct).expect("mkdir");
@@ -225,6 +41,7 @@ fn hub_and_direct_download(s: &Scratch, who: As) -> (Hub, PathBuf) {
     }
     let endpoint = PathBuf::from(&hub.url);
     who.ok(
+        FAULT_CLIENT,
         "snapshot",
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &direct)],
@@ -372,7 +189,7 @@ fn offline_load_matches(who: As, mount: &Mount, direct: &Path) {
         ("HF_HUB_OFFLINE", Path::new("1")),
     ];
     let load = who
-        .client("load", Path::new(REPO), &env)
+        .client(FAULT_CLIENT, "load", Path::new(REPO), &env)
         .unwrap_or_else(|e| panic!("the offline load: {e}\n{}", mount.log_text()));
     assert_eq!(load["tensors_match"], true, "{load}");
     let snapshots = direct.join(REPO_DIR).join("snapshots");
@@ -469,6 +286,7 @@ fn a_link_cut_mid_download_fails_it_with_eio_and_a_rerun_completes_it() {
 
     let endpoint = PathBuf::from(&hub.url);
     let download = As::Root.spawn(
+        FAULT_CLIENT,
         "snapshot",
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
@@ -536,6 +354,7 @@ fn a_link_cut_mid_download_fails_it_with_eio_and_a_rerun_completes_it() {
     let leftovers = leftovers_of_a_failed_download(&s.hub, &download_tree(&s.hub), &direct);
     println!("left by the failed attempt: {:?}", leftovers.keys());
     if let Err(why) = As::Root.client(
+        FAULT_CLIENT,
         "snapshot",
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
@@ -699,6 +518,7 @@ fn a_daemon_killed_mid_download_leaves_no_copy_and_the_download_completes_after_
     let endpoint = PathBuf::from(&hub.url);
     let half = PathBuf::from((8u64 << 20).to_string());
     let mut download = who.spawn(
+        FAULT_CLIENT,
         "paused",
         Path::new(REPO),
         &[
@@ -766,6 +586,7 @@ fn a_daemon_killed_mid_download_leaves_no_copy_and_the_download_completes_after_
     );
 
     who.ok(
+        FAULT_CLIENT,
         "snapshot",
         Path::new(REPO),
         &[("HF_ENDPOINT", &endpoint), ("HF_HUB_CACHE", &mount.mnt)],
