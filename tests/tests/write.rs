@@ -147,6 +147,47 @@ fn hf_hub_download_through_the_mount_writes_what_a_direct_download_writes() {
     download_through_the_mount(false, "hub-download");
 }
 
+/// `hf download` with `HF_HOME` at a mount of an HF_HOME (the third shape): the
+/// download lands under the source's `hub/`, with what a direct download into an
+/// HF_HOME holds there, and an offline load through the mount copies nothing.
+#[test]
+fn hf_download_into_an_hf_home_mount_writes_what_a_direct_download_writes() {
+    let s = Scratch::new();
+    let repo = s.dir.path().join("repo");
+    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
+    let hub = Hub::serve(&repo);
+    let endpoint = hub.endpoint();
+    let direct = s.dir.path().join("direct-home");
+    fs::create_dir_all(direct.join("hub")).expect("mkdir");
+    fs::create_dir_all(s.hub.join("hub")).expect("mkdir");
+    fs::write(s.hub.join("token"), "hf_test").expect("a token, as an HF_HOME has");
+    let mount = s.mount(&[]);
+    for home in [&direct, &mount.mnt] {
+        As::Root.ok(
+            HUB_CLIENT,
+            "hf-download",
+            Path::new(REPO),
+            &[("HF_ENDPOINT", &endpoint), ("HF_HOME", home)],
+        );
+    }
+    assert_eq!(
+        tree(&s.hub.join("hub")),
+        tree(&direct.join("hub")),
+        "the source's hub/ holds what a direct download holds"
+    );
+    drop(hub);
+    let load = As::Root.ok(
+        HUB_CLIENT,
+        "load",
+        Path::new(REPO),
+        &[("HF_HOME", &mount.mnt), ("HF_HUB_OFFLINE", Path::new("1"))],
+    );
+    assert_eq!(load["tensors_match"], true, "{load}");
+    let metrics = mount.metrics();
+    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    mount.unmount();
+}
+
 /// `hf download --local-dir` into a plain folder on the mount (huggingface_hub
 /// writes each file under `.cache/huggingface/download/` and moves it into place),
 /// then a load by path: the files are the repo's, and the load copies nothing.
