@@ -663,13 +663,14 @@ mod tests {
     use super::*;
     use crate::store::budget::Budget;
 
-    struct Fixture {
-        src: tempfile::TempDir,
+    /// A stager over a fresh source directory and store (also `written.rs`'s).
+    pub(super) struct Fixture {
+        pub(super) src: tempfile::TempDir,
         _cache: tempfile::TempDir,
-        stager: Stager,
+        pub(super) stager: Stager,
     }
 
-    fn fixture() -> Fixture {
+    pub(super) fn fixture() -> Fixture {
         let src = tempfile::tempdir().expect("tempdir");
         let cache = tempfile::tempdir().expect("tempdir");
         let source = SourceTree::new(src.path()).expect("source");
@@ -682,7 +683,7 @@ mod tests {
         }
     }
 
-    fn contents(staged: &Staged) -> Vec<u8> {
+    pub(super) fn contents(staged: &Staged) -> Vec<u8> {
         let mut file = staged.file.as_ref();
         let mut out = Vec::new();
         file.seek(SeekFrom::Start(0)).expect("seek");

@@ -5,6 +5,7 @@
 //! ([`Stager::join`]). A loader that downloads a model and opens it at once (an
 //! online `mlx_lm.load`) reads the copy it wrote.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::PoisonError;
 
@@ -12,7 +13,7 @@ use tempfile::NamedTempFile;
 use tracing::{debug, info};
 
 use super::copy::{Digests, digest_file};
-use super::{Inner, Progress, Purpose, StageResult, Stager, reusable, staged};
+use super::{Flight, Inner, Progress, Purpose, StageResult, Stager, reusable, staged};
 use crate::error::{SourceError, StageError, StoreError};
 use crate::source::{SourceMeta, Stamp};
 use crate::store::index::{CopyId, Entry};
@@ -48,26 +49,13 @@ impl Stager {
         version: SourceVersion,
         committed: impl FnOnce() + Send + 'static,
     ) {
-        let key = Key::for_source_path(rel);
-        let mut inflight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if inflight.contains_key(&key) {
-            return;
-        }
-        let flight = self.start_flight(
-            rel.to_path_buf(),
-            key.clone(),
-            Purpose::Written,
-            move |inner, rel, key, progress| {
+        self.enter_written(rel, |_| {
+            move |inner: &Inner, rel: &Path, key: &Key, progress: &Progress| {
                 inner
                     .adopt_now(rel, key, copy, version, progress, committed)
                     .inspect_err(|why| debug!(%why, "a written copy was not staged"))
-            },
-        );
-        inflight.insert(key, flight);
+            }
+        });
     }
 
     /// `from`, whose copy was written through the mount (stored, or in flight as
@@ -83,23 +71,11 @@ impl Stager {
         version: SourceVersion,
         committed: impl FnOnce() + Send + 'static,
     ) {
-        let key = Key::for_source_path(to);
-        let mut inflight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if inflight.contains_key(&key) {
-            return;
-        }
-        let from_key = Key::for_source_path(from);
-        let earlier = inflight.get(&from_key).map(|f| f.result.clone());
         let (from, runtime) = (from.to_path_buf(), self.inner.runtime.clone());
-        let flight = self.start_flight(
-            to.to_path_buf(),
-            key.clone(),
-            Purpose::Written,
-            move |inner, rel, key, progress| {
+        self.enter_written(to, |inflight| {
+            let from_key = Key::for_source_path(&from);
+            let earlier = inflight.get(&from_key).map(|f| f.result.clone());
+            move |inner: &Inner, rel: &Path, key: &Key, progress: &Progress| {
                 if let Some(earlier) = earlier {
                     // On a worker thread, outside the runtime: it may wait here.
                     let _ = runtime.block_on(earlier);
@@ -119,8 +95,27 @@ impl Stager {
                 inner
                     .adopt_now(rel, key, copy, version, progress, committed)
                     .inspect_err(|why| debug!(%why, "a renamed written copy was not staged"))
-            },
-        );
+            }
+        });
+    }
+
+    /// Enters a flight for written copy `rel` that runs the work `make` returns
+    /// (`make` sees the flights in progress), unless a copy of `rel` is in flight.
+    fn enter_written<W>(&self, rel: &Path, make: impl FnOnce(&HashMap<Key, Flight>) -> W)
+    where
+        W: FnOnce(&Inner, &Path, &Key, &Progress) -> StageResult + Send + 'static,
+    {
+        let key = Key::for_source_path(rel);
+        let mut inflight = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if inflight.contains_key(&key) {
+            return;
+        }
+        let work = make(&inflight);
+        let flight = self.start_flight(rel.to_path_buf(), key.clone(), Purpose::Written, work);
         inflight.insert(key, flight);
     }
 
@@ -205,37 +200,15 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use std::fs;
-    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::io::Write;
     use std::path::PathBuf;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use sha2::{Digest, Sha256};
-    use tokio::runtime::Handle;
 
+    use super::super::tests::{Fixture, contents, fixture};
     use super::*;
-    use crate::source::SourceTree;
-    use crate::store::Store;
-    use crate::store::budget::Budget;
-
-    struct Fixture {
-        src: tempfile::TempDir,
-        _cache: tempfile::TempDir,
-        stager: Stager,
-    }
-
-    fn fixture() -> Fixture {
-        let src = tempfile::tempdir().expect("tempdir");
-        let cache = tempfile::tempdir().expect("tempdir");
-        let source = SourceTree::new(src.path()).expect("source");
-        let store = Store::open(cache.path(), Budget::default()).expect("store");
-        let stager = Stager::new(source, store, Arc::default(), Handle::current());
-        Fixture {
-            src,
-            _cache: cache,
-            stager,
-        }
-    }
 
     /// A blob on the source, as a download through the mount leaves it: its path.
     fn blob_on_source(fx: &Fixture, data: &[u8]) -> PathBuf {
@@ -262,14 +235,6 @@ mod tests {
                 flag.store(true, Ordering::SeqCst)
             });
         done
-    }
-
-    fn contents(staged: &crate::stage::Staged) -> Vec<u8> {
-        let mut file = staged.file.as_ref();
-        let mut out = Vec::new();
-        file.seek(SeekFrom::Start(0)).expect("seek");
-        file.read_to_end(&mut out).expect("read");
-        out
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
