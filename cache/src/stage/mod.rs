@@ -340,15 +340,7 @@ impl Stager {
     /// prefetch, or a small file's kept copy, which no open waits for), is committed
     /// or has failed (its error is returned).
     pub async fn settled(&self, rel: &Path) -> Result<(), StageError> {
-        let key = Key::for_source_path(rel);
-        let flight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-            .cloned();
-        match flight {
+        match self.flight_of(rel) {
             Some(flight) => flight.result.await.map(drop),
             None => Ok(()),
         }
@@ -356,11 +348,7 @@ impl Stager {
 
     /// Copies in progress.
     pub fn in_flight(&self) -> Vec<InFlight> {
-        let inflight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let inflight = self.inner.flights();
         let mut list: Vec<InFlight> = inflight
             .values()
             .map(|f| InFlight {
@@ -374,13 +362,17 @@ impl Stager {
         list
     }
 
+    /// The copy of `rel` in flight, if any.
+    fn flight_of(&self, rel: &Path) -> Option<Flight> {
+        self.inner
+            .flights()
+            .get(&Key::for_source_path(rel))
+            .cloned()
+    }
+
     fn flight_for(&self, rel: &Path, purpose: Purpose) -> Flight {
         let key = Key::for_source_path(rel);
-        let mut inflight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut inflight = self.inner.flights();
         inflight
             .entry(key.clone())
             .or_insert_with(|| {
@@ -414,11 +406,7 @@ impl Stager {
             let result = work(&inner, &worker_rel, &key, &worker_progress);
             drop(urgent);
             // Later callers start afresh (and hit the store) once this copy is settled.
-            inner
-                .inflight
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&key);
+            inner.flights().remove(&key);
             result
         });
         let path = rel.clone();
@@ -510,13 +498,29 @@ impl Inner {
     /// rather than one of the runtime's, and fails within the timeout.
     fn stat_source(&self, rel: &Path) -> Result<SourceMeta, StageError> {
         let (source, path) = (self.source.clone(), rel.to_path_buf());
+        self.meta_on_pool(rel, move || source.stat(&path))
+    }
+
+    /// What `ask` says of source file `rel`, asked on the source pool, so a dead
+    /// source holds one of its threads rather than one of the runtime's, and fails
+    /// within the timeout.
+    fn meta_on_pool(
+        &self,
+        rel: &Path,
+        ask: impl FnOnce() -> Result<SourceMeta, SourceError> + Send + 'static,
+    ) -> Result<SourceMeta, StageError> {
         self.pool
-            .run_blocking(move || source.stat(&path))
+            .run_blocking(ask)
             .map_err(|why| SourceError::Unanswered {
                 path: rel.to_path_buf(),
                 why,
             })?
             .map_err(StageError::from)
+    }
+
+    /// The copies in flight, by key.
+    fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Flight>> {
+        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The copy options settled for the source's kind: asked of the source once (on

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::PoisonError;
 
 use tempfile::NamedTempFile;
 use tracing::{debug, info};
@@ -106,11 +105,7 @@ impl Stager {
         W: FnOnce(&Inner, &Path, &Key, &Progress) -> StageResult + Send + 'static,
     {
         let key = Key::for_source_path(rel);
-        let mut inflight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut inflight = self.inner.flights();
         if inflight.contains_key(&key) {
             return;
         }
@@ -122,15 +117,9 @@ impl Stager {
     /// Waits until a copy of `rel` written through the mount is settled, if one is
     /// being verified: committed (then the store has it) or refused.
     pub async fn written_settled(&self, rel: &Path) {
-        let key = Key::for_source_path(rel);
         let flight = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-            .filter(|f| f.purpose == Purpose::Written)
-            .cloned();
+            .flight_of(rel)
+            .filter(|f| f.purpose == Purpose::Written);
         if let Some(flight) = flight {
             let _ = flight.result.await;
         }
@@ -150,13 +139,7 @@ impl Inner {
         let changed = || StageError::SourceChanged {
             path: rel.to_path_buf(),
         };
-        let meta = self
-            .pool
-            .run_blocking(version)
-            .map_err(|why| SourceError::Unanswered {
-                path: rel.to_path_buf(),
-                why,
-            })??;
+        let meta = self.meta_on_pool(rel, version)?;
         if !meta.is_file() || meta.size != copy.len {
             return Err(changed());
         }
