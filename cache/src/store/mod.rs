@@ -682,17 +682,23 @@ impl Store {
         let taken = self
             .books
             .evict_locked(&mut state, key, "to be committed under a new name");
-        let Some(Evicted {
-            path: Some(aside),
-            bytes,
-        }) = taken
-        else {
+        let aside = match taken {
+            Some(Evicted {
+                path: Some(aside),
+                bytes,
+            }) => {
+                // Handed over, not unlinked: its bytes count again once committed.
+                state.unlinking -= bytes;
+                Some(aside)
+            }
+            _ => None,
+        };
+        drop(state);
+        // Out of the index either way (a copy whose file was missing too).
+        self.books.write_journal(true, true)?;
+        let Some(aside) = aside else {
             return Ok(None);
         };
-        // Handed over, not unlinked: its bytes count again once it is committed.
-        state.unlinking -= bytes;
-        drop(state);
-        self.books.write_journal(true, true)?;
         let opened = File::open(&aside)
             .and_then(|file| Ok((file, tempfile::TempPath::try_from_path(&aside)?)));
         let (file, path) = opened.map_err(|e| StoreError::io(&aside, e))?;
