@@ -69,11 +69,7 @@ impl Written {
     /// `path` (and anything under it) was changed through the mount; the taint's
     /// generation.
     pub(crate) fn taint(&self, path: &Path) -> u64 {
-        let mut state = lock(&self.state);
-        state.generation += 1;
-        let generation = state.generation;
-        state.tainted.insert(path.to_path_buf(), generation);
-        generation
+        self.taint_after(path, 0).0
     }
 
     /// Taints `path` and says whether `expected` was its latest taint until then
@@ -85,11 +81,6 @@ impl Written {
         let generation = state.generation;
         state.tainted.insert(path.to_path_buf(), generation);
         (generation, unchanged)
-    }
-
-    /// The generation of `path`'s own latest taint.
-    pub(crate) fn exact(&self, path: &Path) -> Option<u64> {
-        lock(&self.state).tainted.get(path).copied()
     }
 
     /// Handles open for writing on `path` now.
@@ -111,7 +102,7 @@ impl Written {
 
     /// The generation of `path`'s own latest taint, 0 for none.
     pub(crate) fn latest(&self, path: &Path) -> u64 {
-        self.exact(path).unwrap_or(0)
+        lock(&self.state).tainted.get(path).copied().unwrap_or(0)
     }
 
     /// A handle opened `path` for writing; `changed`: the open itself changed it (a

@@ -284,9 +284,14 @@ impl WrittenCopies {
 
     /// Whether `path`'s written copy can follow a rename: one was adopted at a close
     /// whose taint is still `latest`, its latest (nothing changed it since).
-    pub(crate) fn unchanged_since_close(&self, path: &Path, latest: Option<u64>) -> bool {
-        let closed = lock(&self.closes).remove(path);
-        closed.is_some() && closed == latest
+    pub(crate) fn unchanged_since_close(&self, path: &Path, latest: u64) -> bool {
+        lock(&self.closes).remove(path) == Some(latest)
+    }
+
+    /// What the source holds at `path` now, for a written copy's check.
+    fn source_version(&self, path: &Path) -> SourceVersion {
+        let (source, path) = (self.stager.source().clone(), path.to_path_buf());
+        Box::new(move || source.stat(&path))
     }
 
     /// `from`, unchanged since its written copy was adopted, was renamed to `to`
@@ -294,8 +299,7 @@ impl WrittenCopies {
     /// checked against what the source holds there, and may follow a further rename.
     pub(crate) fn carry_over(&self, from: &Path, to: &Path, generation: u64) {
         lock(&self.closes).insert(to.to_path_buf(), generation);
-        let (source, stat_path) = (self.stager.source().clone(), to.to_path_buf());
-        let version: SourceVersion = Box::new(move || source.stat(&stat_path));
+        let version = self.source_version(to);
         let (written, cleared) = (Arc::clone(&self.written), to.to_path_buf());
         self.stager.adopt_renamed(from, to, version, move || {
             written.cleared(&cleared, generation);
@@ -317,8 +321,7 @@ impl WrittenCopies {
         if Key::for_source_path(to).content_sha256().is_none() {
             return;
         }
-        let (source, stat_path) = (self.stager.source().clone(), to.to_path_buf());
-        let version: SourceVersion = Box::new(move || source.stat(&stat_path));
+        let version = self.source_version(to);
         let copy = WrittenCopy {
             tmp: parked.tmp,
             len: parked.len,

@@ -270,12 +270,22 @@ impl Policy {
             // Nothing was written through a read handle.
             return Ok(());
         };
-        let (file, ino) = (Arc::clone(&writer.file), writer.ino);
-        let path = self.node(ino).map(|n| n.path).unwrap_or_default();
+        self.on_written_file(writer, move |file| file.sync(data_only))
+            .await
+    }
+
+    /// Runs `op` on `writer`'s file on the source, as a change of its path (on the
+    /// source pool, under the timeout).
+    async fn on_written_file(
+        self: &Arc<Self>,
+        writer: &Writer,
+        op: impl FnOnce(&dyn WritableFile) -> std::io::Result<()> + Send + 'static,
+    ) -> Result<(), FsError> {
+        let file = Arc::clone(&writer.file);
+        let path = self.node(writer.ino).map(|n| n.path).unwrap_or_default();
         let work_path = path.clone();
         self.change(&path, move |_| {
-            file.sync(data_only)
-                .map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
+            op(file.as_ref()).map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
         })
         .await
     }
@@ -298,15 +308,7 @@ impl Policy {
         let Some(writer) = &open.writer else {
             return Ok(());
         };
-        let (file, ino) = (Arc::clone(&writer.file), writer.ino);
-        let path = self.node(ino).map(|n| n.path).unwrap_or_default();
-        let work_path = path.clone();
-        let flushed = self
-            .change(&path, move |_| {
-                file.flush()
-                    .map_err(|e| FsError::Source(SourceError::write(&work_path, e)))
-            })
-            .await;
+        let flushed = self.on_written_file(writer, |file| file.flush()).await;
         if flushed.is_err()
             && let Some(tee) = tee_of(&open)
         {
@@ -366,12 +368,7 @@ impl Policy {
         // between is the tee's own: its copy stands (see `Tee::rebase`).
         let mut own = false;
         if is_file && versioned {
-            let baseline = tee.map_or(u64::MAX, Tee::baseline);
-            let (generation, unchanged) = self.written.taint_after(&node.path, baseline);
-            own = tee.is_some() && unchanged;
-            if own && let Some(tee) = tee {
-                tee.rebase(generation);
-            }
+            own = self.taint_for(&node.path, tee, true).1;
             self.inodes.set_live(ino);
         }
         let path = node.path.clone();
@@ -411,14 +408,7 @@ impl Policy {
             .await;
         if is_file && versioned {
             // Tainted again after the change, so a copy made meanwhile is not trusted.
-            let baseline = tee.map_or(u64::MAX, Tee::baseline);
-            let (generation, unchanged) = self.written.taint_after(&path, baseline);
-            if own
-                && unchanged
-                && let Some(tee) = tee
-            {
-                tee.rebase(generation);
-            }
+            self.taint_for(&path, tee, own);
         }
         attr
     }
@@ -438,22 +428,18 @@ impl Policy {
         // Asked before this rename taints it.
         let carry = self
             .copies
-            .unchanged_since_close(&from, self.written.exact(&from));
+            .unchanged_since_close(&from, self.written.latest(&from));
         // A handle still filling a copy of `from`: a writer's close may reach the
         // daemon after its rename (FUSE sends RELEASE on its own time), and the copy
         // then follows the file to its new name, if nothing else changed it.
         let filling = self.open_tee_of(&from);
-        let own = match &filling {
-            Some(open) => {
-                let baseline = tee_of(open).map_or(u64::MAX, Tee::baseline);
-                self.written.taint_after(&from, baseline).1
-            }
-            None => {
-                self.written.taint(&from);
-                false
-            }
-        };
+        let tee = filling.as_deref().and_then(tee_of);
+        let own = self.taint_for(&from, tee, true).1;
         let before = self.written.taint(&to);
+        if own && let Some(tee) = tee {
+            // Its file is at `to` once renamed: so is its baseline.
+            tee.rebase(before);
+        }
         let (work_from, work_to) = (from.clone(), to.clone());
         self.change(&from, move |p| {
             p.stager
@@ -469,13 +455,7 @@ impl Policy {
         })
         .await?;
         self.written.taint(&from);
-        let (generation, unchanged) = self.written.taint_after(&to, before);
-        if own
-            && unchanged
-            && let Some(tee) = filling.as_deref().and_then(tee_of)
-        {
-            tee.rebase(generation);
-        }
+        let generation = self.taint_for(&to, tee, own).0;
         if carry {
             // A temp name's copy, staged as written, is the final name's now.
             self.copies.carry_over(&from, &to, generation);
@@ -620,6 +600,21 @@ impl Policy {
 }
 
 impl Policy {
+    /// Taints `path`. With `tee`, the copy a handle on it is filling, and `own`
+    /// (every change so far was that handle's), the taint is the tee's own too if
+    /// nothing else tainted the path since the tee's baseline: the tee is then
+    /// rebased onto it. The taint's generation, and whether it was the tee's own.
+    fn taint_for(&self, path: &Path, tee: Option<&Tee>, own: bool) -> (u64, bool) {
+        let Some(tee) = tee.filter(|_| own) else {
+            return (self.written.taint(path), false);
+        };
+        let (generation, unchanged) = self.written.taint_after(path, tee.baseline());
+        if unchanged {
+            tee.rebase(generation);
+        }
+        (generation, unchanged)
+    }
+
     /// The open handle filling a copy of `path` as it writes, if any (at most one:
     /// a tee needs its file to itself when it opens).
     fn open_tee_of(&self, path: &Path) -> Option<Arc<OpenFile>> {
