@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use nfs3_server::nfs3_types::nfs3::{self as nfs, READ3args, nfsstat3};
 use nfs3_server::nfs3_types::rpc::{
-    accept_stat_data, accepted_reply, auth_flavor, auth_unix, msg_body, opaque_auth, reply_body,
-    rpc_msg,
+    accept_stat_data, accepted_reply, auth_flavor, auth_unix, call_body, msg_body, opaque_auth,
+    reply_body, rpc_msg,
 };
 use nfs3_server::nfs3_types::xdr_codec::{Pack, Unpack};
 use stagefs_policy::Policy;
@@ -137,7 +137,9 @@ impl Front {
             let Some(record) = read_record(&mut from_client).await? else {
                 return Ok(());
             };
-            match self.servable_read(&record.body()) {
+            let body = record.body();
+            let call = NfsCall::parse(&body);
+            match call.as_ref().and_then(|call| self.servable_read(call)) {
                 Some(read) => {
                     let (this, to_client) = (self.clone(), Arc::clone(to_client));
                     tokio::spawn(async move {
@@ -146,7 +148,9 @@ impl Front {
                     });
                 }
                 None => {
-                    self.note_intent(&record.body());
+                    if let Some(call) = &call {
+                        self.note_intent(call);
+                    }
                     to_library.write_all(&record.0).await?
                 }
             }
@@ -154,14 +158,9 @@ impl Front {
     }
 
     /// The READ in `call` if this front may answer it: see the module docs.
-    fn servable_read(&self, call: &[u8]) -> Option<ServableRead> {
-        let mut cursor = Cursor::new(call);
-        let (msg, _) = rpc_msg::unpack(&mut cursor).ok()?;
-        let msg_body::CALL(body) = msg.body else {
-            return None;
-        };
-        let read = nfs::NFS_PROGRAM::NFSPROC3_READ as u32;
-        if body.prog != nfs::PROGRAM || body.vers != nfs::VERSION || body.proc != read {
+    fn servable_read(&self, call: &NfsCall<'_>) -> Option<ServableRead> {
+        let body = &call.body;
+        if body.proc != nfs::NFS_PROGRAM::NFSPROC3_READ as u32 {
             return None;
         }
         if body.cred.flavor != auth_flavor::AUTH_UNIX {
@@ -171,8 +170,9 @@ impl Front {
         if !serves(self.owner, &auth) {
             return None;
         }
+        let mut cursor = Cursor::new(call.args);
         let (args, _) = READ3args::unpack(&mut cursor).ok()?;
-        if cursor.position() != call.len() as u64 {
+        if cursor.position() != call.args.len() as u64 {
             return None;
         }
         let ino = ino_of(&args.file.data, self.generation)?;
@@ -187,7 +187,7 @@ impl Front {
             return None;
         }
         Some(ServableRead {
-            xid: msg.xid,
+            xid: call.xid,
             ino,
             file,
             offset,
@@ -198,20 +198,9 @@ impl Front {
 
     /// Notes what the library will drop of `call`, if it is a MKDIR, REMOVE or
     /// RMDIR (`intents.rs`).
-    fn note_intent(&self, call: &[u8]) {
-        let mut cursor = Cursor::new(call);
-        let Ok((msg, _)) = rpc_msg::unpack(&mut cursor) else {
-            return;
-        };
-        let msg_body::CALL(body) = msg.body else {
-            return;
-        };
-        if body.prog != nfs::PROGRAM || body.vers != nfs::VERSION {
-            return;
-        }
-        let args = &call[usize::try_from(cursor.position()).unwrap_or(call.len())..];
+    fn note_intent(&self, call: &NfsCall<'_>) {
         if let Some((dir, name, intent)) =
-            intents::of_call(body.proc, args, |fh| ino_of(fh, self.generation))
+            intents::of_call(call.body.proc, call.args, |fh| ino_of(fh, self.generation))
         {
             self.intents.note(dir, &name, intent);
         }
@@ -232,6 +221,34 @@ impl Front {
             offset: read.offset,
             len: read.len,
         }
+    }
+}
+
+/// An NFSv3 call, its header read once for everything the front asks of it.
+struct NfsCall<'a> {
+    xid: u32,
+    body: call_body<'a>,
+    /// The procedure's arguments (XDR), after the header.
+    args: &'a [u8],
+}
+
+impl<'a> NfsCall<'a> {
+    /// The call in record body `record`, if it is one of NFS version 3.
+    fn parse(record: &'a [u8]) -> Option<NfsCall<'a>> {
+        let mut cursor = Cursor::new(record);
+        let (msg, _) = rpc_msg::unpack(&mut cursor).ok()?;
+        let msg_body::CALL(body) = msg.body else {
+            return None;
+        };
+        if body.prog != nfs::PROGRAM || body.vers != nfs::VERSION {
+            return None;
+        }
+        let args = record.get(usize::try_from(cursor.position()).ok()?..)?;
+        Some(NfsCall {
+            xid: msg.xid,
+            body,
+            args,
+        })
     }
 }
 
