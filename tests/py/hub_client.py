@@ -38,7 +38,7 @@ def sha256(path):
 
 
 def tensors():
-    """The model's weights: 3 MiB, or $MODEL_MIB (for bench/download-load.sh)."""
+    """The model's weights: 3 MiB, or $MODEL_MIB (bench/download-load.sh, fault_client.py)."""
     mib = int(os.environ.get("MODEL_MIB", "3"))
     return {
         "embed": np.arange(mib * 2**18, dtype=np.float32).reshape(-1, 1024),
@@ -247,11 +247,16 @@ MODES = {
     "from-pretrained": from_pretrained,
 }
 
-if __name__ == "__main__":
+def main(modes):
+    """Runs mode argv[1] on argv[2]; its JSON line, or an OSError's as one, exit 3."""
     try:
-        result = MODES[sys.argv[1]](sys.argv[2])
+        result = modes[sys.argv[1]](sys.argv[2])
     except OSError as e:
         result = {"error": os.strerror(e.errno) if e.errno else str(e), "errno": e.errno}
         print(json.dumps(result))
         sys.exit(3)
     print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(MODES)

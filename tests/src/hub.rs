@@ -78,6 +78,13 @@ impl Hub {
         }
     }
 
+    /// Makes `client`'s model (its `make-model`) in `dir`, as root, and serves it
+    /// with `options`.
+    pub fn of_a_new_model(client: &str, dir: &Path, options: &[&str]) -> Hub {
+        As::Root.ok(client, "make-model", dir, &[]);
+        Self::serve_with(dir, options)
+    }
+
     /// `HF_ENDPOINT`'s value for it.
     pub fn endpoint(&self) -> PathBuf {
         PathBuf::from(&self.url)

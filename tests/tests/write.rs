@@ -14,6 +14,14 @@ use serde_json::Value;
 use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, sha256_of, tree};
 use stagefs_tests::{Mount, Scratch, Tmpfs, python, staged_files, temp_files, wait_for};
 
+/// The mount copied nothing from its source: every file it served was staged as
+/// it was written.
+#[track_caller]
+fn nothing_read_back(mount: &Mount) {
+    let metrics = mount.metrics();
+    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+}
+
 /// A scratch area (as `user`, if any) with a generated model in `repo/` served by a
 /// local Hub, and a direct download of it into `direct/`, a plain directory.
 fn hub_and_direct_download(user: bool, mode: &str) -> (Scratch, Hub, PathBuf) {
@@ -23,8 +31,7 @@ fn hub_and_direct_download(user: bool, mode: &str) -> (Scratch, Hub, PathBuf) {
         Scratch::new()
     };
     let repo = s.dir.path().join("repo");
-    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
-    let hub = Hub::serve(&repo);
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &repo, &[]);
     let direct = s.dir.path().join("direct");
     fs::create_dir_all(&direct).expect("mkdir");
     let who = match &s.user {
@@ -154,8 +161,7 @@ fn hf_hub_download_through_the_mount_writes_what_a_direct_download_writes() {
 fn hf_download_into_an_hf_home_mount_writes_what_a_direct_download_writes() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
-    let hub = Hub::serve(&repo);
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &repo, &[]);
     let endpoint = hub.endpoint();
     let direct = s.dir.path().join("direct-home");
     fs::create_dir_all(direct.join("hub")).expect("mkdir");
@@ -183,8 +189,7 @@ fn hf_download_into_an_hf_home_mount_writes_what_a_direct_download_writes() {
         &[("HF_HOME", &mount.mnt), ("HF_HUB_OFFLINE", Path::new("1"))],
     );
     assert_eq!(load["tensors_match"], true, "{load}");
-    let metrics = mount.metrics();
-    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    nothing_read_back(&mount);
     mount.unmount();
 }
 
@@ -195,8 +200,7 @@ fn hf_download_into_an_hf_home_mount_writes_what_a_direct_download_writes() {
 fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
-    let hub = Hub::serve(&repo);
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &repo, &[]);
     let mount = s.mount(&[]);
     let folder = mount.path("models/acme/tiny");
     let endpoint = PathBuf::from(&hub.url);
@@ -221,8 +225,7 @@ fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
     drop(hub);
     let loaded = As::Root.ok(HUB_CLIENT, "load-folder", &folder, &[]);
     assert_eq!(loaded["tensors_match"], true, "{loaded}");
-    let metrics = mount.metrics();
-    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    nothing_read_back(&mount);
     assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
     mount.unmount();
 }
@@ -234,8 +237,7 @@ fn hf_download_into_a_local_dir_on_the_mount_is_staged_as_it_is_written() {
 fn two_concurrent_downloads_of_one_repo_write_what_one_direct_download_writes() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
-    let hub = Hub::serve_with(&repo, &["--rate", "4000000"]);
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &repo, &["--rate", "4000000"]);
     let endpoint = PathBuf::from(&hub.url);
     let direct = s.dir.path().join("direct");
     As::Root.ok(
@@ -280,7 +282,7 @@ fn two_concurrent_downloads_of_one_repo_write_what_one_direct_download_writes() 
         ],
     );
     assert_eq!(load["tensors_match"], true, "{load}");
-    assert_eq!(mount.metrics().stage_copies, 0, "nothing read back");
+    nothing_read_back(&mount);
     assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
     mount.unmount();
 }
@@ -385,8 +387,7 @@ fn online_loads_find_a_newer_revision(user: bool) {
     );
     assert_eq!(loaded["weights_match"], true, "{loaded}");
     assert_eq!(loaded["revision"], direct_revisions[1].as_str());
-    let metrics = mount.metrics();
-    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    nothing_read_back(&mount);
     assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
     mount.unmount();
 }
@@ -437,8 +438,7 @@ fn save_into_a_plain_folder(user: bool) {
     assert_eq!(loaded["tensors_match"], true, "{loaded}");
     assert_eq!(loaded["sha256"], saved["model.safetensors"], "{loaded}");
     // The weights' copy, written under the temp name, followed the rename.
-    let metrics = mount.metrics();
-    assert_eq!(metrics.stage_copies, 0, "nothing read back: {metrics:?}");
+    nothing_read_back(&mount);
     assert!(temp_files(&s.cache).is_empty(), "nothing left in tmp");
     mount.unmount();
 
@@ -465,8 +465,7 @@ fn a_model_saved_into_a_plain_folder_on_a_users_mount_loads_by_path() {
 fn a_full_source_fails_the_writer_with_enospc_and_leaves_no_final_name() {
     let s = Scratch::new();
     let repo = s.dir.path().join("repo");
-    As::Root.ok(HUB_CLIENT, "make-model", &repo, &[]);
-    let hub = Hub::serve(&repo);
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &repo, &[]);
     let small = s.dir.path().join("small");
     let _tmpfs = Tmpfs::mount(&small, "size=2m");
     let mount = Mount::start(&small, &s.mnt, &s.cache, &[]);

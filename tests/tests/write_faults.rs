@@ -32,8 +32,7 @@ const SOURCE_TIMEOUT: &str = "3s";
 /// local Hub, and a direct download of it into `direct/`, a plain directory, by `who`.
 fn hub_and_direct_download(s: &Scratch, who: As) -> (Hub, PathBuf) {
     let repo = s.dir.path().join("repo");
-    As::Root.ok(FAULT_CLIENT, "make-model", &repo, &[]);
-    let hub = Hub::serve(&repo);
+    let hub = Hub::of_a_new_model(FAULT_CLIENT, &repo, &[]);
     let direct = s.dir.path().join("direct");
     fs::create_dir_all(&direct).expect("mkdir");
     if let As::User(user) = who {
@@ -236,9 +235,17 @@ fn close(file: File) -> std::io::Result<()> {
     }
 }
 
-/// A source over sshfs, writable (NetFs mounts read-only unless told).
-fn writable_netfs(s: &Scratch, rate: &str) -> NetFs {
-    NetFs::up_with(&s.hub, &s.dir.path().join("nas"), rate, "rw")
+/// `s.hub` over a writable sshfs link of 40 mbit (NetFs mounts read-only unless
+/// told), mounted at `s.mnt` by the binary with the short source timeout.
+fn mounted_over_a_slow_link(s: &Scratch) -> (NetFs, Mount) {
+    let remote = NetFs::up_with(&s.hub, &s.dir.path().join("nas"), "40mbit", "rw");
+    let mount = Mount::start(
+        &remote.mnt,
+        &s.mnt,
+        &s.cache,
+        &["--no-prefetch", "--source-timeout", SOURCE_TIMEOUT],
+    );
+    (remote, mount)
 }
 
 /// Restores a cut link when dropped: declared after the mount, it runs before the
@@ -270,13 +277,7 @@ fn a_link_cut_mid_download_fails_it_with_eio_and_a_rerun_completes_it() {
     let staged = generate(&s.hub, "acme/staged", 1, "4M");
     let untouched = tree(&s.hub);
     // 40 mbit: 16 MiB of weights take about 3.5 s to reach the NAS.
-    let remote = writable_netfs(&s, "40mbit");
-    let mount = Mount::start(
-        &remote.mnt,
-        &s.mnt,
-        &s.cache,
-        &["--no-prefetch", "--source-timeout", SOURCE_TIMEOUT],
-    );
+    let (remote, mount) = mounted_over_a_slow_link(&s);
     let _restore = RestoreOnDrop(&remote);
     let shard = staged.shards().remove(0);
     let shard_bytes = fs::read(s.hub.join(&shard)).expect("source");
@@ -415,13 +416,7 @@ fn a_link_cut_under_a_plain_writer_fails_its_write_or_its_close_with_eio() {
     let s = Scratch::new();
     fs::create_dir_all(s.hub.join("models/saved")).expect("mkdir");
     // 40 mbit: the 8 MiB below take about 1.7 s to reach the NAS.
-    let remote = writable_netfs(&s, "40mbit");
-    let mount = Mount::start(
-        &remote.mnt,
-        &s.mnt,
-        &s.cache,
-        &["--no-prefetch", "--source-timeout", SOURCE_TIMEOUT],
-    );
+    let (remote, mount) = mounted_over_a_slow_link(&s);
     let _restore = RestoreOnDrop(&remote);
     let bytes: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
 
