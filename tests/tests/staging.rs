@@ -142,23 +142,31 @@ fn a_changed_source_file_is_staged_again_and_new_bytes_served() {
 }
 
 #[test]
-fn an_lfs_blob_rewritten_with_other_bytes_is_refused_not_served() {
+fn an_lfs_blob_rewritten_with_other_bytes_is_dropped_and_refused_once_checked() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/changing", 1, "3M");
     let shard = model.shards().remove(0);
     let mount = s.mount(&[]);
     let before = fs::read(mount.path(&shard)).expect("first read");
     sleep(Duration::from_millis(20));
-    fs::write(
-        s.hub.join(&shard),
-        before.iter().map(|b| b ^ 0xFF).collect::<Vec<u8>>(),
-    )
-    .expect("rewrite source");
+    let rewritten: Vec<u8> = before.iter().map(|b| b ^ 0xFF).collect();
+    fs::write(s.hub.join(&shard), &rewritten).expect("rewrite source");
     sleep(Duration::from_millis(1500));
+    // From a local disk a blob is served once copied whole with its source unchanged,
+    // as any file is, and checked against its name behind the copy: the read gets
+    // what the source holds, as a direct read would, never a mix or the old bytes.
+    assert!(
+        fs::read(mount.path(&shard)).unwrap_or_else(|e| panic!("{e}: {}", mount.log_text()))
+            == rewritten,
+        "the source's bytes"
+    );
     // The blob's name is the sha256 of what it must contain: these bytes are not it.
-    let err = fs::read(mount.path(&shard)).expect_err("a corrupt blob is not served");
+    wait_for("the check's verdict", || {
+        mount.log_text().contains("do not match the sha256")
+    });
+    let err = fs::read(mount.path(&shard)).expect_err("a corrupt blob is not served again");
     assert_eq!(err.raw_os_error(), Some(libc::EIO));
-    assert!(mount.log_text().contains("do not match the sha256"));
+    assert_eq!(staged_files(&s.cache).len(), 0, "its copy was dropped");
 }
 
 #[test]

@@ -32,7 +32,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use stagefs_control::InFlight;
 
@@ -44,7 +44,9 @@ use crate::source::{SourceMeta, SourceTree, Stamp};
 use crate::store::index::{CopyId, Entry};
 use crate::store::key::Key;
 use crate::store::{Hit, Pin, Store};
-use copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, copy_to_file};
+use copy::{
+    CopyError, CopyJob, CopyOptions, CopyPlan, Digests, TrailingCheck, Verdict, copy_to_file,
+};
 pub use written::{SourceVersion, WrittenCopy};
 
 /// A complete, verified local copy of one source file.
@@ -154,6 +156,9 @@ struct Inner {
     /// Copies started for opens and not finished: prefetch copies from a network
     /// source wait for zero, so the file a loader is blocked on gets the whole link.
     urgent_copies: Arc<AtomicUsize>,
+    /// Blobs whose copy was found not to match their name, by path, at the version
+    /// copied: refused until the source file changes.
+    refused: Arc<Mutex<HashMap<PathBuf, Stamp>>>,
 }
 
 impl Stager {
@@ -196,6 +201,7 @@ impl Stager {
                 settled_copy: std::sync::OnceLock::new(),
                 inflight: Mutex::new(HashMap::new()),
                 urgent_copies: Arc::default(),
+                refused: Arc::default(),
             }),
         }
     }
@@ -445,6 +451,11 @@ impl Inner {
         }
         let stamp = Stamp::of(&meta);
         progress.total.store(stamp.size, Ordering::Relaxed);
+        if self.was_refused(rel, stamp) {
+            return Err(StageError::ContentMismatch {
+                path: rel.to_path_buf(),
+            });
+        }
         if let Some(hit) = self.store.lookup(key, |e| reusable(e, key, rel, stamp)) {
             Metrics::bump(&self.metrics.stage_hits);
             progress.copied.store(stamp.size, Ordering::Relaxed);
@@ -467,11 +478,11 @@ impl Inner {
         });
         let started = Instant::now();
         info!(path = %rel.display(), bytes = stamp.size, "staging");
-        let (tmp, blake3) = self
-            .copy(rel, stamp, plan, progress, !kept)
-            .inspect_err(|e| {
-                warn!(path = %rel.display(), error = %e, "staging failed");
-            })?;
+        let (tmp, blake3, check) =
+            self.copy(rel, stamp, plan, progress, !kept)
+                .inspect_err(|e| {
+                    warn!(path = %rel.display(), error = %e, "staging failed");
+                })?;
         let entry = Entry {
             source: rel.to_path_buf(),
             stamp,
@@ -482,7 +493,15 @@ impl Inner {
         // The caller gets the copy once it is in the index (status lists it, eviction
         // sees it), and not only once it is durable: the store syncs it in the
         // background, so the loader never waits for the disk to write what it reads.
-        let hit = self.store.commit(key, tmp, entry, reservation)?;
+        let hit = match check {
+            None => self.store.commit(key, tmp, entry, reservation)?,
+            Some(check) => {
+                let (hit, unverified) =
+                    self.store.commit_unverified(key, tmp, entry, reservation)?;
+                self.settle_when_checked(rel, stamp, check, unverified);
+                hit
+            }
+        };
         let secs = started.elapsed().as_secs_f64();
         info!(
             path = %rel.display(),
@@ -567,8 +586,56 @@ impl Inner {
         }
     }
 
+    /// Whether `rel` is a blob refused at version `stamp` ([`Inner::settle_when_checked`]).
+    fn was_refused(&self, rel: &Path, stamp: Stamp) -> bool {
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        match refused.get(rel) {
+            Some(at) if *at == stamp => true,
+            Some(_) => {
+                refused.remove(rel);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Once `check` has its verdict on the copy just recorded, commits it or, if
+    /// the blob's bytes are not its name's, drops it and refuses the blob at this
+    /// version: what was read already is what the source holds, but no later open
+    /// gets it, and it is never trusted after a restart.
+    fn settle_when_checked(
+        &self,
+        rel: &Path,
+        stamp: Stamp,
+        check: TrailingCheck,
+        unverified: crate::store::Unverified,
+    ) {
+        let (rel, refused) = (rel.to_path_buf(), Arc::clone(&self.refused));
+        check.settle(stamp.size, move |verdict| match verdict {
+            Verdict::Matches => {
+                debug!(path = %rel.display(), "checked against the sha256 in its name");
+                unverified.confirm();
+            }
+            Verdict::Differs => {
+                refused
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(rel.clone(), stamp);
+                unverified.refute("does not match its name");
+                warn!(path = %rel.display(), "the copied bytes do not match the sha256 in the blob's name (the blob on the source is corrupt, or changed during the copy): the copy was dropped, and the blob is refused until it changes");
+            }
+            Verdict::Unreadable(e) => {
+                unverified.refute("unreadable");
+                warn!(path = %rel.display(), error = %e, "could not read a staged copy back to check it; it will be staged again");
+            }
+        });
+    }
+
     /// Copies `rel` into a temp file (not yet synced) the way `plan` says, hashing as
-    /// it goes, and checks that the source did not change underneath.
+    /// it goes, and checks that the source did not change underneath. A blob from a
+    /// local disk comes with its check against its name still running
+    /// ([`TrailingCheck`]): there sha256 is slower than the disk, and the copy does
+    /// not wait for it.
     fn copy(
         &self,
         rel: &Path,
@@ -576,7 +643,7 @@ impl Inner {
         plan: CopyPlan,
         progress: &Progress,
         count_bytes: bool,
-    ) -> Result<(NamedTempFile, Option<String>), StageError> {
+    ) -> Result<(NamedTempFile, Option<String>, Option<TrailingCheck>), StageError> {
         let src = self.source.open(rel)?;
         let mut tmp = self.store.create_temp()?;
         let tmp_path = tmp.path().to_path_buf();
@@ -584,17 +651,39 @@ impl Inner {
         let expected_sha256 = Key::for_source_path(rel)
             .content_sha256()
             .map(str::to_string);
+        let trailing = match &expected_sha256 {
+            Some(sha256) if plan.local_source => Some(
+                tmp.as_file()
+                    .try_clone()
+                    .and_then(|copy| TrailingCheck::start(copy, sha256.clone()))
+                    .map_err(|e| StoreError::io(&tmp_path, e))?,
+            ),
+            _ => None,
+        };
+        // Where the copy is not checked against a name before it is served, the
+        // source's own descriptor must show no change at all, its change time
+        // included, which no writer can avoid moving.
+        let before = match trailing {
+            Some(_) => Some(src.meta().map_err(|e| SourceError::io(rel, e))?),
+            None => None,
+        };
         let writeback = crate::sys::Writeback::of(tmp.as_file());
         let mut started = 0u64;
         let job = CopyJob {
             size: expected.size,
             plan,
-            digests: Digests::for_copy(expected_sha256.is_some()),
+            digests: match trailing {
+                Some(_) => Digests::none(),
+                None => Digests::for_copy(expected_sha256.is_some()),
+            },
             bytes_read: &progress.read,
         };
         let outcome = copy_to_file(src.as_ref(), tmp.as_file_mut(), job, |n| {
             copied += n;
             progress.copied.store(copied, Ordering::Relaxed);
+            if let Some(check) = &trailing {
+                check.advance(copied);
+            }
             if count_bytes {
                 self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
             }
@@ -612,6 +701,17 @@ impl Inner {
             CopyError::Write(e) => StoreError::io(&tmp_path, e).into(),
         })?;
         self.check_unchanged(rel, expected, outcome.bytes)?;
+        if let Some(before) = before {
+            let after = src.meta().map_err(|e| SourceError::io(rel, e))?;
+            if (after.size, after.mtime_ns, after.ctime_ns)
+                != (before.size, before.mtime_ns, before.ctime_ns)
+            {
+                return Err(StageError::SourceChanged {
+                    path: rel.to_path_buf(),
+                });
+            }
+            return Ok((tmp, outcome.blake3, trailing));
+        }
         // An LFS blob is named by its content: this catches a change the source's
         // attribute cache hid, and a corrupt blob on the source.
         if outcome.sha256 != expected_sha256 {
@@ -619,7 +719,7 @@ impl Inner {
                 path: rel.to_path_buf(),
             });
         }
-        Ok((tmp, outcome.blake3))
+        Ok((tmp, outcome.blake3, None))
     }
 
     fn check_unchanged(&self, rel: &Path, expected: Stamp, copied: u64) -> Result<(), StageError> {
@@ -670,7 +770,7 @@ mod tests {
     /// A stager over a fresh source directory and store (also `written.rs`'s).
     pub(super) struct Fixture {
         pub(super) src: tempfile::TempDir,
-        _cache: tempfile::TempDir,
+        cache: tempfile::TempDir,
         pub(super) stager: Stager,
     }
 
@@ -680,11 +780,7 @@ mod tests {
         let source = SourceTree::new(src.path()).expect("source");
         let store = Store::open(cache.path(), Budget::default()).expect("store");
         let stager = Stager::new(source, store, Arc::default(), Handle::current());
-        Fixture {
-            src,
-            _cache: cache,
-            stager,
-        }
+        Fixture { src, cache, stager }
     }
 
     pub(super) fn contents(staged: &Staged) -> Vec<u8> {
@@ -750,18 +846,85 @@ mod tests {
         ));
     }
 
+    const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+    /// Writes `bytes` as the blob named by the sha256 of nothing, in `src`.
+    fn write_empty_named_blob(src: &Path, bytes: &[u8]) -> PathBuf {
+        let rel = PathBuf::from(format!("models--a--b/blobs/{EMPTY_SHA256}"));
+        fs::create_dir_all(src.join("models--a--b/blobs")).expect("mkdir");
+        fs::write(src.join(&rel), bytes).expect("write");
+        rel
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_lfs_blob_whose_bytes_do_not_match_its_name_is_refused() {
+    async fn an_lfs_blob_from_a_network_source_is_refused_before_serving_unless_it_matches_its_name()
+     {
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let rel = write_empty_named_blob(src.path(), b"not empty");
+        // Not presented as a local disk: a network filesystem's attribute cache can
+        // hide a change, so only the name vouches for the bytes.
+        let faulty = crate::source::faulty::FaultySource::new(src.path()).expect("source");
+        let store = Store::open(cache.path(), Budget::default()).expect("store");
+        let stager = Stager::new(
+            SourceTree::from_backend(faulty),
+            store,
+            Arc::default(),
+            Handle::current(),
+        );
+        assert!(matches!(
+            stager.stage(&rel).await,
+            Err(StageError::ContentMismatch { .. })
+        ));
+        assert!(stager.store().entries().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_lfs_blob_from_a_local_disk_is_served_whole_then_dropped_and_refused_if_it_does_not_match_its_name()
+     {
         let fx = fixture();
-        let sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"; // of ""
-        let rel = PathBuf::from(format!("models--a--b/blobs/{sha}"));
-        fs::create_dir_all(fx.src.path().join("models--a--b/blobs")).expect("mkdir");
-        fs::write(fx.src.path().join(&rel), b"not empty").expect("write");
+        let rel = write_empty_named_blob(fx.src.path(), b"not empty");
+        // Served as the source holds it, the moment it is copied and the source
+        // is seen unchanged, as any file from a local disk is.
+        let served = fx.stager.stage(&rel).await.expect("served");
+        assert_eq!(contents(&served), b"not empty");
+        drop(served);
+        // The check's verdict, which an eviction would wait for too.
+        fx.stager.store().commit_now();
+        assert!(fx.stager.store().entries().is_empty(), "dropped");
         assert!(matches!(
             fx.stager.stage(&rel).await,
             Err(StageError::ContentMismatch { .. })
         ));
-        assert!(fx.stager.store().entries().is_empty());
+        // Once the source file changes (repaired), it is staged and kept again.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        fs::write(fx.src.path().join(&rel), b"").expect("repair");
+        let served = fx.stager.stage(&rel).await.expect("served");
+        assert!(served.copied && contents(&served).is_empty());
+        drop(served);
+        fx.stager.store().commit_now();
+        assert_eq!(fx.stager.store().entries().len(), 1, "kept");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_blob_checked_after_its_open_is_journaled_as_committed_only_once_it_matched() {
+        let fx = fixture();
+        let data: Vec<u8> = (0..(24u32 << 20)).map(|i| (i % 241) as u8).collect();
+        let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&data));
+        let rel = PathBuf::from(format!("models--a--b/blobs/{sha}"));
+        fs::create_dir_all(fx.src.path().join("models--a--b/blobs")).expect("mkdir");
+        fs::write(fx.src.path().join(&rel), &data).expect("write");
+        let served = fx.stager.stage(&rel).await.expect("served");
+        assert_eq!(contents(&served), data);
+        fx.stager.store().commit_now();
+        let journal = fs::read_to_string(fx.cache.path().join("v1/index.jsonl")).expect("journal");
+        let identity = crate::store::index::CopyId::of(&served.file.metadata().expect("meta"));
+        let last = journal.lines().last().expect("a line");
+        let record: crate::store::index::Record = serde_json::from_str(last).expect("record");
+        assert!(
+            matches!(record, crate::store::index::Record::Put { ref entry, .. } if entry.copy == identity),
+            "{last}"
+        );
     }
 
     fn inner_for(source: SourceTree, cache: &Path, rt: &tokio::runtime::Runtime) -> Inner {
@@ -775,6 +938,7 @@ mod tests {
             settled_copy: std::sync::OnceLock::new(),
             inflight: Mutex::default(),
             urgent_copies: Arc::default(),
+            refused: Arc::default(),
         }
     }
 

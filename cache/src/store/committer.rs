@@ -100,15 +100,14 @@ impl Committer {
         })
     }
 
-    /// Queues `commit`.
-    pub(super) fn submit(&self, commit: Commit) {
+    /// A commit to be submitted later (a copy served while its check runs), counted
+    /// as outstanding from now: [`Committer::commit_now`], and so an unmount or an
+    /// eviction that needs room, waits for it too.
+    pub(super) fn expect(&self) -> Expected {
         self.outstanding.add(1);
-        let sent = self.queue.as_ref().map(|queue| queue.send(commit));
-        if !matches!(sent, Some(Ok(()))) {
-            // Only if the thread died: the copy stays uncommitted, so a restart
-            // re-hashes it; nothing is served wrong.
-            warn!("the commit thread is gone; a staged copy stays uncommitted");
-            self.outstanding.finish(1);
+        Expected {
+            queue: self.queue.clone(),
+            outstanding: Arc::clone(&self.outstanding),
         }
     }
 
@@ -142,6 +141,37 @@ impl Committer {
                 .idle
                 .wait(count)
                 .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// A commit counted as outstanding and not submitted yet. Dropped unsubmitted, it is
+/// no longer counted, and its copy stays uncommitted (a restart re-hashes it).
+#[derive(Debug)]
+pub(super) struct Expected {
+    /// The committer's queue, until submitted. Holding it keeps the committer's
+    /// thread running, so a store going away still commits this copy once it is
+    /// submitted.
+    queue: Option<Sender<Commit>>,
+    outstanding: Arc<Outstanding>,
+}
+
+impl Expected {
+    pub(super) fn submit(mut self, commit: Commit) {
+        let sent = self.queue.take().map(|queue| queue.send(commit));
+        if !matches!(sent, Some(Ok(()))) {
+            // Only if the thread died: the copy stays uncommitted, so a restart
+            // re-hashes it; nothing is served wrong.
+            warn!("the commit thread is gone; a staged copy stays uncommitted");
+            self.outstanding.finish(1);
+        }
+    }
+}
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        if self.queue.take().is_some() {
+            self.outstanding.finish(1);
         }
     }
 }

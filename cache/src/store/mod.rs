@@ -205,6 +205,54 @@ pub struct Hit {
     pub pin: Pin,
 }
 
+/// A copy in the index whose check is still running ([`Store::record_unverified`]):
+/// pinned, served, and neither synced nor journaled with an identity until it is
+/// confirmed. Dropped undecided, it stays uncommitted: a restart re-hashes it.
+#[derive(Debug)]
+pub struct Unverified {
+    commit: Commit,
+    expected: committer::Expected,
+    books: Books,
+}
+
+impl Unverified {
+    /// The check passed: the copy goes to the committer like any other.
+    pub fn confirm(self) {
+        let Unverified {
+            commit, expected, ..
+        } = self;
+        expected.submit(Commit {
+            queued: Instant::now(),
+            ..commit
+        });
+    }
+
+    /// The check failed: the copy leaves the index (if it is still this copy) and is
+    /// unlinked; handles to it keep their bytes.
+    pub fn refute(self, why: &str) {
+        let Unverified {
+            commit,
+            expected,
+            books,
+        } = self;
+        let evicted = {
+            let mut state = lock_state(&books.state);
+            let ours = state
+                .index
+                .get(&commit.key)
+                .is_some_and(|entry| entry.copy == commit.copy);
+            if ours {
+                books.evict_locked(&mut state, &commit.key, why)
+            } else {
+                None
+            }
+        };
+        books.finish_evictions(evicted.into_iter().collect());
+        // Its pin goes last, outside the state lock (dropping one takes it).
+        drop((commit, expected));
+    }
+}
+
 /// One entry as listed by [`Store::entries`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryInfo {
@@ -591,9 +639,39 @@ impl Store {
         &self,
         key: &Key,
         placed: Placed,
+        entry: Entry,
+        reservation: Reservation,
+    ) -> Result<Hit, StoreError> {
+        let (hit, unverified) = self.record_unverified(key, placed, entry, reservation)?;
+        unverified.confirm();
+        Ok(hit)
+    }
+
+    /// [`Store::place`] then [`Store::record_unverified`].
+    pub(crate) fn commit_unverified(
+        &self,
+        key: &Key,
+        tmp: NamedTempFile,
+        entry: Entry,
+        reservation: Reservation,
+    ) -> Result<(Hit, Unverified), StoreError> {
+        let placed = self.place(key, tmp, &entry)?;
+        self.record_unverified(key, placed, entry, reservation)
+    }
+
+    /// [`Store::record`] for a copy whose check is still running: the entry is made
+    /// and served as [`Store::record`] makes it, but committed only once the check
+    /// [`Unverified::confirm`]s it, and taken out if it [`Unverified::refute`]s it.
+    /// Until then its journal line has no identity, so a restart re-hashes it before
+    /// serving it, and [`Store::commit_now`] waits for the verdict.
+    pub(crate) fn record_unverified(
+        &self,
+        key: &Key,
+        placed: Placed,
         mut entry: Entry,
         mut reservation: Reservation,
-    ) -> Result<Hit, StoreError> {
+    ) -> Result<(Hit, Unverified), StoreError> {
+        let expected = self.committer.expect();
         let opened = File::open(&placed.path).and_then(|file| {
             let meta = file.metadata()?;
             let for_committer = file.try_clone()?;
@@ -621,20 +699,25 @@ impl Store {
             warn!(path = %entry.source.display(), error = %e, "could not journal a new copy yet");
         }
         drop(reservation);
-        self.committer.submit(Commit {
-            key: key.clone(),
-            file: for_committer,
-            copy: entry.copy,
-            source: entry.source.clone(),
-            _pin: commit_pin,
-            queued: Instant::now(),
-        });
-        Ok(Hit {
+        let unverified = Unverified {
+            commit: Commit {
+                key: key.clone(),
+                file: for_committer,
+                copy: entry.copy,
+                source: entry.source.clone(),
+                _pin: commit_pin,
+                queued: Instant::now(),
+            },
+            expected,
+            books: self.books.clone(),
+        };
+        let hit = Hit {
             entry,
             file,
             path,
             pin,
-        })
+        };
+        Ok((hit, unverified))
     }
 
     /// Makes every copy answered so far durable and journaled as such, now: for a
@@ -1249,6 +1332,81 @@ pub(crate) mod tests {
         // Re-hashed and synced, "whole" is vouched for again.
         let identity = CopyId::of(&fs::metadata(restarted.data_path(&key("whole")))?);
         assert_eq!(journaled(image.path(), "whole").last(), Some(&identity));
+        Ok(())
+    }
+
+    /// Records `bytes` as the blob they are the sha256 of, its check still running.
+    fn stage_blob_unchecked(
+        store: &Store,
+        bytes: &[u8],
+    ) -> Result<(String, Unverified), StoreError> {
+        let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(bytes));
+        let name = format!("models--a--b/blobs/{sha}");
+        let reservation = store.reserve(&key(&name), bytes.len() as u64, Path::new(&name), true)?;
+        let mut tmp = store.create_temp()?;
+        tmp.write_all(bytes)
+            .map_err(|e| StoreError::io(tmp.path(), e))?;
+        let entry = Entry {
+            source: PathBuf::from(&name),
+            stamp: Stamp {
+                size: bytes.len() as u64,
+                mtime_ns: 1,
+            },
+            blake3: None,
+            last_use: 0,
+            copy: CopyId::default(),
+        };
+        let (hit, unverified) = store.commit_unverified(&key(&name), tmp, entry, reservation)?;
+        drop(hit);
+        Ok((name, unverified))
+    }
+
+    #[test]
+    fn a_blob_served_before_its_check_is_neither_evicted_nor_trusted_before_the_verdict()
+    -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let image = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(10_000))?;
+        let (good, good_check) = stage_blob_unchecked(&store, &[5; 100])?;
+        let (torn, torn_check) = stage_blob_unchecked(&store, &[6; 100])?;
+        // The cache directory as a kill -9 leaves it between the answers and the verdicts.
+        copy_tree(dir.path(), image.path());
+        assert_eq!(journaled(dir.path(), &good), [CopyId::UNVERIFIED]);
+        std::thread::scope(|scope| -> TestResult {
+            let eviction = scope.spawn(|| store.remove(&key(&good)));
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(
+                !eviction.is_finished(),
+                "an eviction waits for the verdicts"
+            );
+            good_check.confirm();
+            torn_check.refute("test");
+            let evicted = eviction.join().map_err(|_| "eviction panicked")??;
+            assert_eq!(evicted.map(|e| e.source), Some(PathBuf::from(&good)));
+            Ok(())
+        })?;
+        assert!(store.entries().is_empty());
+        assert_eq!(store.usage()?.used, 0);
+        drop(store);
+
+        // Power lost before the tail of "torn" reached the disk.
+        let torn_copy = image
+            .path()
+            .join(LAYOUT_DIR)
+            .join("data")
+            .join(key(&torn).as_str());
+        fs::set_permissions(&torn_copy, fs::Permissions::from_mode(0o600))?;
+        let mut bytes = fs::read(&torn_copy)?;
+        bytes[90..].fill(0);
+        fs::write(&torn_copy, bytes)?;
+        let restarted = Store::open(image.path(), budget(10_000))?;
+        assert!(restarted.lookup(&key(&torn), |_| true).is_none());
+        let kept = restarted
+            .lookup(&key(&good), |_| true)
+            .expect("re-hashed against its name, kept");
+        assert_eq!(fs::read(&kept.path)?, [5; 100]);
+        drop(kept);
+        assert_eq!(names(&restarted), [good.as_str()]);
         Ok(())
     }
 

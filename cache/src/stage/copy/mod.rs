@@ -12,6 +12,7 @@
 mod hashers;
 #[cfg(target_os = "linux")]
 mod in_kernel;
+mod trailing;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use hashers::Hashers;
+pub use trailing::{TrailingCheck, Verdict};
 
 use crate::source::ReadAt;
 
@@ -69,6 +71,19 @@ impl Digests {
             blake3: !named_by_sha256,
             sha256: named_by_sha256,
         }
+    }
+
+    /// No digest: a copy checked otherwise ([`TrailingCheck`]).
+    pub fn none() -> Digests {
+        Digests {
+            blake3: false,
+            sha256: false,
+        }
+    }
+
+    /// Whether any digest is asked for.
+    pub fn any(&self) -> bool {
+        self.blake3 || self.sha256
     }
 }
 
