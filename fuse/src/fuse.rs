@@ -235,6 +235,13 @@ impl Filesystem for StageFs {
                 Ok(opened) => opened,
                 Err(e) => return reply.error(errno_logged("open", &e, policy.config().hint)),
             };
+            // Linux walks the path once more after ESTALE, looking every name up
+            // again: the file staged by this open is now a link to its copy, which
+            // the kernel then opens itself, so no read of it crosses the daemon.
+            if cfg!(target_os = "linux") && policy.rewalk_to_copy(ino.0, &opened).await {
+                debug!(ino = ino.0, "staged: the open walks again, to the copy");
+                return reply.error(Errno::ESTALE);
+            }
             let backing = backing_file(&opened)
                 .filter(|_| policy.config().passthrough)
                 .and_then(|file| passthrough.backing(ino.0, file, &reply));

@@ -12,7 +12,10 @@
 //! - the copy must be whole and untouched since it was hashed (the store checks);
 //!   otherwise the regular file is presented, and its open re-checks or re-stages.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use stagefs_cache::Stamp;
 
@@ -63,6 +66,32 @@ impl RedirectPolicy {
     }
 }
 
+/// How long an inode told to walk again is not told so again.
+const REWALK_GUARD: Duration = Duration::from_secs(2);
+
+/// Opens answered "walk the path again", so that the kernel finds a file staged by
+/// that very open as a link to its copy, and opens the copy itself: Linux retries an
+/// open that fails with ESTALE once, looking every name up again. An inode is told so
+/// at most once per [`REWALK_GUARD`]: a walk that comes back to the same inode did not
+/// find the link (the copy went in between), and that open is served as usual.
+#[derive(Debug, Default)]
+pub(crate) struct Rewalks {
+    told: Mutex<HashMap<u64, Instant>>,
+}
+
+impl Rewalks {
+    /// Whether inode `ino` may be told to walk again now; if so, it is recorded.
+    pub(crate) fn tell(&self, ino: u64) -> bool {
+        let mut told = self.told.lock().unwrap_or_else(PoisonError::into_inner);
+        told.retain(|_, at| at.elapsed() < REWALK_GUARD);
+        if told.contains_key(&ino) {
+            return false;
+        }
+        told.insert(ino, Instant::now());
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -92,6 +121,14 @@ mod tests {
 
     fn staged() -> Option<PathBuf> {
         Some(PathBuf::from(COPY))
+    }
+
+    #[test]
+    fn an_inode_is_told_to_walk_again_once_and_then_served() {
+        let rewalks = Rewalks::default();
+        assert!(rewalks.tell(7));
+        assert!(!rewalks.tell(7), "the walk came back: serve it");
+        assert!(rewalks.tell(8), "another inode is told on its own");
     }
 
     #[test]

@@ -147,9 +147,10 @@ fn a_staged_shard_reads_right_and_then_resolves_into_the_cache() {
     assert_eq!(user.sha256(&mount.path(&shard)), Ok(sha.clone()));
     let m = mount.metrics();
     assert_eq!((m.stage_copies, m.passthrough_opens), (1, 0), "{m:?}");
-    assert!(
-        m.daemon_reads > 0,
-        "the first open (of the regular file) is read through the daemon: {m:?}"
+    assert_eq!(
+        (m.daemon_reads, m.redirects),
+        (0, 1),
+        "the first open, of the regular file, stages it and walks again to the copy: {m:?}"
     );
 
     // Staged: within the TTL the blob becomes a link to its copy; the snapshot's
@@ -832,9 +833,7 @@ fn eviction_racing_opens_never_gives_enoent_or_wrong_bytes() {
         || mount.in_flight().is_empty(),
     );
     // A's copies stay in their 2 s redirect grace after the readers' last link
-    // resolution, while B's first shard, staged through an open (no link yet), has
-    // none: B's second shard would then evict B's first instead of A's. "Once A's
-    // readers are gone" includes their grace.
+    // resolution: "once A's readers are gone" includes their grace.
     sleep(Duration::from_millis(2500));
     // Once A's readers are gone, B gets staged: a pass over B succeeds within 30 s.
     let b_stager = finish(spawn(&b, "30", 9, true));
@@ -855,11 +854,17 @@ fn eviction_racing_opens_never_gives_enoent_or_wrong_bytes() {
             );
         }
     }
-    for (i, report) in reports.iter().enumerate() {
-        assert!(
-            report["tally"]["ok"].as_u64() > Some(0),
-            "reader {i} read its model at least once: {reports:?}"
-        );
+    // The race was run for both models: each was read whole while the other's
+    // readers were at it. (Not each reader: every open of a copy, the cold one that
+    // staged it included, is a link resolution that holds the copy for the grace, so
+    // one model's readers can keep the other's out of the budget for a whole run;
+    // with these seeds one of B's two readers is, and gets ENOSPC, as allowed.)
+    for (model, pair) in ["A", "B"].iter().zip([[0, 2], [1, 3]]) {
+        let ok: u64 = pair
+            .iter()
+            .map(|&i| reports[i]["tally"]["ok"].as_u64().unwrap_or(0))
+            .sum();
+        assert!(ok > 0, "{model} was read at least once: {reports:?}");
     }
     assert_eq!(
         b_stager["passed"],
