@@ -129,6 +129,40 @@ except OSError as e:
     print(json.dumps(errno.errorcode.get(e.errno, str(e.errno))))
 "#;
 
+/// Reads `argv[1]` opened with O_NOFOLLOW, as tar opens what it archives, and prints
+/// its sha256, or the errno name it got.
+const NOFOLLOW_SHA256: &str = r#"
+import errno, hashlib, json, os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW)
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    print(json.dumps(h.hexdigest()))
+except OSError as e:
+    print(json.dumps(errno.errorcode.get(e.errno, str(e.errno))))
+"#;
+
+#[test]
+fn an_open_that_follows_no_link_reads_a_cold_blob_through_the_daemon() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let model = generate(&s.hub, "acme/nofollow", 1, "6M");
+    let shard = model.shards().remove(0);
+    let sha = blob_sha256(&model, &s.hub, file_name(&shard));
+    let blob = model.blob_of(&s.hub, file_name(&shard));
+    let mount = s.mount(&["--no-prefetch"]);
+    // Walking again would end at the link the blob now is, and O_NOFOLLOW fails there
+    // (ELOOP): this open keeps its handle of the regular file instead.
+    let mut read = user.python();
+    read.args(["-c", NOFOLLOW_SHA256]).arg(mount.path(&blob));
+    assert_eq!(run_py_json(user, read, &mount), sha.as_str());
+    let m = mount.metrics();
+    assert_eq!((m.stage_copies, m.redirects), (1, 0), "{m:?}");
+    assert!(m.daemon_reads > 0, "read through the daemon: {m:?}");
+}
+
 #[test]
 fn a_staged_shard_reads_right_and_then_resolves_into_the_cache() {
     let s = Scratch::for_user();
