@@ -21,6 +21,9 @@ use crate::{MountError, MountSpec, control};
 /// How long stopping waits for the kernel to let go of the mount before giving up.
 const STOP_WAIT: Duration = Duration::from_secs(15);
 
+/// How long an unmount waits for the runtime's tasks and workers to finish.
+const WORKERS_WAIT: Duration = Duration::from_secs(2);
+
 /// How often an NFS mount checks that it is still mounted.
 const NFS_MOUNT_WATCH: Duration = Duration::from_secs(1);
 
@@ -302,8 +305,12 @@ impl Running {
             let _guard = self.runtime.enter();
             serving.stop();
         }
-        // A worker stuck on an unreachable source must not keep the process alive.
-        self.runtime.shutdown_background();
+        // The store, and with it the cache directory's lock, goes with the last task
+        // or worker holding the stager: wait a moment for them, so a remount right
+        // after this returns finds the lock free (under load, tasks dropped in the
+        // background still held it when the next mount began). A worker stuck on an
+        // unreachable source must not keep the process alive: that one is left.
+        self.runtime.shutdown_timeout(WORKERS_WAIT);
     }
 }
 
