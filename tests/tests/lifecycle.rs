@@ -237,7 +237,7 @@ fn a_corrupted_copy_is_staged_again_on_open_never_served() {
         same_bytes(&mount.path(&shard), &s.hub.join(&shard)),
         "the corrupt copy was served"
     );
-    assert_eq!(mount.metrics().stage_copies, 1);
+    assert_eq!(mount.metrics().stage_copies, 1, "{}", mount.log_text());
     assert!(mount.log_text().contains("damaged staged copy"));
 }
 

@@ -352,7 +352,7 @@ impl Store {
             Err(reason) => {
                 warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
                 drop(pin);
-                let _ = self.remove(key);
+                self.remove_checked(key, &entry);
                 return None;
             }
         };
@@ -365,7 +365,7 @@ impl Store {
         {
             warn!(path = %entry.source.display(), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
             drop(pin);
-            let _ = self.remove(key);
+            self.remove_checked(key, &entry);
             return None;
         }
         let mut state = lock_state(&self.books.state);
@@ -734,9 +734,26 @@ impl Store {
     /// Removes the copy for `key`; refuses if it is in use (a copy waiting for its
     /// commit is committed first, and is then not in use on that account).
     pub fn remove(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        self.remove_if(key, |_| true)
+    }
+
+    /// Removes the copy for `key` if it is still the one `checked` describes: a copy
+    /// found damaged may have been replaced by a good one meanwhile (another open
+    /// found the damage first and staged it again), and that one must stay.
+    fn remove_checked(&self, key: &Key, checked: &Entry) {
+        let _ = self.remove_if(key, |now| {
+            now.copy == checked.copy && now.stamp == checked.stamp
+        });
+    }
+
+    fn remove_if(
+        &self,
+        key: &Key,
+        still: impl Fn(&Entry) -> bool,
+    ) -> Result<Option<Entry>, StoreError> {
         self.commit_now();
         let mut state = lock_state(&self.books.state);
-        let Some(entry) = state.index.get(key).cloned() else {
+        let Some(entry) = state.index.get(key).filter(|e| still(e)).cloned() else {
             return Ok(None);
         };
         if state.in_use(key, self.redirect_grace) {
@@ -1407,6 +1424,28 @@ pub(crate) mod tests {
         assert_eq!(fs::read(&kept.path)?, [5; 100]);
         drop(kept);
         assert_eq!(names(&restarted), [good.as_str()]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_damaged_copy_found_by_one_open_never_takes_out_the_good_one_another_staged() -> TestResult
+    {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(1000))?;
+        drop(stage(&store, "a", 100, 1)?);
+        // What one open checked, and found damaged, while another open staged it again.
+        let checked = store.entries()[0].entry.clone();
+        drop(stage(&store, "a", 100, 2)?);
+        store.remove_checked(&key("a"), &checked);
+        let kept = store
+            .lookup(&key("a"), |_| true)
+            .expect("the new copy stays");
+        assert_eq!(fs::read(&kept.path)?, [2; 100]);
+        drop(kept);
+        // The copy it checked is still the entry: that one goes.
+        let current = store.entries()[0].entry.clone();
+        store.remove_checked(&key("a"), &current);
+        assert!(store.entries().is_empty());
         Ok(())
     }
 
