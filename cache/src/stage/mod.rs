@@ -451,15 +451,17 @@ impl Inner {
         }
         let stamp = Stamp::of(&meta);
         progress.total.store(stamp.size, Ordering::Relaxed);
-        if self.was_refused(rel, stamp) {
-            return Err(StageError::ContentMismatch {
-                path: rel.to_path_buf(),
-            });
-        }
         if let Some(hit) = self.store.lookup(key, |e| reusable(e, key, rel, stamp)) {
             Metrics::bump(&self.metrics.stage_hits);
             progress.copied.store(stamp.size, Ordering::Relaxed);
             return Ok(staged(hit, stamp, false));
+        }
+        // After the store: a good copy of the same blob, staged from another
+        // repository's path, is still the blob's content.
+        if self.was_refused(rel, stamp) {
+            return Err(StageError::ContentMismatch {
+                path: rel.to_path_buf(),
+            });
         }
         let plan = self.copy_plan();
         // A prefetch from a network source would split the link with the file a loader
