@@ -102,14 +102,14 @@ fn set_time(time: TimeOrNow) -> SetTime {
     }
 }
 
-/// How an open's flags ask for writing: None for a read-only open. One that
-/// truncates (`O_RDONLY | O_TRUNC`, which Linux honours) writes: with atomic O_TRUNC
-/// the truncation is the open's to do.
 /// Whether an open with these flags follows a link at the end of its path.
 fn follows_links(flags: i32) -> bool {
     flags & libc::O_NOFOLLOW == 0
 }
 
+/// How an open's flags ask for writing: None for a read-only open. One that
+/// truncates (`O_RDONLY | O_TRUNC`, which Linux honours) writes: with atomic O_TRUNC
+/// the truncation is the open's to do.
 fn write_open(flags: i32) -> Option<WriteOpen> {
     let truncate = flags & libc::O_TRUNC != 0;
     match flags & libc::O_ACCMODE {
