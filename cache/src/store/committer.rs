@@ -240,13 +240,12 @@ fn commit_all(books: &Books, batch: Vec<Commit>) {
                 }
                 Err(e) => {
                     warn!(path = %commit.source.display(), error = %e, "the cache disk could not sync a staged copy; it will be staged again");
-                    let ours = state
-                        .index
-                        .get(&commit.key)
-                        .is_some_and(|entry| entry.copy == commit.copy);
-                    if ours {
-                        evicted.extend(books.evict_locked(&mut state, &commit.key, "not synced"));
-                    }
+                    evicted.extend(books.evict_copy_locked(
+                        &mut state,
+                        &commit.key,
+                        commit.copy,
+                        "not synced",
+                    ));
                 }
             }
         }

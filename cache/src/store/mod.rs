@@ -235,18 +235,8 @@ impl Unverified {
             expected,
             books,
         } = self;
-        let evicted = {
-            let mut state = lock_state(&books.state);
-            let ours = state
-                .index
-                .get(&commit.key)
-                .is_some_and(|entry| entry.copy == commit.copy);
-            if ours {
-                books.evict_locked(&mut state, &commit.key, why)
-            } else {
-                None
-            }
-        };
+        let evicted =
+            books.evict_copy_locked(&mut lock_state(&books.state), &commit.key, commit.copy, why);
         books.finish_evictions(evicted.into_iter().collect());
         // Its pin goes last, outside the state lock (dropping one takes it).
         drop((commit, expected));
@@ -911,6 +901,19 @@ impl Books {
         Some(Evicted { path: moved, bytes })
     }
 
+    /// [`Books::evict_locked`] if the entry for `key` is still copy `copy`: the
+    /// copy may have been replaced since someone decided to evict it.
+    fn evict_copy_locked(
+        &self,
+        state: &mut State,
+        key: &Key,
+        copy: CopyId,
+        why: &str,
+    ) -> Option<Evicted> {
+        let ours = state.index.get(key).is_some_and(|entry| entry.copy == copy);
+        ours.then(|| self.evict_locked(state, key, why)).flatten()
+    }
+
     /// Journals evictions and unlinks their copies, outside the state lock.
     fn finish_evictions(&self, evicted: Vec<Evicted>) {
         if evicted.is_empty() {
@@ -1123,26 +1126,36 @@ pub(crate) mod tests {
 
     /// Stages a file named `name` of `size` bytes (all `fill`) the way the stager does.
     fn stage(store: &Store, name: &str, size: usize, fill: u8) -> Result<Hit, StoreError> {
-        let bytes = vec![fill; size];
-        let reservation = store.reserve(&key(name), size as u64, Path::new(name), true)?;
+        let (tmp, entry, reservation) = copied(store, name, &vec![fill; size])?;
+        store.commit(&key(name), tmp, entry, reservation)
+    }
+
+    /// A copy of `bytes` for `name` as the stager leaves it before the store takes
+    /// it: a written temp file, its entry and its reservation.
+    fn copied(
+        store: &Store,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<(NamedTempFile, Entry, Reservation), StoreError> {
+        let reservation = store.reserve(&key(name), bytes.len() as u64, Path::new(name), true)?;
         let mut tmp = store.create_temp()?;
-        tmp.write_all(&bytes)
+        tmp.write_all(bytes)
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         let entry = Entry {
             source: PathBuf::from(name),
             stamp: Stamp {
-                size: size as u64,
+                size: bytes.len() as u64,
                 mtime_ns: 1,
             },
             // As the stager records it: nothing for a blob, named by its sha256.
             blake3: key(name)
                 .content_sha256()
                 .is_none()
-                .then(|| blake3::hash(&bytes).to_hex().to_string()),
+                .then(|| blake3::hash(bytes).to_hex().to_string()),
             last_use: crate::sys::now_secs(),
             copy: CopyId::default(),
         };
-        store.commit(&key(name), tmp, entry, reservation)
+        Ok((tmp, entry, reservation))
     }
 
     fn names(store: &Store) -> Vec<String> {
@@ -1359,20 +1372,7 @@ pub(crate) mod tests {
     ) -> Result<(String, Unverified), StoreError> {
         let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(bytes));
         let name = format!("models--a--b/blobs/{sha}");
-        let reservation = store.reserve(&key(&name), bytes.len() as u64, Path::new(&name), true)?;
-        let mut tmp = store.create_temp()?;
-        tmp.write_all(bytes)
-            .map_err(|e| StoreError::io(tmp.path(), e))?;
-        let entry = Entry {
-            source: PathBuf::from(&name),
-            stamp: Stamp {
-                size: bytes.len() as u64,
-                mtime_ns: 1,
-            },
-            blake3: None,
-            last_use: 0,
-            copy: CopyId::default(),
-        };
+        let (tmp, entry, reservation) = copied(store, &name, bytes)?;
         let (hit, unverified) = store.commit_unverified(&key(&name), tmp, entry, reservation)?;
         drop(hit);
         Ok((name, unverified))
