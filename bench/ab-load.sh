@@ -10,12 +10,14 @@
 # alternates), each with the page cache dropped. PATTERN=cold-open (the default) opens
 # and reads each shard in turn (`readbench cold-open`); PATTERN=mlx opens every shard,
 # then reads them all with 8 threads of 32 MiB preads, as MLX does (`readbench pread`).
+# LAYOUT=folder (default hub) loads a plain folder holding a copy of the shards instead
+# (path-keyed copies, hashed with blake3 rather than checked against a blob's name).
 # It prints every load: its time, the time spent in open() (the first open for
 # cold-open, all of them for mlx), and the whole machine's busy and idle CPU-s
 # meanwhile (/proc/stat); then the medians. It never passes or fails on a number.
 #
-# Environment: ROUNDS (default 7), PATTERN, BENCH_TMPDIR (default /var/tmp), READBENCH
-# (a built readbench; default: build it), CARGO_TARGET_DIR.
+# Environment: ROUNDS (default 7), PATTERN, LAYOUT, BENCH_TMPDIR (default /var/tmp),
+# READBENCH (a built readbench; default: build it), CARGO_TARGET_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -49,6 +51,17 @@ if ! compgen -G "$SOURCE/models--bench--ab/snapshots/*/model-*.safetensors" >/de
     "$NEW" gen-demo --repo bench/ab --shards 4 --shard-size 256M "$SOURCE" >/dev/null
 fi
 SHARDS=("$SOURCE"/models--bench--ab/snapshots/*/model-*.safetensors)
+case ${LAYOUT:=hub} in
+hub) ;;
+folder)
+    mkdir -p "$SOURCE/plain/bench-ab"
+    for shard in "${SHARDS[@]}"; do
+        [[ -f $SOURCE/plain/bench-ab/${shard##*/} ]] || cp -L "$shard" "$SOURCE/plain/bench-ab/"
+    done
+    SHARDS=("$SOURCE"/plain/bench-ab/model-*.safetensors)
+    ;;
+*) echo "ab-load.sh: LAYOUT is hub or folder, not $LAYOUT" >&2; exit 2 ;;
+esac
 THROUGH=("${SHARDS[@]/#"$SOURCE/"/"$T/mnt/"}")
 
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
@@ -86,7 +99,7 @@ through() {
     sleep 0.3
 }
 
-echo "# $PATTERN: load seconds open_s busy_cpu_s idle_cpu_s; old=$OLD new=$NEW" >&2
+echo "# $PATTERN, $LAYOUT layout: load seconds open_s busy_cpu_s idle_cpu_s; old=$OLD new=$NEW" >&2
 for round in $(seq "$ROUNDS"); do
     load direct "${SHARDS[@]}"
     if ((round % 2)); then
@@ -103,5 +116,5 @@ for name in direct old new; do
     m=$(awk -v n="$name" '$1 == n { print $2 }' "$T/loads" | median)
     o=$(awk -v n="$name" '$1 == n { print $3 }' "$T/loads" | median)
     i=$(awk -v n="$name" '$1 == n { print $5 }' "$T/loads" | median)
-    echo "$name: median $m s, in open() $o s, idle $i CPU-s ($PATTERN, $ROUNDS rounds, $(nproc) cores)"
+    echo "$name: median $m s, in open() $o s, idle $i CPU-s ($PATTERN, $LAYOUT layout, $ROUNDS rounds, $(nproc) cores)"
 done

@@ -30,7 +30,8 @@
 # OLD_READBENCH, SIZE_GB (6), SHARD_SIZE (5GB), ROUNDS (3), DEVICE (auto: cuda if
 # torch sees one), BENCH_TMPDIR (/var/tmp), BENCH_USER (stagefs-bench, created if
 # missing; /dev/fuse is made 0666 as for bench/run.sh), PYTHON (python3), OUT
-# (bench/gpu-last-run.md).
+# (bench/gpu-last-run.md), LOG (unset: the daemons' and loaders' log, each load
+# marked with its name and start time, is removed with the run; set: copied there).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -107,6 +108,7 @@ for tool in STAGEFS READBENCH OLD_STAGEFS OLD_READBENCH MODEL_PY; do
     printf -v "$tool" %s "$T/bin/$tool"
 done
 cleanup() {
+    if [[ -n ${LOG:-} && -f $T/log ]]; then cp "$T/log" "$LOG"; fi
     setpriv --reuid "$BENCH_USER" --regid "$BENCH_USER" --clear-groups fusermount3 -u "$T/user-mnt" 2>/dev/null || true
     umount "$T/mnt" 2>/dev/null || umount -l "$T/mnt" 2>/dev/null || true
     rm -rf "$T"
@@ -126,6 +128,7 @@ load() {
     shift 3
     [[ $LAYOUT == folder ]] && model=$root/$MODEL_REL
     drop
+    echo "== $name $(date -u +%T.%N)" >>"$T/log"
     case $loader in
     tf)
         out=$("$@" env HF_HUB_OFFLINE=1 HF_HUB_CACHE="$root" HF_HOME="$T/user-home/hf" \
