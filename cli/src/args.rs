@@ -229,7 +229,8 @@ pub(crate) struct MountOptions {
     #[arg(long, conflicts_with = "prefetch_parallel")]
     pub(crate) no_prefetch: bool,
     /// Files a prefetch copies at a time. From a network source one already keeps
-    /// --copy-streams reads in flight; from a local disk each copy hashes on a core.
+    /// --copy-streams reads in flight; from a local disk parallel copies keep the disk and
+    /// the cores busier.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) prefetch_parallel: Option<u16>,
     /// Reads in flight while copying one file.
