@@ -4,10 +4,10 @@
 //! From a fast local disk sha256 is the slowest part of a blob's copy: it runs on one
 //! core (1.2 GB/s on the H200 machine's CPU, 1.7 GB/s on the 2-core VM's) and cannot
 //! be split within a file, while the disk reads 1.5 GB/s or more. Waiting for it put
-//! a 4.7 GB shard's open 1.3 to 1.6 s behind `dd`'s read of it (docs/BENCHMARKS.md). So from a local
-//! disk a blob's open is answered once its copy is whole and the source unchanged,
-//! as any other file's is, and this check decides afterwards whether the copy is
-//! committed (trusted by a restart) or dropped.
+//! a 4.7 GB shard's open 1.3 to 1.6 s behind `dd`'s read of it (docs/BENCHMARKS.md).
+//! So from a local disk a blob's open is answered once its copy is whole and the
+//! source unchanged, as any other file's is, and this check decides afterwards
+//! whether the copy is committed (trusted by a restart) or dropped.
 //!
 //! It hashes what was written to the copy, mapped a step at a time, so the bytes it
 //! checks are exactly the ones served, and nothing is copied into this process.
