@@ -153,7 +153,7 @@ fn an_lfs_blob_rewritten_with_other_bytes_is_dropped_and_refused_once_checked() 
     fs::write(s.hub.join(&shard), &rewritten).expect("rewrite source");
     sleep(Duration::from_millis(1500));
     // From a local disk a blob is served once copied whole with its source unchanged,
-    // as any file is, and checked against its name behind the copy: the read gets
+    // as any file is, and checked against its name after the copy: the read gets
     // what the source holds, as a direct read would, never a mix or the old bytes.
     assert!(
         fs::read(mount.path(&shard)).unwrap_or_else(|e| panic!("{e}: {}", mount.log_text()))

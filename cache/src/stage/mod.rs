@@ -26,7 +26,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -44,9 +44,7 @@ use crate::source::{SourceMeta, SourceTree, Stamp};
 use crate::store::index::{CopyId, Entry};
 use crate::store::key::Key;
 use crate::store::{Hit, Pin, Store};
-use copy::{
-    CopyError, CopyJob, CopyOptions, CopyPlan, Digests, TrailingCheck, Verdict, copy_to_file,
-};
+use copy::{CopyError, CopyJob, CopyOptions, CopyPlan, Digests, NameCheck, Verdict, copy_to_file};
 pub use written::{SourceVersion, WrittenCopy};
 
 /// A complete, verified local copy of one source file.
@@ -87,6 +85,83 @@ impl UrgentGuard {
 impl Drop for UrgentGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How long no copy must have run before a blob's check against its name hashes: by
+/// then the loader the copies were for has them (MLX opens every shard, then reads
+/// them from the page cache), and the check no longer takes a core it needs.
+const CHECK_AFTER_QUIET: Duration = Duration::from_secs(1);
+
+/// The longest a check waits for that quiet moment after its copy, so a long
+/// prefetch does not leave copies unchecked (pinned and uncommitted) for its length.
+const CHECK_WAITS_MAX: Duration = Duration::from_secs(30);
+
+/// When a blob's check against its name may hash.
+#[derive(Debug, Clone, Copy)]
+struct CheckTiming {
+    after_quiet: Duration,
+    waits_max: Duration,
+}
+
+impl Default for CheckTiming {
+    fn default() -> Self {
+        CheckTiming {
+            after_quiet: CHECK_AFTER_QUIET,
+            waits_max: CHECK_WAITS_MAX,
+        }
+    }
+}
+
+/// The copies running, and when the last one ended.
+#[derive(Debug)]
+struct Activity {
+    running: AtomicUsize,
+    last_end: Mutex<Instant>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            running: AtomicUsize::new(0),
+            last_end: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Activity {
+    /// Counts one copy as running while the guard lives.
+    fn begin(self: &Arc<Self>) -> RunningGuard {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        RunningGuard(Arc::clone(self))
+    }
+
+    /// Whether no copy has run for `quiet`.
+    fn quiet_for(&self, quiet: Duration) -> bool {
+        self.running.load(Ordering::SeqCst) == 0
+            && self
+                .last_end
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .elapsed()
+                >= quiet
+    }
+}
+
+/// One running copy, counted in its [`Activity`].
+#[derive(Debug)]
+struct RunningGuard(Arc<Activity>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        // Stamped before the count drops, so a count of zero is never seen with the
+        // end time of an earlier copy.
+        *self
+            .0
+            .last_end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -159,6 +234,9 @@ struct Inner {
     /// Blobs whose copy was found not to match their name, by path, at the version
     /// copied: refused until the source file changes.
     refused: Arc<Mutex<HashMap<PathBuf, Stamp>>>,
+    /// Copies running, which checks against blobs' names wait out.
+    activity: Arc<Activity>,
+    check_timing: CheckTiming,
 }
 
 impl Stager {
@@ -202,6 +280,8 @@ impl Stager {
                 inflight: Mutex::new(HashMap::new()),
                 urgent_copies: Arc::default(),
                 refused: Arc::default(),
+                activity: Arc::default(),
+                check_timing: CheckTiming::default(),
             }),
         }
     }
@@ -408,9 +488,10 @@ impl Stager {
         // Counted from now, so a prefetch starting a moment later already yields.
         let urgent =
             (purpose == Purpose::Open).then(|| UrgentGuard::new(&self.inner.urgent_copies));
+        let running = self.inner.activity.begin();
         let task = self.inner.runtime.spawn_blocking(move || {
             let result = work(&inner, &worker_rel, &key, &worker_progress);
-            drop(urgent);
+            drop((urgent, running));
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner.flights().remove(&key);
             result
@@ -605,16 +686,29 @@ impl Inner {
     /// Once `check` has its verdict on the copy just recorded, commits it or, if
     /// the blob's bytes are not its name's, drops it and refuses the blob at this
     /// version: what was read already is what the source holds, but no later open
-    /// gets it, and it is never trusted after a restart.
+    /// gets it, and it is never trusted after a restart. The check hashes once no
+    /// copy has run for [`CHECK_AFTER_QUIET`], or someone waits for the commit, or
+    /// [`CHECK_WAITS_MAX`] has passed (see `check_timing`).
     fn settle_when_checked(
         &self,
         rel: &Path,
         stamp: Stamp,
-        check: TrailingCheck,
+        check: NameCheck,
         unverified: crate::store::Unverified,
     ) {
         let (rel, refused) = (rel.to_path_buf(), Arc::clone(&self.refused));
-        check.settle(stamp.size, move |verdict| match verdict {
+        let (activity, awaited, since, timing) = (
+            Arc::clone(&self.activity),
+            self.store.commits_awaited(),
+            Instant::now(),
+            self.check_timing,
+        );
+        let may_run = move || {
+            awaited.now()
+                || since.elapsed() >= timing.waits_max
+                || activity.quiet_for(timing.after_quiet)
+        };
+        check.settle(stamp.size, may_run, move |verdict| match verdict {
             Verdict::Matches => {
                 debug!(path = %rel.display(), "checked against the sha256 in its name");
                 unverified.confirm();
@@ -636,9 +730,9 @@ impl Inner {
 
     /// Copies `rel` into a temp file (not yet synced) the way `plan` says, hashing as
     /// it goes, and checks that the source did not change underneath. A blob from a
-    /// local disk comes with its check against its name still running
-    /// ([`TrailingCheck`]): there sha256 is slower than the disk, and the copy does
-    /// not wait for it.
+    /// local disk comes with its check against its name still to run
+    /// ([`NameCheck`]): there sha256 is slower than the disk, and neither the copy
+    /// nor the open waits for it.
     fn copy(
         &self,
         rel: &Path,
@@ -646,7 +740,7 @@ impl Inner {
         plan: CopyPlan,
         progress: &Progress,
         count_bytes: bool,
-    ) -> Result<(NamedTempFile, Option<String>, Option<TrailingCheck>), StageError> {
+    ) -> Result<(NamedTempFile, Option<String>, Option<NameCheck>), StageError> {
         let src = self.source.open(rel)?;
         let mut tmp = self.store.create_temp()?;
         let tmp_path = tmp.path().to_path_buf();
@@ -654,11 +748,11 @@ impl Inner {
         let expected_sha256 = Key::for_source_path(rel)
             .content_sha256()
             .map(str::to_string);
-        let trailing = match &expected_sha256 {
+        let name_check = match &expected_sha256 {
             Some(sha256) if plan.local_source => Some(
                 tmp.as_file()
                     .try_clone()
-                    .and_then(|copy| TrailingCheck::start(copy, sha256.clone()))
+                    .and_then(|copy| NameCheck::start(copy, sha256.clone()))
                     .map_err(|e| StoreError::io(&tmp_path, e))?,
             ),
             _ => None,
@@ -666,7 +760,7 @@ impl Inner {
         // Where the copy is not checked against a name before it is served, the
         // source's own descriptor must show no change at all, its change time
         // included, which no writer can avoid moving.
-        let before = match trailing {
+        let before = match name_check {
             Some(_) => Some(src.meta().map_err(|e| SourceError::io(rel, e))?),
             None => None,
         };
@@ -675,7 +769,7 @@ impl Inner {
         let job = CopyJob {
             size: expected.size,
             plan,
-            digests: match trailing {
+            digests: match name_check {
                 Some(_) => Digests::none(),
                 None => Digests::for_copy(expected_sha256.is_some()),
             },
@@ -684,9 +778,6 @@ impl Inner {
         let outcome = copy_to_file(src.as_ref(), tmp.as_file_mut(), job, |n| {
             copied += n;
             progress.copied.store(copied, Ordering::Relaxed);
-            if let Some(check) = &trailing {
-                check.advance(copied);
-            }
             if count_bytes {
                 self.metrics.bytes_copied.fetch_add(n, Ordering::Relaxed);
             }
@@ -713,7 +804,7 @@ impl Inner {
                     path: rel.to_path_buf(),
                 });
             }
-            return Ok((tmp, outcome.blake3, trailing));
+            return Ok((tmp, outcome.blake3, name_check));
         }
         // An LFS blob is named by its content: this catches a change the source's
         // attribute cache hid, and a corrupt blob on the source.
@@ -942,6 +1033,8 @@ mod tests {
             inflight: Mutex::default(),
             urgent_copies: Arc::default(),
             refused: Arc::default(),
+            activity: Arc::default(),
+            check_timing: CheckTiming::default(),
         }
     }
 
@@ -979,6 +1072,79 @@ mod tests {
         let rel = Path::new(rel);
         let key = Key::for_source_path(rel);
         inner.stage_now(rel, &key, &Progress::default(), Purpose::Open)
+    }
+
+    #[test]
+    fn a_blobs_check_waits_while_copies_run_unless_its_commit_is_awaited() {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let (src, cache) = (
+            tempfile::tempdir().expect("src"),
+            tempfile::tempdir().expect("cache"),
+        );
+        let corrupt = write_empty_named_blob(src.path(), b"not empty");
+        let corrupt = corrupt.to_str().expect("utf-8");
+        let mut inner = inner_for(
+            SourceTree::new(src.path()).expect("source"),
+            cache.path(),
+            &rt,
+        );
+        // Only the quiet moment or someone waiting may start it here.
+        inner.check_timing.waits_max = Duration::from_secs(3600);
+        inner.check_timing.after_quiet = Duration::from_millis(200);
+        let inner = Arc::new(inner);
+
+        // While another copy runs, nobody waiting: no verdict, however long.
+        let running = inner.activity.begin();
+        drop(stage_now(&inner, corrupt).expect("served"));
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(
+            inner.store.entries().len(),
+            1,
+            "not checked while a copy runs"
+        );
+        // An unmount or an eviction waiting for commits starts it at once.
+        let (done, finished) = std::sync::mpsc::channel();
+        let waiter = Arc::clone(&inner);
+        std::thread::spawn(move || {
+            waiter.store.commit_now();
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the awaited check ran while a copy was still running");
+        assert!(
+            inner.store.entries().is_empty(),
+            "dropped: not its name's bytes"
+        );
+
+        // Once no copy has run for a moment, it runs on its own.
+        let data = vec![5u8; 3 << 20];
+        let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&data));
+        let good = format!("models--a--b/blobs/{sha}");
+        fs::write(src.path().join(&good), &data).expect("write");
+        drop(stage_now(&inner, &good).expect("served"));
+        let key = Key::for_source_path(Path::new(&good));
+        let committed = || {
+            fs::read_to_string(cache.path().join("v1/index.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .any(|r| matches!(r, crate::store::index::Record::Put { key: ref k, ref entry } if k == key.as_str() && entry.copy.ino != 0))
+        };
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(
+            !committed(),
+            "not checked, so not committed, while a copy runs"
+        );
+        drop(running);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !committed() {
+            assert!(
+                Instant::now() < deadline,
+                "checked and committed once quiet"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]

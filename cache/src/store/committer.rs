@@ -100,6 +100,12 @@ impl Committer {
         })
     }
 
+    /// Whether anyone waits for commits, for a check that waits for a quiet moment to
+    /// decide whether a copy is committed.
+    pub(super) fn awaited(&self) -> CommitsAwaited {
+        CommitsAwaited(Arc::clone(&self.outstanding))
+    }
+
     /// A commit to be submitted later (a copy served while its check runs), counted
     /// as outstanding from now: [`Committer::commit_now`], and so an unmount or an
     /// eviction that needs room, waits for it too.
@@ -142,6 +148,18 @@ impl Committer {
                 .wait(count)
                 .unwrap_or_else(PoisonError::into_inner);
         }
+    }
+}
+
+/// Whether anyone waits for the commits outstanding: [`Committer::commit_now`] (an
+/// unmount, an eviction that needs room, `stagefs prefetch`), or a store going away.
+#[derive(Debug, Clone)]
+pub struct CommitsAwaited(Arc<Outstanding>);
+
+impl CommitsAwaited {
+    /// Whether someone waits now.
+    pub fn now(&self) -> bool {
+        self.0.hurry.load(Ordering::SeqCst) > 0
     }
 }
 

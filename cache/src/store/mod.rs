@@ -53,6 +53,7 @@ pub mod index;
 pub mod key;
 
 use budget::{Budget, VolumeSpace, volume_space};
+pub use committer::CommitsAwaited;
 use committer::{Commit, Committer};
 use index::{CopyId, Entry, Index, Journal};
 use key::Key;
@@ -708,6 +709,12 @@ impl Store {
             pin,
         };
         Ok((hit, unverified))
+    }
+
+    /// Whether anyone waits for commits now ([`Store::commit_now`], or this store
+    /// going away): a copy's check waiting for a quiet moment starts at once then.
+    pub fn commits_awaited(&self) -> CommitsAwaited {
+        self.committer.awaited()
     }
 
     /// Makes every copy answered so far durable and journaled as such, now: for a

@@ -12,7 +12,7 @@
 mod hashers;
 #[cfg(target_os = "linux")]
 mod in_kernel;
-mod trailing;
+mod name_check;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use hashers::Hashers;
-pub use trailing::{TrailingCheck, Verdict};
+pub use name_check::{NameCheck, Verdict};
 
 use crate::source::ReadAt;
 
@@ -73,7 +73,7 @@ impl Digests {
         }
     }
 
-    /// No digest: a copy checked otherwise ([`TrailingCheck`]).
+    /// No digest: a copy checked otherwise ([`NameCheck`]).
     pub fn none() -> Digests {
         Digests {
             blake3: false,
