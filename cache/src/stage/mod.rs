@@ -422,6 +422,12 @@ impl Stager {
         self.inner.store.present_redirect(&key, accept)
     }
 
+    /// Whether blob `rel` at version `stamp` is refused: its copy was dropped
+    /// because its bytes are not the sha256 its name gives.
+    pub fn refused(&self, rel: &Path, stamp: Stamp) -> bool {
+        self.inner.was_refused(rel, stamp)
+    }
+
     /// Waits until no copy of `rel` is in progress: the one under way, if any (a
     /// prefetch, or a small file's kept copy, which no open waits for), is committed
     /// or has failed (its error is returned).

@@ -143,14 +143,18 @@ impl Job {
         })
     }
 
-    /// Stages every file, `parallel` at a time. With `may_evict` false this is a
-    /// background prefetch: nothing is evicted, and it stops at the first file the
-    /// budget has no room for.
-    pub async fn run(self: Arc<Self>, parallel: usize, may_evict: bool) {
+    /// Stages every file, `parallel` at a time. A prefetch someone `requested`
+    /// (`stagefs prefetch`) may evict to make room, and reports a file staged only
+    /// once its copy is durable and checked ([`Job::commit_staged`]). A background
+    /// prefetch evicts nothing, stops at the first file the budget has no room
+    /// for, and leaves the commits to their own pace, which defers a blob's check
+    /// while loads copy.
+    pub async fn run(self: Arc<Self>, parallel: usize, requested: bool) {
         let out_of_room = AtomicBool::new(false);
+        let stamps = Mutex::new(vec![None; self.files.len()]);
         futures::stream::iter(0..self.files.len())
             .for_each_concurrent(parallel.max(1), |i| {
-                let (job, out_of_room) = (Arc::clone(&self), &out_of_room);
+                let (job, out_of_room, stamps) = (Arc::clone(&self), &out_of_room, &stamps);
                 async move {
                     if out_of_room.load(Ordering::Relaxed) {
                         job.set(
@@ -164,17 +168,20 @@ impl Job {
                     }
                     job.set(i, FileState::Copying);
                     let path = &job.files[i].0;
-                    let result = if may_evict {
+                    let result = if requested {
                         job.stager.stage(path).await
                     } else {
                         job.stager.prefetch(path).await
                     };
                     let state = match result {
-                        Ok(staged) if staged.copied => FileState::Staged,
+                        Ok(staged) if staged.copied => {
+                            lock(stamps)[i] = Some(staged.stamp);
+                            FileState::Staged
+                        }
                         Ok(_) => FileState::AlreadyStaged,
                         Err(e) => {
                             if matches!(e, StageError::Store(StoreError::NoRoom { .. }))
-                                && !may_evict
+                                && !requested
                             {
                                 out_of_room.store(true, Ordering::Relaxed);
                             }
@@ -188,6 +195,42 @@ impl Job {
                 }
             })
             .await;
+        if requested {
+            let stamps = stamps.into_inner().unwrap_or_else(PoisonError::into_inner);
+            self.commit_staged(stamps).await;
+        }
+    }
+
+    /// Waits for the commits of the copies this job made (`stamps`: each copied
+    /// file's version), then fails any whose copy is gone: "staged" then means the
+    /// copy survives a power cut and matched the sha256 its blob's name gives,
+    /// which a blob from a local disk is checked for only after it was answered.
+    async fn commit_staged(&self, stamps: Vec<Option<Stamp>>) {
+        if stamps.iter().all(Option::is_none) {
+            return;
+        }
+        let stager = self.stager.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || stager.store().commit_now()).await {
+            debug!(error = %e, "the wait for the prefetch's commits ended early");
+        }
+        for (i, stamp) in stamps.into_iter().enumerate() {
+            let path = &self.files[i].0;
+            let Some(stamp) = stamp else { continue };
+            if self.stager.redirect_target(path, stamp, false).is_some() {
+                continue;
+            }
+            let error = match self.stager.refused(path, stamp) {
+                true => "its bytes do not match the sha256 in the blob's name; nothing was kept",
+                false => "its copy was dropped before it was committed (evicted, or unreadable)",
+            };
+            self.set(
+                i,
+                FileState::Failed {
+                    error: error.into(),
+                    remedy: None,
+                },
+            );
+        }
     }
 
     fn set(&self, i: usize, state: FileState) {
@@ -406,6 +449,61 @@ mod tests {
                 .iter()
                 .all(|f| f.state == FileState::Waiting)
         );
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_requested_prefetch_reports_staged_only_what_was_committed_and_matched_its_name()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let blobs = dir.path().join("src/models--a--b/blobs");
+        fs::create_dir_all(&blobs)?;
+        let good: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 239) as u8).collect();
+        let good_sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&good));
+        fs::write(blobs.join(&good_sha), &good)?;
+        // Named for the empty file: its bytes cannot match.
+        let empty_sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        fs::write(blobs.join(empty_sha), vec![7u8; 1 << 20])?;
+        let store = Store::open(dir.path().join("cache"), Budget::default())?;
+        let source = SourceTree::new(dir.path().join("src"))?;
+        let stager = Stager::new(
+            source,
+            store,
+            Arc::default(),
+            tokio::runtime::Handle::current(),
+        );
+        let files_good = || PathBuf::from(format!("models--a--b/blobs/{good_sha}"));
+        let files = vec![
+            (files_good(), 3 << 20),
+            (
+                PathBuf::from(format!("models--a--b/blobs/{empty_sha}")),
+                1 << 20,
+            ),
+        ];
+        let job = Job::new(stager.clone(), files);
+        // A local disk's blobs are answered before their check, which waits for a
+        // quiet second: the job's report must wait for it, not race it.
+        Arc::clone(&job).run(2, true).await;
+        let progress = job.progress();
+        assert_eq!(progress[0].state, FileState::Staged, "{progress:?}");
+        assert!(
+            matches!(&progress[1].state, FileState::Failed { error, .. } if error.contains("sha256")),
+            "{progress:?}"
+        );
+        // The good copy's last journal line is the committed one, with its identity
+        // (an uncommitted line has none, and a restart would hash it again).
+        use crate::store::index::{CopyId, Record};
+        let journal = fs::read_to_string(dir.path().join("cache/v1/index.jsonl"))?;
+        let puts: Vec<Record> = journal
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter(|r| matches!(r, Record::Put { entry, .. } if entry.source == files_good()))
+            .collect();
+        assert!(
+            matches!(puts.last(), Some(Record::Put { entry, .. }) if entry.copy != CopyId::default()),
+            "{journal}"
+        );
+        assert_eq!(stager.store().entries().len(), 1);
         Ok(())
     }
 
