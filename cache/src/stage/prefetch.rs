@@ -379,6 +379,14 @@ mod tests {
     use super::*;
     use crate::store::budget::Budget;
 
+    /// A stager over the source `dir/src`, caching in `dir/cache`.
+    fn stager_over(dir: &Path) -> Result<Stager, Box<dyn std::error::Error>> {
+        let store = Store::open(dir.join("cache"), Budget::default())?;
+        let source = SourceTree::new(dir.join("src"))?;
+        let runtime = tokio::runtime::Handle::current();
+        Ok(Stager::new(source, store, Arc::default(), runtime))
+    }
+
     /// A source with one model folder of two weight files and a config, and a stager
     /// over it with `staged` already staged and committed.
     async fn stager_with(
@@ -390,14 +398,7 @@ mod tests {
         fs::write(folder.join("config.json"), "{}")?;
         fs::write(folder.join("a.safetensors"), vec![1u8; 4096])?;
         fs::write(folder.join("b.safetensors"), vec![2u8; 4096])?;
-        let store = Store::open(dir.path().join("cache"), Budget::default())?;
-        let source = SourceTree::new(dir.path().join("src"))?;
-        let stager = Stager::new(
-            source,
-            store,
-            Arc::default(),
-            tokio::runtime::Handle::current(),
-        );
+        let stager = stager_over(dir.path())?;
         for file in ["models/org/m/config.json", staged] {
             stager.stage(Path::new(file)).await?;
         }
@@ -464,14 +465,7 @@ mod tests {
         // Named for the empty file: its bytes cannot match.
         let empty_sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
         fs::write(blobs.join(empty_sha), vec![7u8; 1 << 20])?;
-        let store = Store::open(dir.path().join("cache"), Budget::default())?;
-        let source = SourceTree::new(dir.path().join("src"))?;
-        let stager = Stager::new(
-            source,
-            store,
-            Arc::default(),
-            tokio::runtime::Handle::current(),
-        );
+        let stager = stager_over(dir.path())?;
         let files_good = || PathBuf::from(format!("models--a--b/blobs/{good_sha}"));
         let files = vec![
             (files_good(), 3 << 20),
