@@ -870,7 +870,7 @@ mod tests {
     /// A stager over a fresh source directory and store (also `written.rs`'s).
     pub(super) struct Fixture {
         pub(super) src: tempfile::TempDir,
-        cache: tempfile::TempDir,
+        pub(super) cache: tempfile::TempDir,
         pub(super) stager: Stager,
     }
 
@@ -949,11 +949,37 @@ mod tests {
     const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
     /// Writes `bytes` as the blob named by the sha256 of nothing, in `src`.
-    fn write_empty_named_blob(src: &Path, bytes: &[u8]) -> PathBuf {
-        let rel = PathBuf::from(format!("models--a--b/blobs/{EMPTY_SHA256}"));
+    pub(super) fn write_empty_named_blob(src: &Path, bytes: &[u8]) -> PathBuf {
+        write_blob(src, EMPTY_SHA256, bytes)
+    }
+
+    /// Writes `bytes` as the blob their sha256 names, in `src`.
+    pub(super) fn write_named_blob(src: &Path, bytes: &[u8]) -> PathBuf {
+        let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(bytes));
+        write_blob(src, &sha, bytes)
+    }
+
+    fn write_blob(src: &Path, sha: &str, bytes: &[u8]) -> PathBuf {
+        let rel = PathBuf::from(format!("models--a--b/blobs/{sha}"));
         fs::create_dir_all(src.join("models--a--b/blobs")).expect("mkdir");
         fs::write(src.join(&rel), bytes).expect("write");
         rel
+    }
+
+    /// The identities the journal of the store in `cache` records for source file
+    /// `rel`, in order: a committed copy's has an inode, an uncommitted one's not.
+    pub(super) fn journaled(cache: &Path, rel: &Path) -> Vec<crate::store::index::CopyId> {
+        let key = Key::for_source_path(rel);
+        fs::read_to_string(cache.join("v1/index.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| match serde_json::from_str(line) {
+                Ok(crate::store::index::Record::Put { key: k, entry }) if k == key.as_str() => {
+                    Some(entry.copy)
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1010,10 +1036,7 @@ mod tests {
     async fn a_blob_checked_after_its_open_is_journaled_as_committed_only_once_it_matched() {
         let fx = fixture();
         let data: Vec<u8> = (0..(24u32 << 20)).map(|i| (i % 241) as u8).collect();
-        let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&data));
-        let rel = PathBuf::from(format!("models--a--b/blobs/{sha}"));
-        fs::create_dir_all(fx.src.path().join("models--a--b/blobs")).expect("mkdir");
-        fs::write(fx.src.path().join(&rel), &data).expect("write");
+        let rel = write_named_blob(fx.src.path(), &data);
         let served = fx.stager.stage(&rel).await.expect("served");
         assert_eq!(contents(&served), data);
         fx.stager.store().commit_now();
@@ -1124,19 +1147,9 @@ mod tests {
         );
 
         // Once no copy has run for a moment, it runs on its own.
-        let data = vec![5u8; 3 << 20];
-        let sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&data));
-        let good = format!("models--a--b/blobs/{sha}");
-        fs::write(src.path().join(&good), &data).expect("write");
-        drop(stage_now(&inner, &good).expect("served"));
-        let key = Key::for_source_path(Path::new(&good));
-        let committed = || {
-            fs::read_to_string(cache.path().join("v1/index.jsonl"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .any(|r| matches!(r, crate::store::index::Record::Put { key: ref k, ref entry } if k == key.as_str() && entry.copy.ino != 0))
-        };
+        let good = write_named_blob(src.path(), &vec![5u8; 3 << 20]);
+        drop(stage_now(&inner, good.to_str().expect("utf-8")).expect("served"));
+        let committed = || journaled(cache.path(), &good).iter().any(|c| c.ino != 0);
         std::thread::sleep(Duration::from_millis(600));
         assert!(
             !committed(),

@@ -379,14 +379,6 @@ mod tests {
     use super::*;
     use crate::store::budget::Budget;
 
-    /// A stager over the source `dir/src`, caching in `dir/cache`.
-    fn stager_over(dir: &Path) -> Result<Stager, Box<dyn std::error::Error>> {
-        let store = Store::open(dir.join("cache"), Budget::default())?;
-        let source = SourceTree::new(dir.join("src"))?;
-        let runtime = tokio::runtime::Handle::current();
-        Ok(Stager::new(source, store, Arc::default(), runtime))
-    }
-
     /// A source with one model folder of two weight files and a config, and a stager
     /// over it with `staged` already staged and committed.
     async fn stager_with(
@@ -398,7 +390,14 @@ mod tests {
         fs::write(folder.join("config.json"), "{}")?;
         fs::write(folder.join("a.safetensors"), vec![1u8; 4096])?;
         fs::write(folder.join("b.safetensors"), vec![2u8; 4096])?;
-        let stager = stager_over(dir.path())?;
+        let store = Store::open(dir.path().join("cache"), Budget::default())?;
+        let source = SourceTree::new(dir.path().join("src"))?;
+        let stager = Stager::new(
+            source,
+            store,
+            Arc::default(),
+            tokio::runtime::Handle::current(),
+        );
         for file in ["models/org/m/config.json", staged] {
             stager.stage(Path::new(file)).await?;
         }
@@ -454,27 +453,17 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_requested_prefetch_reports_staged_only_what_was_committed_and_matched_its_name()
-    -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let blobs = dir.path().join("src/models--a--b/blobs");
-        fs::create_dir_all(&blobs)?;
+    async fn a_requested_prefetch_reports_staged_only_what_was_committed_and_matched_its_name() {
+        use crate::stage::tests::{fixture, journaled, write_empty_named_blob, write_named_blob};
+        let fx = fixture();
         let good: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 239) as u8).collect();
-        let good_sha = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(&good));
-        fs::write(blobs.join(&good_sha), &good)?;
+        let good = write_named_blob(fx.src.path(), &good);
         // Named for the empty file: its bytes cannot match.
-        let empty_sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-        fs::write(blobs.join(empty_sha), vec![7u8; 1 << 20])?;
-        let stager = stager_over(dir.path())?;
-        let files_good = || PathBuf::from(format!("models--a--b/blobs/{good_sha}"));
-        let files = vec![
-            (files_good(), 3 << 20),
-            (
-                PathBuf::from(format!("models--a--b/blobs/{empty_sha}")),
-                1 << 20,
-            ),
-        ];
-        let job = Job::new(stager.clone(), files);
+        let bad = write_empty_named_blob(fx.src.path(), &[7u8; 1 << 20]);
+        let job = Job::new(
+            fx.stager.clone(),
+            vec![(good.clone(), 3 << 20), (bad, 1 << 20)],
+        );
         // A local disk's blobs are answered before their check, which waits for a
         // quiet second: the job's report must wait for it, not race it.
         Arc::clone(&job).run(2, true).await;
@@ -486,19 +475,14 @@ mod tests {
         );
         // The good copy's last journal line is the committed one, with its identity
         // (an uncommitted line has none, and a restart would hash it again).
-        use crate::store::index::{CopyId, Record};
-        let journal = fs::read_to_string(dir.path().join("cache/v1/index.jsonl"))?;
-        let puts: Vec<Record> = journal
-            .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
-            .filter(|r| matches!(r, Record::Put { entry, .. } if entry.source == files_good()))
-            .collect();
+        let identities = journaled(fx.cache.path(), &good);
         assert!(
-            matches!(puts.last(), Some(Record::Put { entry, .. }) if entry.copy != CopyId::default()),
-            "{journal}"
+            identities
+                .last()
+                .is_some_and(|c| *c != crate::store::index::CopyId::default()),
+            "{identities:?}"
         );
-        assert_eq!(stager.store().entries().len(), 1);
-        Ok(())
+        assert_eq!(fx.stager.store().entries().len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread")]
