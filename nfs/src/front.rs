@@ -9,6 +9,12 @@
 //! disk, bounded what the server could serve (see docs/BENCHMARKS.md, "NFS server").
 //! Here the bytes of a staged copy reach the socket with one `sendfile` on Linux.
 //!
+//! It also answers the NULL procedure (a ping) of NFS and MOUNT itself, whatever the
+//! call's credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC
+//! 5531 lets a client), and the library refuses every call but the serving user's
+//! and root's AUTH_UNIX ones, NULL included, so the kernel gave up with "server
+//! requires stronger authentication". A NULL call does nothing and serves nothing.
+//!
 //! Nothing is decided twice. A READ is taken here only when everything about it is
 //! settled already: an AUTH_UNIX call of the serving user or root, a handle of this
 //! server's generation, and a file open from a whole, verified copy. Everything
@@ -22,6 +28,7 @@ use std::io::{self, Cursor};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use nfs3_server::nfs3_types::mount;
 use nfs3_server::nfs3_types::nfs3::{self as nfs, READ3args, nfsstat3};
 use nfs3_server::nfs3_types::rpc::{
     accept_stat_data, accepted_reply, auth_flavor, auth_unix, call_body, msg_body, opaque_auth,
@@ -139,6 +146,11 @@ impl Front {
             };
             let body = record.body();
             let call = NfsCall::parse(&body);
+            if let Some(ping) = call.as_ref().filter(|call| call.is_null_ping()) {
+                send(to_client, Reply::Record(null_reply(ping.xid))).await;
+                continue;
+            }
+            let call = call.filter(NfsCall::is_nfs3);
             match call.as_ref().and_then(|call| self.servable_read(call)) {
                 Some(read) => {
                     let (this, to_client) = (self.clone(), Arc::clone(to_client));
@@ -224,7 +236,7 @@ impl Front {
     }
 }
 
-/// An NFSv3 call, its header read once for everything the front asks of it.
+/// An RPC call, its header read once for everything the front asks of it.
 struct NfsCall<'a> {
     xid: u32,
     body: call_body<'a>,
@@ -233,16 +245,13 @@ struct NfsCall<'a> {
 }
 
 impl<'a> NfsCall<'a> {
-    /// The call in record body `record`, if it is one of NFS version 3.
+    /// The call in record body `record`, if it is one.
     fn parse(record: &'a [u8]) -> Option<NfsCall<'a>> {
         let mut cursor = Cursor::new(record);
         let (msg, _) = rpc_msg::unpack(&mut cursor).ok()?;
         let msg_body::CALL(body) = msg.body else {
             return None;
         };
-        if body.prog != nfs::PROGRAM || body.vers != nfs::VERSION {
-            return None;
-        }
         let args = record.get(usize::try_from(cursor.position()).ok()?..)?;
         Some(NfsCall {
             xid: msg.xid,
@@ -250,6 +259,43 @@ impl<'a> NfsCall<'a> {
             args,
         })
     }
+
+    /// Whether this is a call of NFS version 3, the only one the front looks into.
+    fn is_nfs3(&self) -> bool {
+        self.body.prog == nfs::PROGRAM && self.body.vers == nfs::VERSION
+    }
+
+    /// Whether this is the NULL procedure of NFS or MOUNT version 3, in RPC version
+    /// 2: a ping, answered here for any credentials (see the module docs).
+    fn is_null_ping(&self) -> bool {
+        let pinged = matches!(
+            (self.body.prog, self.body.vers),
+            (nfs::PROGRAM, nfs::VERSION) | (mount::PROGRAM, mount::VERSION)
+        );
+        pinged && self.body.rpcvers == RPC_VERSION && self.body.proc == NULL_PROCEDURE
+    }
+}
+
+/// The procedure number of NULL in every RPC program.
+const NULL_PROCEDURE: u32 = 0;
+/// The RPC protocol version (RFC 5531).
+const RPC_VERSION: u32 = 2;
+
+/// The whole record (mark included) answering NULL call `xid`: accepted, no results.
+fn null_reply(xid: u32) -> Vec<u8> {
+    let rpc = rpc_msg {
+        xid,
+        body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
+            verf: opaque_auth::default(),
+            reply_data: accept_stat_data::SUCCESS,
+        })),
+    };
+    let mut record = vec![0; 4];
+    let packed = rpc.pack(&mut record);
+    debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
+    let len = (record.len() - 4) as u32;
+    record[..4].copy_from_slice(&(len | LAST_FRAGMENT).to_be_bytes());
+    record
 }
 
 /// A READ this front answers.

@@ -13,7 +13,8 @@
 //!   the policy's journaled inode number ([`handle`]);
 //! - a loopback port is open to every local process: only AUTH_UNIX calls of the
 //!   serving user or root, and (on Linux) only connections from reserved ports, are
-//!   served ([`listen`]);
+//!   served ([`listen`]); a NULL ping, which does nothing, is answered for any
+//!   credentials, as Linux's kernel pings with AUTH_NULL (`front`);
 //! - NFSv3 has no CLOSE either: a file's first WRITE (or its CREATE) opens it for
 //!   writing in the policy, and the handle is closed once idle, which commits the
 //!   copy staged as it was written ([`writes`]);

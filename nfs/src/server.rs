@@ -158,7 +158,8 @@ impl NfsReadFileSystem for StageNfs {
     }
 
     /// AUTH_UNIX calls of the serving user or root; nothing else (AUTH_NULL would be
-    /// served as root by the server library).
+    /// served as root by the server library). A NULL ping never gets here: the
+    /// front answers it for any credentials.
     fn authorize(&self, auth: Option<&auth_unix>) -> bool {
         auth.is_some_and(|auth| crate::front::serves(self.owner, auth))
     }

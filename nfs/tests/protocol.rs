@@ -24,7 +24,10 @@ use nfs3_server::nfs3_types::nfs3::{
     cookieverf3, createhow3, diropargs3, fattr3, filename3, ftype3, nfs_fh3, nfspath3, nfsstat3,
     post_op_fh3, sattr3, sattrguard3, stable_how, symlinkdata3,
 };
-use nfs3_server::nfs3_types::xdr_codec::Opaque;
+use nfs3_server::nfs3_types::rpc::{
+    accept_stat_data, accepted_reply, call_body, msg_body, opaque_auth, reply_body, rpc_msg,
+};
+use nfs3_server::nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 use sha2::{Digest, Sha256};
 use stagefs_cache::source::faulty::{Behaviour, FaultySource};
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
@@ -324,6 +327,79 @@ async fn only_the_serving_user_and_root_get_in() {
         connect(f.serving.addr, 0, "/").await.is_ok(),
         "root gets in"
     );
+}
+
+/// The reply to one RPC call of `proc` in `prog` version `vers` with credentials
+/// `cred` and no arguments, sent on a new connection from a reserved port.
+async fn rpc_reply(
+    addr: SocketAddr,
+    (prog, vers, proc): (u32, u32, u32),
+    cred: opaque_auth<'static>,
+) -> Answer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let call = rpc_msg {
+        xid: 77,
+        body: msg_body::CALL(call_body {
+            rpcvers: 2,
+            prog,
+            vers,
+            proc,
+            cred,
+            verf: opaque_auth::default(),
+        }),
+    };
+    let mut record = vec![0; 4];
+    call.pack(&mut record).expect("pack");
+    let len = (record.len() - 4) as u32 | 0x8000_0000;
+    record[..4].copy_from_slice(&len.to_be_bytes());
+    let mut stream = stagefs_nfs::listen::connect_from_reserved_port(addr)
+        .await
+        .expect("connect");
+    stream.write_all(&record).await.expect("send");
+    let mut mark = [0; 4];
+    stream.read_exact(&mut mark).await.expect("reply mark");
+    let mut reply = vec![0; (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize];
+    stream.read_exact(&mut reply).await.expect("reply");
+    let (msg, _) = rpc_msg::unpack(&mut std::io::Cursor::new(&reply[..])).expect("unpack");
+    assert_eq!(msg.xid, 77);
+    match msg.body {
+        msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
+            reply_data: accept_stat_data::SUCCESS,
+            ..
+        })) => Answer::Accepted,
+        msg_body::REPLY(reply_body::MSG_DENIED(_)) => Answer::Denied,
+        other => panic!("neither accepted nor denied: {other:?}"),
+    }
+}
+
+/// How an RPC call was answered.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Accepted,
+    Denied,
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ping_is_answered_for_any_credentials_and_nothing_else_is() {
+    let f = fixture(PATIENT).await;
+    const NFS: (u32, u32) = (100_003, 3);
+    const MOUNT: (u32, u32) = (100_005, 3);
+    // Linux's kernel pings with AUTH_NULL before it mounts; refusing that failed
+    // every kernel mount with "server requires stronger authentication".
+    for (prog, vers) in [NFS, MOUNT] {
+        for cred in [opaque_auth::default(), client::credential(4242)] {
+            let reply = rpc_reply(f.serving.addr, (prog, vers, 0), cred).await;
+            assert_eq!(reply, Answer::Accepted, "NULL of {prog}");
+        }
+    }
+    // Nothing but the ping is let through with those credentials: GETATTR (1) of
+    // NFS and EXPORT (5) of MOUNT are still refused.
+    for (prog, vers, proc) in [(NFS.0, NFS.1, 1), (MOUNT.0, MOUNT.1, 5)] {
+        for cred in [opaque_auth::default(), client::credential(4242)] {
+            let reply = rpc_reply(f.serving.addr, (prog, vers, proc), cred).await;
+            assert_eq!(reply, Answer::Denied, "procedure {proc} of {prog}");
+        }
+    }
 }
 
 #[cfg(target_os = "linux")]
