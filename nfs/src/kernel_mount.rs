@@ -24,6 +24,10 @@
 //!   connection front relays whole; the client's dirty pages go out in 1 MiB calls.
 //! - `actimeo=1`: attributes and names are cached for 1 s, as the FUSE mount's
 //!   kernel does, so a change at the source shows within about a second.
+//! - Linux `addr=127.0.0.1`: where no `mount.nfs` helper is installed, `mount`
+//!   hands the options to the kernel as they are, and the kernel needs the server's
+//!   address among them (the helper would add it); with the helper it is the same
+//!   address the helper resolves.
 
 use std::io;
 use std::path::Path;
@@ -34,7 +38,7 @@ pub fn options(port: u16, read_only: bool) -> String {
     #[cfg(target_os = "macos")]
     let (platform, ro) = ("hard,intr,mutejukebox,locallocks,nobrowse", ",rdonly");
     #[cfg(not(target_os = "macos"))]
-    let (platform, ro) = ("hard,local_lock=all,mountproto=tcp", ",ro");
+    let (platform, ro) = ("hard,local_lock=all,mountproto=tcp,addr=127.0.0.1", ",ro");
     let ro = if read_only { ro } else { "" };
     format!(
         "vers=3,tcp,port={port},mountport={port},rsize=1048576,wsize=1048576,actimeo=1,{platform}{ro}"
