@@ -106,7 +106,7 @@ enum Command {
     /// Over loopback NFS, time a cold FILE's first byte, with a client that backs off
     /// after JUKEBOX as macOS's or Linux's does, against the time its copy took.
     Jukebox {
-        /// Delay before every source operation, in milliseconds (sets the copy's length).
+        /// Delay before every read of the source file, in milliseconds (sets the copy's length).
         #[arg(long, default_value_t = 200)]
         delay_ms: u64,
         /// Whose retry schedule the client follows.

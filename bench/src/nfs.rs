@@ -13,8 +13,9 @@
 //! of a file starts its copy; a client that gets JUKEBOX sleeps as the macOS client
 //! does (4 s, doubling to 30 s) or the Linux one (5 s) and asks again. The report
 //! sets the time to the first byte beside the time the copy took: the difference is
-//! what NFS's lack of OPEN costs on top of the copy. The source is slowed by a fixed
-//! delay per operation (the fault-injecting source), so the copy takes a chosen time.
+//! what NFS's lack of OPEN costs on top of the copy. The source's reads of file bytes
+//! are slowed by a fixed delay each (the fault-injecting source; its metadata answers
+//! at once, as a NAS behind a narrow link), so the copy takes a chosen time.
 //!
 //! The server runs in this process over the real stack (store, stager, policy, NFS
 //! adapter). Run as root: the server takes
@@ -32,6 +33,7 @@ use nfs3_client::nfs3_types::nfs3::{GETATTR3args, nfs_fh3, nfsstat3};
 use serde_json::{Value, json};
 use stagefs_cache::{Budget, Key, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::client::{self, Client};
+use stagefs_nfs::jukebox;
 use stagefs_policy::{FsConfig, Policy};
 
 use crate::lean_nfs::LeanClient;
@@ -193,10 +195,11 @@ pub(crate) enum Backoff {
 
 impl Backoff {
     fn delay(self, attempt: u32) -> Duration {
-        match self {
-            Backoff::Macos => Duration::from_secs((4u64 << attempt.min(3)).min(30)),
-            Backoff::Linux => Duration::from_secs(5),
-        }
+        let schedule = match self {
+            Backoff::Macos => jukebox::Backoff::Apple,
+            Backoff::Linux => jukebox::Backoff::LINUX,
+        };
+        schedule.delay(attempt)
     }
 }
 
@@ -220,12 +223,35 @@ pub(crate) fn jukebox(
         let addr = served.addr;
         let mut client = connect(addr).await?;
         let fh = lookup(&mut client, file).await?;
-        slow.set(stagefs_cache::source::faulty::Behaviour::Slow(delay));
+        slow.set(stagefs_cache::source::faulty::Behaviour::SlowReads(delay));
         let started = Instant::now();
+        // When the copy had read the whole file: what comes after (the checks that
+        // the source did not change, each a slowed operation here) is its tail.
+        let read_whole = {
+            let (stager, file) = (stager.clone(), file.to_path_buf());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if let Some(p) = stager.progress(&file)
+                        && p.total > 0
+                        && p.read >= p.total
+                    {
+                        return Some(started.elapsed().as_secs_f64());
+                    }
+                    if started.elapsed() > Duration::from_secs(600) {
+                        return None;
+                    }
+                }
+            })
+        };
         let mut copied = None;
         let mut jukeboxes = 0u32;
+        let mut longest_call = Duration::ZERO;
         loop {
-            match client::read(&mut client, &fh, 0, 1 << 20).await {
+            let sent = Instant::now();
+            let answer = client::read(&mut client, &fh, 0, 1 << 20).await;
+            longest_call = longest_call.max(sent.elapsed());
+            match answer {
                 Ok(_) => break,
                 Err(nfsstat3::NFS3ERR_JUKEBOX) => {
                     if copied.is_none() {
@@ -242,6 +268,8 @@ pub(crate) fn jukebox(
             }
         }
         let first_byte = started.elapsed().as_secs_f64();
+        read_whole.abort();
+        let read_whole = read_whole.await.ok().flatten();
         let copy = match copied {
             Some(task) => (task.await? - started).as_secs_f64(),
             None => first_byte,
@@ -252,9 +280,11 @@ pub(crate) fn jukebox(
             "client": format!("{backoff:?}").to_lowercase(),
             "delay_ms": delay.as_millis() as u64,
             "copy_seconds": copy,
+            "whole_file_read_seconds": read_whole,
             "first_byte_seconds": first_byte,
             "extra_seconds": first_byte - copy,
             "jukeboxes": jukeboxes,
+            "longest_call_seconds": longest_call.as_secs_f64(),
         }))
     })
 }

@@ -5,7 +5,7 @@
 //!   answers MOUNT too; no portmapper is asked.
 //! - `hard`: a call that gets no answer is retried, never failed with EIO. The
 //!   server never leaves a call unanswered for long (a READ still staging answers
-//!   JUKEBOX within 2.5 s; a dead source answers EIO within `--source-timeout`).
+//!   JUKEBOX within 4 s; a dead source answers EIO within `--source-timeout`).
 //! - `intr`: a signal interrupts a waiting call, so Ctrl-C works on a hard mount.
 //! - `mutejukebox`: no "server not responding" dialog while the client retries a
 //!   JUKEBOX (a shard still being staged).

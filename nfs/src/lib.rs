@@ -7,8 +7,10 @@
 //! ([`server::StageNfs`]), its errors to `nfsstat3` ([`status`]), its attributes
 //! to `fattr3` ([`attrs`]). What NFS adds, and this crate owns:
 //! - NFSv3 has no OPEN: a file's first READ opens it in the policy, which stages it;
-//!   a READ that would wait past [`reads::HOLD`] answers `NFS3ERR_JUKEBOX` and the
-//!   client retries, so it never marks the server "not responding" ([`reads`]);
+//!   a READ that would wait past a hold planned against the client's back-off
+//!   answers `NFS3ERR_JUKEBOX` and the client retries, so it never marks the server
+//!   "not responding" and a retry is waiting when the copy ends ([`reads`],
+//!   [`jukebox`]);
 //! - file handles outlive the server: they carry the inode journal's generation and
 //!   the policy's journaled inode number ([`handle`]);
 //! - a loopback port is open to every local process: only AUTH_UNIX calls of the
@@ -29,6 +31,7 @@ pub mod client;
 mod front;
 pub mod handle;
 mod intents;
+pub mod jukebox;
 pub mod kernel_mount;
 pub mod listen;
 pub mod reads;

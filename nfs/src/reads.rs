@@ -3,10 +3,13 @@
 //! served only from a whole, verified copy.
 //!
 //! The macOS client marks a server "not responding" once a request waits about 5 s
-//! (and a soft mount fails the call). So a READ waits at most [`HOLD`] for an open
-//! still staging, then answers `NFS3ERR_JUKEBOX`: the client retries later (macOS
-//! after 4 s, doubling to 30 s; Linux after 5 s) while the copy goes on, detached
-//! from any request. Every READ of the file meanwhile joins the same open.
+//! (and a soft mount fails the call). So a READ of a file still staging is held at
+//! most [`jukebox::MAX_HOLD`], then answered `NFS3ERR_JUKEBOX`: the client sends it
+//! again later while the copy goes on, detached from any request. How long each
+//! READ is held is planned so that a retry is being held when the copy ends
+//! ([`jukebox`]): from the copy's progress, and from the JUKEBOXes this READ (the
+//! same file, offset and count) has had and how long its client waited after them.
+//! Every READ of the file meanwhile joins the same open.
 //!
 //! An open handle pins its copy against eviction, so handles nobody read for
 //! [`IDLE`] are closed; the next READ opens the file again, at once if its copy is
@@ -24,18 +27,26 @@ use stagefs_cache::{StageError, StoreError};
 use stagefs_policy::{FsError, Policy};
 use tokio::sync::watch;
 
+use crate::jukebox::{self, Backoff, MAX_HOLD};
 use crate::status::nfsstat_logged;
 
-/// How long a READ waits for its file's open before answering JUKEBOX: well inside
-/// the macOS client's 5 s "not responding" mark, with room for the read itself.
-pub const HOLD: Duration = Duration::from_millis(2500);
+/// How often a held READ looks at its copy's progress.
+const TICK: Duration = Duration::from_millis(100);
+
+/// How long a READ answered JUKEBOX is remembered as one its client will resend:
+/// past the longest wait of any client (Apple's 30 s) with room.
+const RETRY_MEMORY: Duration = Duration::from_secs(120);
+
+/// How long a copy must have been seen moving before its rate is trusted.
+const RATE_AFTER: Duration = Duration::from_millis(300);
 
 /// How long an open handle nobody reads keeps its copy pinned.
 pub const IDLE: Duration = Duration::from_secs(30);
 
 /// How long a handle must have been idle to be closed when the cache needs room:
-/// longer than a READ is ever held, so no READ in progress loses its file.
-pub const IDLE_UNDER_PRESSURE: Duration = Duration::from_secs(2);
+/// longer than a READ is ever held ([`MAX_HOLD`]), so no READ in progress loses
+/// its file.
+pub const IDLE_UNDER_PRESSURE: Duration = Duration::from_secs(5);
 
 /// An open file's policy handle and the size of the version opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,32 +69,171 @@ enum Slot {
     },
 }
 
+/// A READ as its client sends it again after a JUKEBOX (with a new XID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReadCall {
+    /// The file's inode.
+    pub ino: u64,
+    /// Where the read starts.
+    pub offset: u64,
+    /// How many bytes it asks for.
+    pub count: u32,
+}
+
+/// A READ answered JUKEBOX, which its client will send again.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    /// JUKEBOXes answered to it so far.
+    tries: u32,
+    /// When the last was.
+    answered: Instant,
+}
+
+/// What the holds are planned from.
+#[derive(Debug, Default)]
+struct Pace {
+    retries: HashMap<ReadCall, Retry>,
+    /// How the copies of the inodes READs wait for have moved.
+    moves: HashMap<u64, Moves>,
+    /// The back-off the last client that retried showed, for the READs it has not
+    /// retried yet.
+    learned: Option<Backoff>,
+}
+
+/// How far a copy had read when it was first and last seen moving.
+#[derive(Debug, Clone, Copy)]
+struct Moves {
+    /// Bytes read when last looked at.
+    seen: u64,
+    first: Option<(Instant, u64)>,
+    last: Option<(Instant, u64)>,
+}
+
 /// The files open for NFS reads, by inode.
 #[derive(Debug, Default)]
 pub struct Reads {
     slots: Mutex<HashMap<u64, Slot>>,
+    pace: Mutex<Pace>,
 }
 
 impl Reads {
-    /// The open handle for inode `ino`, opening it (and so staging it) if needed.
-    /// Answers `NFS3ERR_JUKEBOX` if the open is not done within `hold`.
+    /// The open handle of the file `call` reads, opening it (and so staging it) if
+    /// needed. Answers `NFS3ERR_JUKEBOX` when the hold [`jukebox`] plans for this
+    /// call runs out before the open is done.
     pub async fn open(
         self: &Arc<Self>,
         policy: &Arc<Policy>,
-        ino: u64,
-        hold: Duration,
+        call: ReadCall,
     ) -> Result<Open, nfsstat3> {
-        let mut outcome = match self.slot(policy, ino) {
-            Ok(open) => return Ok(open),
+        let mut outcome = match self.slot(policy, call.ino) {
+            Ok(open) => {
+                self.settled(call);
+                return Ok(open);
+            }
             Err(outcome) => outcome,
         };
-        let waited = tokio::time::timeout(hold, outcome.wait_for(Option::is_some)).await;
-        match waited {
-            Ok(Ok(done)) => (*done).unwrap_or(Err(nfsstat3::NFS3ERR_SERVERFAULT)),
-            // The opener dropped its sender without an outcome: it panicked.
-            Ok(Err(_)) => Err(nfsstat3::NFS3ERR_SERVERFAULT),
-            Err(_) => Err(nfsstat3::NFS3ERR_JUKEBOX),
+        let arrived = Instant::now();
+        let (tries, clients) = self.retry_of(call, arrived);
+        loop {
+            let held = arrived.elapsed();
+            let left = self.copy_left(policy, call.ino);
+            if !jukebox::keep_holding(held, left, tries, &clients) {
+                self.answered_jukebox(call, tries);
+                return Err(nfsstat3::NFS3ERR_JUKEBOX);
+            }
+            let tick = TICK.min(MAX_HOLD.saturating_sub(held));
+            let done = match tokio::time::timeout(tick, outcome.wait_for(Option::is_some)).await {
+                Ok(Ok(done)) => (*done).unwrap_or(Err(nfsstat3::NFS3ERR_SERVERFAULT)),
+                // The opener dropped its sender without an outcome: it panicked.
+                Ok(Err(_)) => Err(nfsstat3::NFS3ERR_SERVERFAULT),
+                Err(_) => continue,
+            };
+            self.settled(call);
+            return done;
         }
+    }
+
+    /// How many JUKEBOXes `call` has had, and the back-offs its client may follow:
+    /// the one the wait after a READ's first JUKEBOX showed (the last client seen
+    /// retrying), else either of those a mount has.
+    fn retry_of(&self, call: ReadCall, now: Instant) -> (u32, Vec<Backoff>) {
+        let mut pace = self.pace();
+        let retry = pace.retries.get(&call).copied();
+        let tries = match retry {
+            Some(retry) if now.saturating_duration_since(retry.answered) <= RETRY_MEMORY => {
+                if retry.tries == 1 {
+                    let waited = now.saturating_duration_since(retry.answered);
+                    pace.learned = Some(Backoff::from_first_wait(waited));
+                }
+                retry.tries
+            }
+            _ => 0,
+        };
+        let clients = match pace.learned {
+            Some(learned) => vec![learned],
+            None => Backoff::UNKNOWN.to_vec(),
+        };
+        (tries, clients)
+    }
+
+    fn answered_jukebox(&self, call: ReadCall, tries: u32) {
+        let now = Instant::now();
+        let mut pace = self.pace();
+        if pace.retries.len() > 4096 {
+            pace.retries
+                .retain(|_, retry| now.saturating_duration_since(retry.answered) < RETRY_MEMORY);
+        }
+        pace.retries.insert(
+            call,
+            Retry {
+                tries: tries + 1,
+                answered: now,
+            },
+        );
+    }
+
+    /// `call` was answered with something other than JUKEBOX: it will not come back.
+    fn settled(&self, call: ReadCall) {
+        self.pace().retries.remove(&call);
+    }
+
+    /// How long the copy of `ino` in progress should still take, at the rate it has
+    /// moved between the first and the last time it was seen moving (a source may
+    /// answer in steps: the rate is measured from step to step); `None` when no copy
+    /// is under way or its rate is not known yet.
+    fn copy_left(&self, policy: &Policy, ino: u64) -> Option<Duration> {
+        let progress = policy.copy_progress(ino)?;
+        if progress.total == 0 {
+            return None;
+        }
+        let now = Instant::now();
+        let mut pace = self.pace();
+        let moves = pace.moves.entry(ino).or_insert(Moves {
+            seen: progress.read,
+            first: None,
+            last: None,
+        });
+        if progress.read < moves.seen {
+            // A new copy of the file (the last one failed): start over.
+            *moves = Moves {
+                seen: progress.read,
+                first: None,
+                last: None,
+            };
+        } else if progress.read > moves.seen {
+            moves.seen = progress.read;
+            moves.first.get_or_insert((now, progress.read));
+            moves.last = Some((now, progress.read));
+        }
+        let (first, last) = (moves.first?, moves.last?);
+        let (span, moved) = (last.0 - first.0, last.1 - first.1);
+        if span < RATE_AFTER || moved == 0 {
+            return None;
+        }
+        let rate = moved as f64 / span.as_secs_f64();
+        let to_read = progress.total.saturating_sub(progress.read);
+        let from_last = Duration::from_secs_f64(to_read as f64 / rate);
+        Some(from_last.saturating_sub(now - last.0))
     }
 
     /// The open handle of `ino` if it is open already; never opens or waits.
@@ -168,6 +318,7 @@ impl Reads {
                     Err(nfsstat_logged("read", &e))
                 }
             };
+            this.pace().moves.remove(&ino);
             let _ = done.send(Some(outcome));
         });
     }
@@ -198,6 +349,10 @@ impl Reads {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
+        self.pace.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -40,7 +40,7 @@ use stagefs_policy::{Caller, DirEntry, FsError, Policy, ROOT_INO, RenameHow, Set
 use crate::attrs::fattr;
 use crate::handle::NodeHandle;
 use crate::intents::{Intent, Intents};
-use crate::reads::{HOLD, Reads};
+use crate::reads::{ReadCall, Reads};
 use crate::status::nfsstat_logged;
 use crate::writes::Writes;
 
@@ -136,7 +136,8 @@ impl StageNfs {
             return Ok((data, eof));
         }
         for _ in 0..2 {
-            let open = self.reads.open(&self.policy, ino, HOLD).await?;
+            let call = ReadCall { ino, offset, count };
+            let open = self.reads.open(&self.policy, call).await?;
             match self.policy.read(open.fh, offset, count).await {
                 Ok(data) => {
                     let eof = offset.saturating_add(data.len() as u64) >= open.size;

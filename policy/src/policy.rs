@@ -37,8 +37,8 @@ use stagefs_cache::stage::prefetch::Prefetcher;
 use stagefs_cache::store::Pin;
 use stagefs_cache::sys;
 use stagefs_cache::{
-    Metrics, SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, StageError, Staged, Stager, Stamp,
-    StoreError, Unanswered,
+    InFlight, Metrics, SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, StageError, Staged,
+    Stager, Stamp, StoreError, Unanswered,
 };
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
@@ -839,6 +839,13 @@ impl Policy {
                 }
             }
         }
+    }
+
+    /// How far the copy of `ino`'s file in progress has come, if one is: what an
+    /// adapter that cannot wait for a copy (NFS answers JUKEBOX) plans its answers by.
+    pub fn copy_progress(&self, ino: u64) -> Option<InFlight> {
+        let node = self.node(ino).ok()?;
+        self.stager.progress(&node.path)
     }
 
     /// The staged copy that handle `fh` reads from, for an adapter that hands the

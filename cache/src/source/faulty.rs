@@ -26,6 +26,9 @@ pub enum Behaviour {
     Hang,
     /// Every operation takes this long first.
     Slow(Duration),
+    /// Every read of a file's bytes takes this long first, and nothing else waits:
+    /// a NAS behind a narrow link, whose metadata answers at once.
+    SlowReads(Duration),
     /// Every operation fails with EIO.
     Eio,
     /// Reads are healthy; every write that needs room (create, write, extend, mkdir,
@@ -150,7 +153,7 @@ impl Faults {
         let mut state = lock(&self.state);
         loop {
             match state.behaviour {
-                Behaviour::Healthy | Behaviour::Full => return Ok(()),
+                Behaviour::Healthy | Behaviour::Full | Behaviour::SlowReads(_) => return Ok(()),
                 Behaviour::Eio => return Err(io::Error::from_raw_os_error(libc::EIO)),
                 Behaviour::Slow(delay) => {
                     drop(state);
@@ -165,6 +168,15 @@ impl Faults {
                 }
             }
         }
+    }
+
+    /// Applies the current behaviour to a read of a file's bytes.
+    fn enter_to_read(&self) -> io::Result<()> {
+        let behaviour = lock(&self.state).behaviour;
+        if let Behaviour::SlowReads(delay) = behaviour {
+            std::thread::sleep(delay);
+        }
+        self.enter()
     }
 
     /// Applies the current behaviour to a write that needs room.
@@ -330,7 +342,7 @@ impl Inner {
 
 impl ReadAt for FaultyFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.faults.enter()?;
+        self.faults.enter_to_read()?;
         let n = self.file.file().read_at(buf, offset)?;
         let so_far = self.read.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
         self.faults.maybe_rewrite(&self.rel, so_far);

@@ -187,6 +187,18 @@ struct Flight {
     result: Shared<BoxFuture<'static, StageResult>>,
 }
 
+impl Flight {
+    /// Where the copy stands, as `status` and the NFS adapter's holds read it.
+    fn report(&self) -> InFlight {
+        InFlight {
+            path: self.path.clone(),
+            copied: self.progress.copied.load(Ordering::Relaxed),
+            read: self.progress.read.load(Ordering::Relaxed),
+            total: self.progress.total.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Stages source files into a store, one copy per file at a time.
 #[derive(Debug, Clone)]
 pub struct Stager {
@@ -441,17 +453,14 @@ impl Stager {
     /// Copies in progress.
     pub fn in_flight(&self) -> Vec<InFlight> {
         let inflight = self.inner.flights();
-        let mut list: Vec<InFlight> = inflight
-            .values()
-            .map(|f| InFlight {
-                path: f.path.clone(),
-                copied: f.progress.copied.load(Ordering::Relaxed),
-                read: f.progress.read.load(Ordering::Relaxed),
-                total: f.progress.total.load(Ordering::Relaxed),
-            })
-            .collect();
+        let mut list: Vec<InFlight> = inflight.values().map(Flight::report).collect();
         list.sort_by(|a, b| a.path.cmp(&b.path));
         list
+    }
+
+    /// How far the copy of `rel` in progress has come, if one is.
+    pub fn progress(&self, rel: &Path) -> Option<InFlight> {
+        self.flight_of(rel).as_ref().map(Flight::report)
     }
 
     /// The copy of `rel` in flight, if any.
