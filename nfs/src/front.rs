@@ -9,8 +9,10 @@
 //! disk, bounded what the server could serve (see docs/BENCHMARKS.md, "NFS server").
 //! Here the bytes of a staged copy reach the socket with one `sendfile` on Linux.
 //!
-//! It also answers the NULL procedure (a ping) of NFS and MOUNT itself, whatever the
-//! call's credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC
+//! It refuses LINK and MKNOD itself, which the library lacks, with statuses programs
+//! know ([`refused_status`]), and answers FSSTAT with the source's real figures
+//! ([`Front::answer_fsstat`]; the library's are constants). And it answers the NULL procedure (a ping) of NFS and
+//! MOUNT itself, whatever the call's credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC
 //! 5531 lets a client), and the library refuses every call but the serving user's
 //! and root's AUTH_UNIX ones, NULL included, so the kernel gave up with "server
 //! requires stronger authentication". A NULL call does nothing and serves nothing.
@@ -23,10 +25,12 @@
 //! goes to the library and is answered by it as before.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Cursor};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::mount;
 use nfs3_server::nfs3_types::nfs3::{self as nfs, READ3args, nfsstat3};
@@ -39,13 +43,15 @@ use stagefs_policy::Policy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
 use crate::attrs::fattr;
 use crate::intents::{self, Intents};
+use crate::jukebox::MAX_HOLD;
 use crate::listen::connect_from_reserved_port;
 use crate::reads::Reads;
+use crate::status::nfsstat_logged;
 
 /// The largest record a client may send: a call with a WRITE of the most the library
 /// advertises (FSINFO's `wtmax`, 1 MiB; the mount asks `wsize=1048576`, and clients
@@ -76,6 +82,60 @@ pub(crate) struct Front {
     pub(crate) generation: u64,
     /// The library's listener, which answers everything else.
     pub(crate) library: SocketAddr,
+}
+
+/// The most calls one connection has at the library at once. The library answers
+/// SYSTEM_ERR past 256 calls in flight on a connection, which a Mac turns into EIO,
+/// and a Mac's one connection carries up to 128 WRITEs and 16-17 READs per reader
+/// (several readers of files still staging have theirs held). Past this many the
+/// front takes no more of the client's calls until one is answered: the client
+/// waits, by TCP's flow control, as for a busy server.
+const LIBRARY_CALLS: usize = 192;
+
+/// How long a call's room at the library is kept with no answer: far longer than
+/// any call waits there (bounded by the source's timeout), so only a call the
+/// library dropped unanswered (a resent xid it had answered) is let go.
+const UNANSWERED: Duration = Duration::from_secs(300);
+
+/// The calls of one connection relayed to the library and not answered yet.
+#[derive(Debug)]
+struct LibraryCalls {
+    room: Arc<Semaphore>,
+    waiting: std::sync::Mutex<HashMap<u32, (Instant, OwnedSemaphorePermit)>>,
+}
+
+impl LibraryCalls {
+    fn new() -> LibraryCalls {
+        LibraryCalls {
+            room: Arc::new(Semaphore::new(LIBRARY_CALLS)),
+            waiting: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Waits for room for call `xid` at the library. A call resent with the same
+    /// xid while it waits there takes none: the library answers it once.
+    async fn relaying(&self, xid: u32) {
+        if self.waiting().contains_key(&xid) {
+            return;
+        }
+        if self.room.available_permits() == 0 {
+            self.waiting()
+                .retain(|_, (relayed, _)| relayed.elapsed() < UNANSWERED);
+        }
+        // The semaphore is never closed.
+        if let Ok(permit) = Arc::clone(&self.room).acquire_owned().await {
+            self.waiting().insert(xid, (Instant::now(), permit));
+        }
+    }
+
+    /// The library answered call `xid`: its room is free.
+    fn answered(&self, xid: u32) {
+        self.waiting().remove(&xid);
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (Instant, OwnedSemaphorePermit)>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// The client's side of a connection, shared by everything that answers on it.
@@ -124,9 +184,14 @@ impl Front {
         let (from_client, to_client) = client.into_split();
         let (from_library, mut to_library) = library.into_split();
         let to_client: ToClient = Arc::new(Mutex::new(to_client));
-        let relay = tokio::spawn(relay_replies(from_library, Arc::clone(&to_client)));
+        let at_library = Arc::new(LibraryCalls::new());
+        let relay = tokio::spawn(relay_replies(
+            from_library,
+            Arc::clone(&to_client),
+            Arc::clone(&at_library),
+        ));
         let calls = self
-            .take_calls(from_client, &mut to_library, &to_client)
+            .take_calls(from_client, &mut to_library, &to_client, &at_library)
             .await;
         relay.abort();
         calls
@@ -139,6 +204,7 @@ impl Front {
         mut from_client: OwnedReadHalf,
         to_library: &mut OwnedWriteHalf,
         to_client: &ToClient,
+        at_library: &LibraryCalls,
     ) -> io::Result<()> {
         loop {
             let Some(record) = read_record(&mut from_client).await? else {
@@ -151,6 +217,18 @@ impl Front {
                 continue;
             }
             let call = call.filter(NfsCall::is_nfs3);
+            if let Some((call, stat)) = call.as_ref().and_then(|call| self.refused(call)) {
+                send(to_client, Reply::Record(refusal_reply(call, stat))).await;
+                continue;
+            }
+            if let Some(fsstat) = call.as_ref().and_then(|call| self.fsstat_call(call)) {
+                let (this, to_client) = (self.clone(), Arc::clone(to_client));
+                tokio::spawn(async move {
+                    let reply = this.answer_fsstat(fsstat).await;
+                    send(&to_client, Reply::Record(reply)).await;
+                });
+                continue;
+            }
             match call.as_ref().and_then(|call| self.servable_read(call)) {
                 Some(read) => {
                     let (this, to_client) = (self.clone(), Arc::clone(to_client));
@@ -163,10 +241,64 @@ impl Front {
                     if let Some(call) = &call {
                         self.note_intent(call);
                     }
+                    if let Some(xid) = xid_of(&body) {
+                        at_library.relaying(xid).await;
+                    }
                     to_library.write_all(&record.0).await?
                 }
             }
         }
+    }
+
+    /// The call with the status it is refused with, if it is a procedure the library
+    /// lacks ([`refused_status`]) from a caller the export serves (anyone else gets
+    /// the library's refusal of their credentials).
+    fn refused<'c, 'a>(&self, call: &'c NfsCall<'a>) -> Option<(&'c NfsCall<'a>, nfsstat3)> {
+        let stat = refused_status(call.body.proc)?;
+        self.served_caller(call)?;
+        Some((call, stat))
+    }
+
+    /// The xid of `call` if it is an FSSTAT of this export that the front answers:
+    /// the library's answer is a constant 1 TiB, free.
+    fn fsstat_call(&self, call: &NfsCall<'_>) -> Option<u32> {
+        if call.body.proc != nfs::NFS_PROGRAM::NFSPROC3_FSSTAT as u32 {
+            return None;
+        }
+        self.served_caller(call)?;
+        let (args, _) = nfs::FSSTAT3args::unpack(&mut Cursor::new(call.args)).ok()?;
+        ino_of(&args.fsroot.data, self.generation)?;
+        Some(call.xid)
+    }
+
+    /// The reply to FSSTAT call `xid`: the source's figures, which is where what is
+    /// written through the export goes (as `df` of a FUSE mount shows). Answered
+    /// within [`MAX_HOLD`], else JUKEBOX, as a Mac fails a mount whose FSSTAT waits
+    /// 5 s; the client asks again.
+    async fn answer_fsstat(&self, xid: u32) -> Vec<u8> {
+        let asked = tokio::time::timeout(MAX_HOLD, self.policy.statfs()).await;
+        let (stat, figures) = match asked {
+            Ok(Ok(st)) => (nfsstat3::NFS3_OK, Some(fsstat_of(&st))),
+            Ok(Err(e)) => (nfsstat_logged("fsstat", &e), None),
+            Err(_) => (nfsstat3::NFS3ERR_JUKEBOX, None),
+        };
+        let mut results = Vec::with_capacity(64);
+        let packed = stat.pack(&mut results).and_then(|_| match figures {
+            Some(figures) => figures.pack(&mut results),
+            None => nfs::FSSTAT3resfail::default().pack(&mut results),
+        });
+        debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
+        accepted_reply_record(xid, &results)
+    }
+
+    /// The caller's AUTH_UNIX credentials, if the export serves them.
+    fn served_caller(&self, call: &NfsCall<'_>) -> Option<auth_unix> {
+        let cred = &call.body.cred;
+        if cred.flavor != auth_flavor::AUTH_UNIX {
+            return None;
+        }
+        let (auth, _) = auth_unix::unpack(&mut Cursor::new(&cred.body.0)).ok()?;
+        serves(self.owner, &auth).then_some(auth)
     }
 
     /// The READ in `call` if this front may answer it: see the module docs.
@@ -175,13 +307,7 @@ impl Front {
         if body.proc != nfs::NFS_PROGRAM::NFSPROC3_READ as u32 {
             return None;
         }
-        if body.cred.flavor != auth_flavor::AUTH_UNIX {
-            return None;
-        }
-        let (auth, _) = auth_unix::unpack(&mut Cursor::new(&body.cred.body.0)).ok()?;
-        if !serves(self.owner, &auth) {
-            return None;
-        }
+        self.served_caller(call)?;
         let mut cursor = Cursor::new(call.args);
         let (args, _) = READ3args::unpack(&mut cursor).ok()?;
         if cursor.position() != call.args.len() as u64 {
@@ -283,6 +409,11 @@ const RPC_VERSION: u32 = 2;
 
 /// The whole record (mark included) answering NULL call `xid`: accepted, no results.
 fn null_reply(xid: u32) -> Vec<u8> {
+    accepted_reply_record(xid, &[])
+}
+
+/// The whole record answering call `xid` as accepted, with `results` (XDR).
+fn accepted_reply_record(xid: u32, results: &[u8]) -> Vec<u8> {
     let rpc = rpc_msg {
         xid,
         body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
@@ -293,9 +424,56 @@ fn null_reply(xid: u32) -> Vec<u8> {
     let mut record = vec![0; 4];
     let packed = rpc.pack(&mut record);
     debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
+    record.extend_from_slice(results);
     let len = (record.len() - 4) as u32;
     record[..4].copy_from_slice(&(len | LAST_FRAGMENT).to_be_bytes());
     record
+}
+
+/// The procedures the library does not implement (it answers `PROC_UNAVAIL`, which
+/// a Mac reports as "Bad procedure for program"), and the status each is refused
+/// with instead: one that programs know. A hard link answers `NFS3ERR_XDEV`, as
+/// across filesystems (`ln` says "Invalid cross-device link"; git and pip copy
+/// instead); a special file `NFS3ERR_PERM`, as where only root may make one. Neither
+/// is `NFS3ERR_NOTSUPP`, which a Mac turns into EIO.
+fn refused_status(proc: u32) -> Option<nfsstat3> {
+    match proc {
+        p if p == nfs::NFS_PROGRAM::NFSPROC3_LINK as u32 => Some(nfsstat3::NFS3ERR_XDEV),
+        p if p == nfs::NFS_PROGRAM::NFSPROC3_MKNOD as u32 => Some(nfsstat3::NFS3ERR_PERM),
+        _ => None,
+    }
+}
+
+/// The reply refusing `call` with `stat`: LINK3resfail (no attributes of the file,
+/// no change to the directory) or MKNOD3resfail (no change to the directory).
+fn refusal_reply(call: &NfsCall<'_>, stat: nfsstat3) -> Vec<u8> {
+    let absent_attrs = usize::from(call.body.proc == nfs::NFS_PROGRAM::NFSPROC3_LINK as u32);
+    // Each absent post_op_attr or pre_op_attr is one XDR FALSE; wcc_data is two.
+    let falses = absent_attrs + 2;
+    let mut results = Vec::with_capacity(4 + 4 * falses);
+    results.extend_from_slice(&(stat as u32).to_be_bytes());
+    for _ in 0..falses {
+        results.extend_from_slice(&0u32.to_be_bytes());
+    }
+    accepted_reply_record(call.xid, &results)
+}
+
+/// FSSTAT's answer from a `statvfs`.
+// The statvfs field types differ per platform (u32 block counts on macOS).
+#[allow(clippy::unnecessary_cast)]
+fn fsstat_of(st: &libc::statvfs) -> nfs::FSSTAT3resok {
+    let unit = (st.f_frsize as u64).max(1);
+    nfs::FSSTAT3resok {
+        obj_attributes: nfs::post_op_attr::None,
+        tbytes: st.f_blocks as u64 * unit,
+        fbytes: st.f_bfree as u64 * unit,
+        abytes: st.f_bavail as u64 * unit,
+        tfiles: st.f_files as u64,
+        ffiles: st.f_ffree as u64,
+        afiles: st.f_favail as u64,
+        // The figures change all the time.
+        invarsec: 0,
+    }
 }
 
 /// A READ this front answers.
@@ -384,6 +562,11 @@ impl Record {
     }
 }
 
+/// The xid an RPC message (a record's body) starts with.
+fn xid_of(body: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(*body.first_chunk::<4>()?))
+}
+
 /// Whether a fragment with record mark `mark` ends its record, and its length.
 fn fragment(mark: [u8; 4]) -> (bool, usize) {
     let mark = u32::from_be_bytes(mark);
@@ -420,9 +603,16 @@ async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<Record>> {
 }
 
 /// Passes the library's replies, whole records, to the client.
-async fn relay_replies(mut from_library: OwnedReadHalf, to_client: ToClient) {
-    while let Ok(Some(Record(record))) = read_record(&mut from_library).await {
-        if !send(&to_client, Reply::Record(record)).await {
+async fn relay_replies(
+    mut from_library: OwnedReadHalf,
+    to_client: ToClient,
+    at_library: Arc<LibraryCalls>,
+) {
+    while let Ok(Some(record)) = read_record(&mut from_library).await {
+        if let Some(xid) = xid_of(&record.body()) {
+            at_library.answered(xid);
+        }
+        if !send(&to_client, Reply::Record(record.0)).await {
             return;
         }
     }

@@ -14,15 +14,16 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nfs3_client::Nfs3ConnectionBuilder;
 use nfs3_client::tokio::TokioConnector;
 use nfs3_server::nfs3_types::nfs3::{
-    COMMIT3args, CREATE3args, GETATTR3args, MKDIR3args, Nfs3Option, Nfs3Result, READDIRPLUS3args,
-    READLINK3args, REMOVE3args, RENAME3args, RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args,
-    cookieverf3, createhow3, diropargs3, fattr3, filename3, ftype3, nfs_fh3, nfspath3, nfsstat3,
-    post_op_fh3, sattr3, sattrguard3, stable_how, symlinkdata3,
+    COMMIT3args, CREATE3args, FSSTAT3args, GETATTR3args, LINK3args, MKDIR3args, MKNOD3args,
+    Nfs3Option, Nfs3Result, READ3args, READDIRPLUS3args, READLINK3args, REMOVE3args, RENAME3args,
+    RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args, cookieverf3, createhow3, diropargs3,
+    fattr3, filename3, ftype3, mknoddata3, nfs_fh3, nfspath3, nfsstat3, post_op_fh3, sattr3,
+    sattrguard3, stable_how, symlinkdata3,
 };
 use nfs3_server::nfs3_types::rpc::{
     accept_stat_data, accepted_reply, call_body, msg_body, opaque_auth, reply_body, rpc_msg,
@@ -33,6 +34,7 @@ use stagefs_cache::source::faulty::{Behaviour, FaultySource};
 use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::Serving;
 use stagefs_nfs::client::{self, Client, read, read_all, read_waiting};
+use stagefs_nfs::jukebox::Backoff;
 use stagefs_policy::{FsConfig, Policy};
 use tempfile::TempDir;
 
@@ -177,6 +179,70 @@ async fn a_read_of_a_file_still_staging_answers_jukebox_then_the_whole_file() {
         "the bytes are the source's"
     );
     assert_eq!(f.copies(), 1, "one copy for every READ");
+}
+
+/// A client that backs off after a JUKEBOX as Apple's does (4 s, 8, 16, then 30 s)
+/// reads a file whose copy takes about 10 s: it is answered soon after the copy
+/// ends, not a whole back-off later, and no call of it is held past the 5 s after
+/// which a Mac says "server not responding".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_macos_client_is_answered_within_2_s_of_a_10_s_copy_and_no_call_waits_5_s() {
+    let f = fixture(PATIENT).await;
+    let file = Path::new("slow.bin");
+    fs::write(f.src.join(file), bytes(64 * MIB, 3)).expect("write");
+    let mut client = f.client().await;
+    let fh = lookup(&mut client, "slow.bin").await.expect("lookup");
+    // 600 ms per source operation: a 64 MiB copy of about 11 s here.
+    f.source.set(Behaviour::Slow(Duration::from_millis(600)));
+    let started = Instant::now();
+    let (mut copied, mut jukeboxes, mut longest_call) = (None, 0u32, Duration::ZERO);
+    let data = loop {
+        let sent = Instant::now();
+        let answer = read(&mut client, &fh, 0, MIB as u32).await;
+        longest_call = longest_call.max(sent.elapsed());
+        match answer {
+            Ok((data, _)) => break data,
+            Err(nfsstat3::NFS3ERR_JUKEBOX) => {
+                let stager = f.stager.clone();
+                copied.get_or_insert_with(|| {
+                    tokio::spawn(async move {
+                        stager.settled(file).await.expect("the copy");
+                        Instant::now()
+                    })
+                });
+                tokio::time::sleep(Backoff::Apple.delay(jukeboxes)).await;
+                jukeboxes += 1;
+            }
+            Err(stat) => panic!("read: {stat}"),
+        }
+    };
+    let answered = Instant::now();
+    let copy_ended = copied.expect("a JUKEBOX").await.expect("the copy's end");
+    assert!(
+        data == f.source_bytes(file)[..MIB],
+        "the bytes are the source's"
+    );
+    let copy = copy_ended - started;
+    assert!(
+        (6..=20).contains(&copy.as_secs()),
+        "the copy took {copy:?}: this test needs one of about 10 s (recalibrate the delay)"
+    );
+    let late = answered.saturating_duration_since(copy_ended);
+    assert!(
+        late <= Duration::from_secs(2),
+        "answered {late:?} after a {copy:?} copy ended, after {jukeboxes} JUKEBOXes"
+    );
+    assert!(
+        jukeboxes >= 1,
+        "a copy longer than any hold answered no JUKEBOX"
+    );
+    eprintln!(
+        "{copy:?} copy: answered {late:?} after it, {jukeboxes} JUKEBOXes, longest call {longest_call:?}"
+    );
+    assert!(
+        longest_call < Duration::from_secs(5),
+        "a call waited {longest_call:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -370,6 +436,73 @@ async fn rpc_reply(
         msg_body::REPLY(reply_body::MSG_DENIED(_)) => Answer::Denied,
         other => panic!("neither accepted nor denied: {other:?}"),
     }
+}
+
+/// More calls in flight on one connection than the library takes (256, past which
+/// it answers SYSTEM_ERR, which a Mac turns into EIO): 400 READs of a file whose
+/// copy cannot finish, sent at once. Every one is answered, JUKEBOX, none refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn four_hundred_reads_in_flight_on_one_connection_are_all_answered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    f.source.set(Behaviour::Hang);
+    const CALLS: u32 = 400;
+    let mut calls = Vec::new();
+    for xid in 0..CALLS {
+        let call = rpc_msg {
+            xid,
+            body: msg_body::CALL(call_body {
+                rpcvers: 2,
+                prog: 100_003,
+                vers: 3,
+                proc: 6, // READ
+                cred: client::credential(0),
+                verf: opaque_auth::default(),
+            }),
+        };
+        let mut record = vec![0; 4];
+        call.pack(&mut record).expect("pack");
+        let args = READ3args {
+            file: fh.clone(),
+            offset: u64::from(xid) * 4096,
+            count: 4096,
+        };
+        args.pack(&mut record).expect("pack");
+        let len = (record.len() - 4) as u32 | 0x8000_0000;
+        record[..4].copy_from_slice(&len.to_be_bytes());
+        calls.extend_from_slice(&record);
+    }
+    let stream = stagefs_nfs::listen::connect_from_reserved_port(f.serving.addr)
+        .await
+        .expect("connect");
+    let (mut from_server, mut to_server) = stream.into_split();
+    let sending = tokio::spawn(async move { to_server.write_all(&calls).await.map(|_| to_server) });
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < CALLS as usize {
+        let mut mark = [0; 4];
+        tokio::time::timeout(PATIENT, from_server.read_exact(&mut mark))
+            .await
+            .expect("a reply within a minute")
+            .expect("reply mark");
+        let mut reply = vec![0; (u32::from_be_bytes(mark) & 0x7fff_ffff) as usize];
+        from_server.read_exact(&mut reply).await.expect("reply");
+        let mut cursor = std::io::Cursor::new(&reply[..]);
+        let (msg, _) = rpc_msg::unpack(&mut cursor).expect("unpack");
+        match msg.body {
+            msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
+                reply_data: accept_stat_data::SUCCESS,
+                ..
+            })) => {}
+            other => panic!("call {} answered {other:?}", msg.xid),
+        }
+        let (stat, _) = nfsstat3::unpack(&mut cursor).expect("status");
+        assert_eq!(stat, nfsstat3::NFS3ERR_JUKEBOX, "call {}", msg.xid);
+        assert!(answered.insert(msg.xid), "call {} answered twice", msg.xid);
+    }
+    sending.await.expect("sender").expect("sent");
+    f.source.set(Behaviour::Healthy);
 }
 
 /// How an RPC call was answered.
@@ -830,6 +963,84 @@ async fn remove_mkdir_rmdir_and_symlink_pass_through() {
         f.src.join("config.json").exists(),
         "the link's target stays"
     );
+}
+
+/// Procedures the library lacks are refused with statuses a client passes on as
+/// errors programs know (EXDEV, EPERM), not PROC_UNAVAIL, and nothing is made.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hard_link_answers_xdev_and_a_fifo_perm_and_neither_is_made() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let file = lookup(&mut client, "config.json").await.expect("lookup");
+    let link = LINK3args {
+        file,
+        link: dirop(&root, "hard"),
+    };
+    match client.nfs3_client.link(&link).await.expect("LINK RPC") {
+        Nfs3Result::Err((stat, _)) => assert_eq!(stat, nfsstat3::NFS3ERR_XDEV),
+        Nfs3Result::Ok(_) => panic!("LINK made a link"),
+    }
+    let fifo = MKNOD3args {
+        where_: dirop(&root, "fifo"),
+        what: mknoddata3::NF3FIFO(sattr3::default()),
+    };
+    match client.nfs3_client.mknod(&fifo).await.expect("MKNOD RPC") {
+        Nfs3Result::Err((stat, _)) => assert_eq!(stat, nfsstat3::NFS3ERR_PERM),
+        Nfs3Result::Ok(_) => panic!("MKNOD made a node"),
+    }
+    for name in ["hard", "fifo"] {
+        assert!(
+            fs::symlink_metadata(f.src.join(name)).is_err(),
+            "{name} made"
+        );
+    }
+    // The connection still serves after the refusals.
+    assert_eq!(getattr(&mut client, &root).await.type_, ftype3::NF3DIR);
+}
+
+/// FSSTAT gives the source's filesystem figures (where writes go), not a constant.
+#[tokio::test(flavor = "multi_thread")]
+async fn fsstat_gives_the_source_filesystems_figures() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let args = FSSTAT3args {
+        fsroot: client.root_nfs_fh3(),
+    };
+    let got = match client.nfs3_client.fsstat(&args).await.expect("FSSTAT RPC") {
+        Nfs3Result::Ok(ok) => ok,
+        Nfs3Result::Err((stat, _)) => panic!("fsstat: {stat}"),
+    };
+    let want = statvfs_of(&f.src);
+    assert_eq!(got.tbytes, want.0, "total bytes");
+    assert_eq!(got.tfiles, want.2, "total inodes");
+    // Free space moves as other tests write: within 1 GiB.
+    assert!(
+        got.abytes.abs_diff(want.1) < 1 << 30,
+        "available {} against the source's {}",
+        got.abytes,
+        want.1
+    );
+}
+
+/// The source's total and available bytes and total inodes, by statvfs(3).
+// The statvfs field types differ per platform (u32 block counts on macOS).
+#[allow(clippy::unnecessary_cast)]
+fn statvfs_of(path: &Path) -> (u64, u64, u64) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a zeroed statvfs is a valid out-parameter; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::statvfs(c_path.as_ptr(), &mut st) },
+        0,
+        "statvfs"
+    );
+    let unit = st.f_frsize as u64;
+    (
+        st.f_blocks as u64 * unit,
+        st.f_bavail as u64 * unit,
+        st.f_files as u64,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
