@@ -16,7 +16,9 @@
 //! server run by root serves root alone, so root's), and MKDIR's attributes never
 //! reach it: a directory is made 0755. Exclusive CREATE answers `NFS3ERR_NOTSUPP`:
 //! keeping its verifier would take writing it into the new file's times, which a
-//! source of any kind may not keep exactly; Linux's client then creates GUARDED.
+//! source of any kind may not keep exactly. Linux's client then creates GUARDED,
+//! which is atomic; macOS's creates UNCHECKED (Apple's nfs_vnops.c), so on a Mac two
+//! programs racing to O_EXCL-create one name can both succeed (docs/MACOS.md).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
