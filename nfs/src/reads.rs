@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
-use stagefs_cache::{StageError, StoreError};
+use stagefs_cache::{InFlight, StageError, StoreError};
 use stagefs_policy::{FsError, Policy};
 use tokio::sync::watch;
 
@@ -37,8 +37,15 @@ const TICK: Duration = Duration::from_millis(100);
 /// past the longest wait of any client (Apple's 30 s) with room.
 const RETRY_MEMORY: Duration = Duration::from_secs(120);
 
-/// How long a copy must have been seen moving before its rate is trusted.
-const RATE_AFTER: Duration = Duration::from_millis(300);
+/// How often a copy some READ waits for is looked at.
+const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+
+/// How long a copy must have been seen moving before its rate is trusted. Until
+/// then a READ is held (a first READ, its whole 4 s): a JUKEBOX cannot be taken
+/// back, and an early rate of a source that answers in steps, or shares a busy
+/// machine, was seen 40% off (nfs/tests/protocol.rs), enough to plan the retries
+/// past the copy's end.
+const RATE_AFTER: Duration = Duration::from_secs(2);
 
 /// How long an open handle nobody reads keeps its copy pinned.
 pub const IDLE: Duration = Duration::from_secs(30);
@@ -100,13 +107,38 @@ struct Pace {
     learned: Option<Backoff>,
 }
 
-/// How far a copy had read when it was first and last seen moving.
+/// How a copy has moved since it was first seen moving. Its rate is the average
+/// from then to now: for a source that answers in steps (parallel reads landing
+/// together) that is exact at a step and low between steps, so the estimate errs
+/// on the late side, which the plan allows for (`jukebox::ESTIMATE_ERROR`).
 #[derive(Debug, Clone, Copy)]
 struct Moves {
     /// Bytes read when last looked at.
     seen: u64,
-    first: Option<(Instant, u64)>,
-    last: Option<(Instant, u64)>,
+    /// When, and at how many bytes read, it was first seen moving.
+    origin: Option<(Instant, u64)>,
+}
+
+impl Moves {
+    fn new(seen: u64) -> Moves {
+        Moves { seen, origin: None }
+    }
+
+    /// Notes a look at `now` that found `read` bytes read.
+    fn look(&mut self, now: Instant, read: u64) {
+        if read > self.seen {
+            self.seen = read;
+            self.origin.get_or_insert((now, read));
+        }
+    }
+
+    /// Bytes per second, once the copy has been seen moving for [`RATE_AFTER`].
+    fn rate(&self, now: Instant) -> Option<f64> {
+        let (at, from) = self.origin?;
+        let span = now.saturating_duration_since(at);
+        let moved = self.seen.saturating_sub(from);
+        (span >= RATE_AFTER && moved > 0).then(|| moved as f64 / span.as_secs_f64())
+    }
 }
 
 /// The files open for NFS reads, by inode.
@@ -198,42 +230,50 @@ impl Reads {
     }
 
     /// How long the copy of `ino` in progress should still take, at the rate it has
-    /// moved between the first and the last time it was seen moving (a source may
-    /// answer in steps: the rate is measured from step to step); `None` when no copy
-    /// is under way or its rate is not known yet.
+    /// moved since it was first seen moving ([`Moves`]); `None` when no copy is
+    /// under way or its rate is not known yet.
     fn copy_left(&self, policy: &Policy, ino: u64) -> Option<Duration> {
-        let progress = policy.copy_progress(ino)?;
-        if progress.total == 0 {
-            return None;
-        }
-        let now = Instant::now();
+        let (progress, moves) = self.sample(policy, ino)?;
+        let rate = moves.rate(Instant::now())?;
+        let to_read = progress.total.saturating_sub(progress.read);
+        Some(Duration::from_secs_f64(to_read as f64 / rate))
+    }
+
+    /// Looks at the copy of `ino` in progress and notes how it moved.
+    fn sample(&self, policy: &Policy, ino: u64) -> Option<(InFlight, Moves)> {
+        let progress = policy.copy_progress(ino).filter(|p| p.total > 0)?;
         let mut pace = self.pace();
-        let moves = pace.moves.entry(ino).or_insert(Moves {
-            seen: progress.read,
-            first: None,
-            last: None,
-        });
+        let moves = pace
+            .moves
+            .entry(ino)
+            .or_insert_with(|| Moves::new(progress.read));
         if progress.read < moves.seen {
             // A new copy of the file (the last one failed): start over.
-            *moves = Moves {
-                seen: progress.read,
-                first: None,
-                last: None,
-            };
-        } else if progress.read > moves.seen {
-            moves.seen = progress.read;
-            moves.first.get_or_insert((now, progress.read));
-            moves.last = Some((now, progress.read));
+            *moves = Moves::new(progress.read);
         }
-        let (first, last) = (moves.first?, moves.last?);
-        let (span, moved) = (last.0 - first.0, last.1 - first.1);
-        if span < RATE_AFTER || moved == 0 {
-            return None;
-        }
-        let rate = moved as f64 / span.as_secs_f64();
-        let to_read = progress.total.saturating_sub(progress.read);
-        let from_last = Duration::from_secs_f64(to_read as f64 / rate);
-        Some(from_last.saturating_sub(now - last.0))
+        moves.look(Instant::now(), progress.read);
+        Some((progress, *moves))
+    }
+
+    /// Samples the copy of `ino` every [`SAMPLE_EVERY`] until its open is done.
+    /// Between a READ's JUKEBOX and its retry nothing else looks at the copy, and a
+    /// step first seen at the retry would be dated then: the rate would be taken as
+    /// slower than it is, and the retries planned past the copy's end.
+    fn watch_copy(
+        self: &Arc<Self>,
+        policy: &Arc<Policy>,
+        ino: u64,
+        mut done: watch::Receiver<Outcome>,
+    ) {
+        let (this, policy) = (Arc::clone(self), Arc::clone(policy));
+        tokio::spawn(async move {
+            while done.borrow().is_none() {
+                this.sample(&policy, ino);
+                if let Ok(Err(_)) = tokio::time::timeout(SAMPLE_EVERY, done.changed()).await {
+                    return;
+                }
+            }
+        });
     }
 
     /// The open handle of `ino` if it is open already; never opens or waits.
@@ -272,6 +312,7 @@ impl Reads {
 
     /// Opens `ino` in the background: the open outlives the READ that asked for it.
     fn start_open(self: &Arc<Self>, policy: &Arc<Policy>, ino: u64, done: watch::Sender<Outcome>) {
+        self.watch_copy(policy, ino, done.subscribe());
         let (this, policy) = (Arc::clone(self), Arc::clone(policy));
         let mine = done.subscribe();
         tokio::spawn(async move {
