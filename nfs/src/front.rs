@@ -216,6 +216,10 @@ impl Front {
                 send(to_client, Reply::Record(null_reply(ping.xid))).await;
                 continue;
             }
+            if let Some(other) = call.as_ref().filter(|call| !call.is_served_program()) {
+                send(to_client, Reply::Record(no_such_program(other.xid))).await;
+                continue;
+            }
             let call = call.filter(NfsCall::is_nfs3);
             if let Some((call, stat)) = call.as_ref().and_then(|call| self.refused(call)) {
                 send(to_client, Reply::Record(refusal_reply(call, stat))).await;
@@ -391,6 +395,19 @@ impl<'a> NfsCall<'a> {
         self.body.prog == nfs::PROGRAM && self.body.vers == nfs::VERSION
     }
 
+    /// Whether the call is to a program the library serves: NFS, MOUNT or the
+    /// portmapper. Linux's kernel also pings NFS_ACL (100227) with AUTH_NULL at
+    /// every mount; the library refused that for its credentials before it would
+    /// say it has no such program, and the kernel logged "server requires stronger
+    /// authentication". Any other program is answered PROG_UNAVAIL here, for any
+    /// credentials, as the library would answer the serving user.
+    fn is_served_program(&self) -> bool {
+        matches!(
+            self.body.prog,
+            nfs::PROGRAM | mount::PROGRAM | PORTMAP_PROGRAM
+        )
+    }
+
     /// Whether this is the NULL procedure of NFS or MOUNT version 3, in RPC version
     /// 2: a ping, answered here for any credentials (see the module docs).
     fn is_null_ping(&self) -> bool {
@@ -401,6 +418,9 @@ impl<'a> NfsCall<'a> {
         pinged && self.body.rpcvers == RPC_VERSION && self.body.proc == NULL_PROCEDURE
     }
 }
+
+/// The portmapper's RPC program number (RFC 1833).
+const PORTMAP_PROGRAM: u32 = 100_000;
 
 /// The procedure number of NULL in every RPC program.
 const NULL_PROCEDURE: u32 = 0;
@@ -414,11 +434,21 @@ fn null_reply(xid: u32) -> Vec<u8> {
 
 /// The whole record answering call `xid` as accepted, with `results` (XDR).
 fn accepted_reply_record(xid: u32, results: &[u8]) -> Vec<u8> {
+    reply_record(xid, accept_stat_data::SUCCESS, results)
+}
+
+/// The whole record answering call `xid`: no such program here.
+fn no_such_program(xid: u32) -> Vec<u8> {
+    reply_record(xid, accept_stat_data::PROG_UNAVAIL, &[])
+}
+
+/// The whole record answering call `xid` as accepted with `stat`, then `results`.
+fn reply_record(xid: u32, stat: accept_stat_data, results: &[u8]) -> Vec<u8> {
     let rpc = rpc_msg {
         xid,
         body: msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
             verf: opaque_auth::default(),
-            reply_data: accept_stat_data::SUCCESS,
+            reply_data: stat,
         })),
     };
     let mut record = vec![0; 4];

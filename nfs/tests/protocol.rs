@@ -434,6 +434,10 @@ async fn rpc_reply(
             reply_data: accept_stat_data::SUCCESS,
             ..
         })) => Answer::Accepted,
+        msg_body::REPLY(reply_body::MSG_ACCEPTED(accepted_reply {
+            reply_data: accept_stat_data::PROG_UNAVAIL,
+            ..
+        })) => Answer::NoSuchProgram,
         msg_body::REPLY(reply_body::MSG_DENIED(_)) => Answer::Denied,
         other => panic!("neither accepted nor denied: {other:?}"),
     }
@@ -510,6 +514,7 @@ async fn four_hundred_reads_in_flight_on_one_connection_are_all_answered() {
 #[derive(Debug, PartialEq, Eq)]
 enum Answer {
     Accepted,
+    NoSuchProgram,
     Denied,
 }
 
@@ -525,6 +530,13 @@ async fn a_ping_is_answered_for_any_credentials_and_nothing_else_is() {
             let reply = rpc_reply(f.serving.addr, (prog, vers, 0), cred).await;
             assert_eq!(reply, Answer::Accepted, "NULL of {prog}");
         }
+    }
+    // Linux's kernel also pings NFS_ACL at every mount: a program the server does
+    // not have is said to be unavailable, whatever the credentials, not refused
+    // for them (the kernel logged "server requires stronger authentication").
+    for cred in [opaque_auth::default(), client::credential(0)] {
+        let reply = rpc_reply(f.serving.addr, (100_227, 3, 0), cred).await;
+        assert_eq!(reply, Answer::NoSuchProgram, "NULL of NFS_ACL");
     }
     // Nothing but the ping is let through with those credentials: GETATTR (1) of
     // NFS and EXPORT (5) of MOUNT are still refused.
