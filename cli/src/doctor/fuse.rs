@@ -22,10 +22,54 @@ const MACFUSE_BUILT: bool = cfg!(not(feature = "no-macfuse"));
 
 /// The FUSE check for this platform, for mounts with `backend`.
 pub(crate) fn check(backend: Backend) -> Check {
-    match cfg!(target_os = "macos") {
-        true => judge_macos(&macos_facts(), backend, MACFUSE_BUILT),
-        false => judge_linux(&linux_facts()),
+    match (cfg!(target_os = "macos"), backend) {
+        (true, _) => judge_macos(&macos_facts(), backend, MACFUSE_BUILT),
+        (false, Backend::Nfs) => judge_linux_nfs(&linux_nfs_facts()),
+        (false, Backend::Fuse) => judge_linux(&linux_facts()),
     }
+}
+
+/// What Linux offers a mount of the NFS backend, which needs no FUSE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LinuxNfs {
+    /// `nfs` is in /proc/filesystems (the client is loaded or built in).
+    loaded: bool,
+    /// The running kernel has an `nfs` module to load.
+    module: bool,
+    root: bool,
+}
+
+fn linux_nfs_facts() -> LinuxNfs {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let release = read("/proc/sys/kernel/osrelease");
+    let modules = read(&format!("/lib/modules/{}/modules.dep", release.trim()));
+    LinuxNfs {
+        loaded: read("/proc/filesystems")
+            .lines()
+            .any(|line| line.split_whitespace().last() == Some("nfs")),
+        module: modules.lines().any(|line| {
+            line.split(':')
+                .next()
+                .is_some_and(|m| m.ends_with("/nfs.ko") || m.contains("/nfs.ko."))
+        }),
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        root: unsafe { libc::geteuid() } == 0,
+    }
+}
+
+fn judge_linux_nfs(facts: &LinuxNfs) -> Check {
+    if !facts.loaded && !facts.module {
+        return Check::fail(NAME, "the config file asks for backend nfs, but this kernel has no NFS client (no nfs in /proc/filesystems or among its modules)")
+            .advise("use the FUSE backend (backend = \"fuse\", the default on Linux), or a kernel built with NFS (CONFIG_NFS_FS)");
+    }
+    if !facts.root {
+        return Check::fail(NAME, "the config file asks for backend nfs, which on Linux only root can mount")
+            .advise("run stagefs as root, or use the FUSE backend (backend = \"fuse\", the default on Linux)");
+    }
+    Check::ok(
+        NAME,
+        "mounts use the NFS backend (this kernel's NFS client); FUSE is not needed",
+    )
 }
 
 /// What Linux offers.
@@ -185,6 +229,35 @@ fn judge_macos(MacFuse(version, macos): &MacFuse, backend: Backend, built: bool)
 mod tests {
     use super::*;
     use crate::doctor::Verdict;
+
+    #[test]
+    fn the_nfs_backend_on_linux_needs_an_nfs_client_and_root_not_fuse() {
+        let ready = LinuxNfs {
+            loaded: true,
+            module: false,
+            root: true,
+        };
+        assert_eq!(judge_linux_nfs(&ready).verdict, Verdict::Ok);
+        let loadable = LinuxNfs {
+            loaded: false,
+            module: true,
+            ..ready
+        };
+        assert_eq!(judge_linux_nfs(&loadable).verdict, Verdict::Ok);
+        let none = LinuxNfs {
+            loaded: false,
+            module: false,
+            ..ready
+        };
+        let check = judge_linux_nfs(&none);
+        assert_eq!(check.verdict, Verdict::Fail);
+        assert!(check.summary.contains("no NFS client"), "{}", check.summary);
+        let user = LinuxNfs {
+            root: false,
+            ..ready
+        };
+        assert_eq!(judge_linux_nfs(&user).verdict, Verdict::Fail);
+    }
 
     #[test]
     fn linux_verdicts() {
