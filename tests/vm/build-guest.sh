@@ -4,7 +4,7 @@
 # NFS client under test is Debian's stock one, run in a VM.
 #
 # Output, in target/nfs-guest/ (or $1): vmlinuz, initrd.cpio.gz and `version` (the
-# kernel and the /init it was built from). Skips everything when those are there for
+# kernel, and a hash of the /init and of this script it was built with). Skips everything when those are there for
 # the kernel that `linux-image-amd64` depends on now and the same tests/vm/init. Needs apt (for the download, not an install),
 # dpkg-deb, depmod and modprobe (kmod), cpio and busybox-static; run as root by
 # scripts/setup-tests.sh.
@@ -16,8 +16,8 @@ out="${1:-$root/target/nfs-guest}"
 pkg="$(apt-cache depends linux-image-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1)"
 [ -n "$pkg" ] || { echo "build-guest: no linux-image-amd64 in apt's lists (apt-get update?)" >&2; exit 1; }
 ver="${pkg#linux-image-}"
-# A new kernel or a changed /init rebuilds the image.
-stamp="$ver $(sha256sum <"$root/tests/vm/init" | cut -c1-16)"
+# A new kernel, a changed /init or a change here rebuilds the image.
+stamp="$ver $(cat "$root/tests/vm/init" "$root/tests/vm/build-guest.sh" | sha256sum | cut -c1-16)"
 if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.cpio.gz" ] && [ "$(cat "$out/version" 2>/dev/null)" = "$stamp" ]; then
     exit 0
 fi
@@ -30,16 +30,29 @@ dpkg-deb -x "$work"/deb/*.deb "$work/kernel"
 depmod -b "$work/kernel" "$ver"
 
 # The modules /init loads, each after what it needs (modprobe's own order): the NFSv3
-# client, the virtio PCI transport and NIC (both modules in Debian's config), and 9p
-# for the host's root and the test's scratch directory.
+# client, the virtio PCI transport and NIC (modules in Debian's config; one built
+# in is a `builtin NAME` line, nothing to load), and 9p for the host's root and the
+# test's scratch directory. A compressed module is unpacked: busybox's insmod may
+# not read the format.
 init="$work/initrd"
 mkdir -p "$init"/{bin,dev,proc,sys,host,lib/modules}
+: >"$init/modules"
 for module in virtio_pci virtio_net 9p 9pnet_virtio nfsv3; do
-    modprobe -d "$work/kernel" -S "$ver" --show-depends "$module" | awk '$1 == "insmod" { print $2 }'
-done | awk '!seen[$0]++' | while read -r ko; do
-    cp "$ko" "$init/lib/modules/"
-    basename "$ko" >>"$init/modules"
-done
+    modprobe -d "$work/kernel" -S "$ver" --show-depends "$module" >"$work/deps" \
+        || { echo "build-guest: $ver has no module $module" >&2; exit 1; }
+    awk '$1 == "insmod" { print $2 }' "$work/deps"
+done | awk '!seen[$0]++' >"$work/order"
+while read -r ko; do
+    name="$(basename "$ko")"
+    case "$ko" in
+    *.ko.xz) name="${name%.xz}"; xz -dc "$ko" >"$init/lib/modules/$name" ;;
+    *.ko.zst) name="${name%.zst}"; zstd -qdc "$ko" >"$init/lib/modules/$name" ;;
+    *.ko.gz) name="${name%.gz}"; gzip -dc "$ko" >"$init/lib/modules/$name" ;;
+    *) cp "$ko" "$init/lib/modules/$name" ;;
+    esac
+    echo "$name" >>"$init/modules"
+done <"$work/order"
+[ -s "$init/modules" ] || echo "build-guest: every module is built into $ver" >&2
 
 # busybox-static: the initramfs has no libc, so everything before the chroot is busybox.
 cp "$(command -v busybox)" "$init/bin/busybox"

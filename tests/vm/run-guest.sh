@@ -17,7 +17,8 @@
 #   10.0.2.102:2049 -> 127.0.0.1:$NFS_PORT2 (a second export), also from a reserved port
 #   10.0.2.101:80   -> 127.0.0.1:$HUB_PORT  (a local Hub)
 # each only when its variable is set.
-# GUEST_TIMEOUT (seconds, default 420) bounds the whole run; GUEST_DIR names the
+# GUEST_TIMEOUT (seconds, default 420) bounds the whole run (the guest itself gives
+# up on guest.sh 20 s before, saving its kernel log); GUEST_DIR names the
 # kernel's directory (default target/nfs-guest). Exits with guest.sh's status, or
 # 124 when the guest ran out of time, or 125 when it died without an exit status.
 set -euo pipefail
@@ -51,20 +52,27 @@ if [ -n "${HUB_PORT:-}" ]; then
     net+=",guestfwd=tcp:10.0.2.101:80-cmd:socat STDIO TCP:127.0.0.1:${HUB_PORT}"
 fi
 
+limit="${GUEST_TIMEOUT:-420}"
+# The guest gives up on guest.sh a little earlier, to save the kernel's log.
+deadline=$((limit > 40 ? limit - 20 : limit / 2))
 status=0
-timeout --kill-after=10 "${GUEST_TIMEOUT:-420}" \
+timeout --kill-after=10 "$limit" \
     qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
     -nographic -no-reboot -nodefaults -serial stdio -monitor none \
     -kernel "$guest/vmlinuz" -initrd "$guest/initrd.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet stagefs_scratch=$scratch" \
+    -append "console=ttyS0 panic=-1 quiet stagefs_scratch=$scratch stagefs_deadline=$deadline" \
     -virtfs local,path=/,mount_tag=host,readonly=on,multidevs=remap,security_model=none \
     -virtfs "local,path=$scratch,mount_tag=scratch,security_model=none,multidevs=remap" \
     -netdev "$net" -device virtio-net-pci,netdev=n0,romfile= \
     "$@" \
     </dev/null >"$scratch/console.log" 2>&1 || status=$?
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
-    echo "run-guest: the guest ran out of its ${GUEST_TIMEOUT:-420} s" >&2
+    echo "run-guest: the guest ran out of its $limit s" >&2
+    exit 124
+fi
+if [ "$(cat "$scratch/guest-exit" 2>/dev/null)" = timeout ]; then
+    echo "run-guest: guest.sh ran past the guest's deadline ($deadline s); see $scratch/dmesg.txt" >&2
     exit 124
 fi
 if [ -s "$scratch/guest-exit" ]; then

@@ -1,0 +1,899 @@
+"""Checks of the NFS backend through Linux's own NFS client, run inside the qemu guest
+that tests/tests/kernel_nfs.rs boots (tests/vm/). The guest is chrooted into the
+host's userland (its root, read-only over 9p), so this interpreter and its packages
+are the host's; the test's scratch directory, which holds the sources, is shared
+writable at the same path (uncached, so what a write through NFS did to a source is
+seen as it is on the host).
+
+    guest_checks.py SPEC.json [GROUP...]
+
+SPEC.json, written by the test, names the kernel's NFS mounts (made by guest.sh with
+util-linux `mount -t nfs`, the kernel doing MOUNT itself) and the sources behind
+them. Every check compares what the kernel client gives with the same file read from
+the source directly. The groups (all by default):
+
+    mount   both exports are the kernel's NFSv3 mounts, and it logged no complaint
+    read    sha256 of every shard through the snapshot links of an HF_HOME, offline
+            resolution by huggingface_hub, safetensors' safe_open (mmap), random
+            mmap reads, mlx's own safetensors loader, a plain model folder
+    own     `stagefs mount SRC MNT --backend nfs` inside the guest: reads, status,
+            doctor, then (after the hub group: the server keeps an idle NFS read
+            handle 30 s, and evict waits for that) evict and unmount
+    doctor  doctor with `backend = "nfs"` in its config, where there is no FUSE
+    write   create, same-size rewrites (through the mount, and at the source),
+            rename over a file, unlink, O_EXCL twice, mkdir/rmdir, flock, a
+            directory of thousands of entries, a listing while files are added,
+            statvfs
+    hub     `hf download` from a local Hub (tests/py/hub_server.py on the host) into
+            the mounted HF_HOME
+    mlx     mlx_lm.load of a tiny Llama (only with "mlx_lm": true: importing mlx_lm
+            alone takes ~25 s under TCG, the load ~50 s in all)
+    fault   the host's `stagefs serve` killed with the mount up (coordinated with
+            the test through files in the scratch directory): what a reader gets,
+            what a signal does, a restart on the same port, `umount -f` and `-l`
+
+Checks run in the order they are defined here. Prints `PASS name`, `FAIL name:
+reason` or `SKIP name: why` per check, writes {name: {group, ok, skipped, detail,
+seconds}} to SPEC's "results" file after every check, and ends with `N passed, M
+failed`. A check still running after its limit (a call on a hard mount that never
+returns) fails as hung, naming where the kernel holds it, and ends the run there.
+Exits 0: the test judges the results.
+"""
+
+import errno
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+SPEC = json.load(open(sys.argv[1]))
+GROUPS = sys.argv[2:] or ["mount", "read", "own", "doctor", "write", "hub", "mlx", "fault"]
+HF = SPEC["hf"]
+# huggingface_hub reads its environment once, at import: this process is an offline
+# client of the mounted HF_HOME (the `hf download` of the hub group is a process of
+# its own, online).
+os.environ.update(
+    HF_HOME=HF["mnt"],
+    HF_HUB_OFFLINE="1",
+    HF_HUB_DISABLE_TELEMETRY="1",
+    HF_HUB_DISABLE_PROGRESS_BARS="1",
+)
+os.environ.pop("HF_HUB_CACHE", None)
+os.environ.pop("HF_ENDPOINT", None)
+
+import numpy as np  # noqa: E402
+
+RESULTS = {}
+T0 = time.monotonic()
+
+
+class Skip(Exception):
+    pass
+
+
+def save():
+    tmp = SPEC["results"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    os.replace(tmp, SPEC["results"])
+
+
+def check(group):
+    def wrap(fn):
+        fn.group = group
+        CHECKS.append(fn)
+        return fn
+
+    return wrap
+
+
+CHECKS = []
+
+
+# How long one check may take before it counts as hung (a call on a hard NFS mount
+# that never returns): then it fails, naming where the kernel holds it, and the run
+# ends there, since this process can go no further.
+LIMIT = {"hub": 240, "mlx": 300}
+DEFAULT_LIMIT = 120
+
+
+def hung(name, entry, limit):
+    try:
+        frames = [line.split()[1].split("+")[0] for line in open(f"/proc/self/task/{os.getpid()}/stack")]
+    except (OSError, IndexError):
+        frames = []
+    entry["detail"] = f"hung: still running after {limit} s" + (f", in {' < '.join(frames[:5])}" if frames else "")
+    entry["seconds"] = limit
+    RESULTS[name] = entry
+    save()
+    print(f"FAIL {name}: {entry['detail']}", flush=True)
+    summary()
+    os._exit(0)
+
+
+def run(fn):
+    name = fn.__name__
+    started = time.monotonic()
+    entry = {"group": fn.group, "ok": False, "skipped": False, "detail": ""}
+    limit = LIMIT.get(fn.group, DEFAULT_LIMIT)
+    done = threading.Event()
+    threading.Thread(target=lambda: done.wait(limit) or hung(name, dict(entry), limit), daemon=True).start()
+    try:
+        detail = fn()
+        entry.update(ok=True, detail=detail or "")
+        line = f"PASS {name}" + (f" ({detail})" if detail else "")
+    except Skip as e:
+        entry.update(ok=True, skipped=True, detail=str(e))
+        line = f"SKIP {name}: {e}"
+    except AssertionError as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        entry["detail"] = str(e) or f"line {where.lineno}: {where.line}"
+        line = f"FAIL {name}: {entry['detail']}"
+    except Exception as e:  # noqa: BLE001 - every error is a failed check, reported
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        entry["detail"] = f"{type(e).__name__}: {e} (line {where.lineno})"
+        if isinstance(e, OSError) and e.errno:
+            entry["errno"] = errno.errorcode.get(e.errno, e.errno)
+        line = f"FAIL {name}: {entry['detail']}"
+    done.set()
+    entry["seconds"] = round(time.monotonic() - started, 2)
+    RESULTS[name] = entry
+    save()
+    print(f"{line} [{entry['seconds']} s]", flush=True)
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write(path, data, mode="wb"):
+    with open(path, mode) as f:
+        f.write(data)
+
+
+def hf_snapshot(root, repo, commit):
+    return os.path.join(root, "hub", "models--" + repo.replace("/", "--"), "snapshots", commit)
+
+
+def src_of(path, mnt, src):
+    return os.path.join(src, os.path.relpath(path, mnt))
+
+
+def expect_errno(code, fn, *args):
+    try:
+        fn(*args)
+    except OSError as e:
+        assert e.errno == code, f"{fn.__name__}: {errno.errorcode.get(e.errno, e.errno)}, not {errno.errorcode[code]}"
+        return
+    raise AssertionError(f"{fn.__name__}{args} succeeded; expected {errno.errorcode[code]}")
+
+
+def sh(args, timeout, env=None):
+    """Runs args; (returncode or 'timeout', stdout+stderr text, seconds). A command
+    still running after `timeout` is killed, and not waited for long: on a dead hard
+    mount it may be past what a signal ends."""
+    started = time.monotonic()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            out, _ = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out = "(still there 5 s after SIGKILL)"
+        rc = "timeout"
+    return rc, out or "", round(time.monotonic() - started, 1)
+
+
+def tail(text, n=600):
+    text = text.strip()
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+def mounted(mnt):
+    for line in open("/proc/mounts"):
+        fields = line.split()
+        if fields[1] == mnt:
+            return fields
+    return None
+
+
+HF_SNAP = hf_snapshot(HF["mnt"], HF["repo"], HF["commit"])
+HF_SRC_SNAP = hf_snapshot(HF["src"], HF["repo"], HF["commit"])
+
+
+# --- read ----------------------------------------------------------------------------
+
+
+@check("mount")
+def mounts_are_the_kernels_nfs():
+    for key in ("hf", "plain"):
+        fields = mounted(SPEC[key]["mnt"])
+        assert fields, f"{SPEC[key]['mnt']} is not mounted"
+        assert fields[2] == "nfs" and "vers=3" in fields[3], fields
+    return mounted(HF["mnt"])[3]
+
+
+@check("mount")
+def the_kernel_logged_no_rpc_complaint_mounting():
+    rc, out, _ = sh(["dmesg"], 20)
+    assert rc == 0, f"dmesg: {rc}: {tail(out)}"
+    complaints = [
+        line for line in out.splitlines() if ("RPC:" in line and "Registered" not in line) or "nfs:" in line
+    ]
+    # Linux pings the NFS_ACL program (100227) with AUTH_NULL when it sets up a v3
+    # mount; an answer other than PROG_UNAVAIL (or a success) is logged.
+    assert not complaints, "; ".join(c.split("] ", 1)[-1] for c in complaints)
+
+
+@check("read")
+def shards_read_right_through_the_snapshot_links():
+    names = sorted(os.listdir(HF_SNAP))
+    assert names == sorted(os.listdir(HF_SRC_SNAP)), (names, os.listdir(HF_SRC_SNAP))
+    for name in names:
+        path = os.path.join(HF_SNAP, name)
+        link = os.readlink(path)
+        assert link == os.readlink(os.path.join(HF_SRC_SNAP, name)), (name, link)
+        assert link.startswith("../../blobs/"), link
+        digest = sha256_file(path)
+        assert digest == sha256_file(os.path.join(HF_SRC_SNAP, name)), f"{name} differs from the source"
+        if name.endswith(".safetensors"):
+            assert digest == os.path.basename(link), f"{name}: sha256 {digest} is not its blob's name {link}"
+    return f"{len(names)} files"
+
+
+@check("read")
+def huggingface_hub_resolves_offline():
+    from huggingface_hub import get_token, hf_hub_download, scan_cache_dir, snapshot_download
+
+    repo, commit = HF["repo"], HF["commit"]
+    snapshot = snapshot_download(repo)
+    assert snapshot == HF_SNAP, (snapshot, HF_SNAP)
+    for name in sorted(os.listdir(HF_SRC_SNAP)):
+        path = hf_hub_download(repo, name)
+        assert path == os.path.join(HF_SNAP, name), path
+        assert os.path.realpath(path).startswith(HF["mnt"] + "/"), os.path.realpath(path)
+        assert read(path) == read(os.path.join(HF_SRC_SNAP, name)), name
+        assert hf_hub_download(repo, name, revision=commit) == path
+    assert get_token() == read(os.path.join(HF["src"], "token")).decode().strip(), "the HF_HOME token"
+    repos = {r.repo_id: r for r in scan_cache_dir().repos}
+    assert repo in repos, list(repos)
+    want = sum(os.path.getsize(os.path.join(HF_SRC_SNAP, n)) for n in os.listdir(HF_SRC_SNAP))
+    assert repos[repo].size_on_disk == want, (repos[repo].size_on_disk, want)
+    return f"snapshot {commit[:12]}"
+
+
+@check("read")
+def safe_open_mmaps_the_same_tensors():
+    from safetensors import safe_open
+
+    tensors = 0
+    for name in HF["shards"]:
+        with safe_open(os.path.join(HF_SNAP, name), "np") as m, safe_open(os.path.join(HF_SRC_SNAP, name), "np") as s:
+            assert sorted(m.keys()) == sorted(s.keys()), name
+            for key in m.keys():
+                a, b = m.get_tensor(key), s.get_tensor(key)
+                assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f"{name}: {key}"
+                tensors += 1
+    return f"{tensors} tensors"
+
+
+@check("read")
+def random_mmap_reads_match_the_source():
+    rng = random.Random(7)
+    reads = 0
+    for name in HF["shards"]:
+        path = os.path.join(HF_SNAP, name)
+        source = read(os.path.join(HF_SRC_SNAP, name))
+        size = os.path.getsize(path)
+        assert size == len(source), (name, size, len(source))
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            m.madvise(mmap.MADV_RANDOM)
+            spots = [(size - 1, 1), (0, 1), (4095, 2), (size - 5000, 5000)]
+            spots += [(o, rng.randrange(1, 200_000)) for o in (rng.randrange(size) for _ in range(200))]
+            for offset, length in spots:
+                assert m[offset:offset + length] == source[offset:offset + length], f"{name} at {offset}+{length}"
+                reads += 1
+            # and pread, beside the mapping
+            for offset in (rng.randrange(size) for _ in range(50)):
+                assert os.pread(f.fileno(), 65536, offset) == source[offset:offset + 65536], f"pread {name} at {offset}"
+    return f"{reads} mapped reads"
+
+
+@check("read")
+def mlx_loads_the_same_tensors():
+    try:
+        import mlx.core as mx
+    except ImportError as e:
+        raise Skip(f"no mlx: {e}")
+    tensors = 0
+    for name in HF["shards"]:
+        a, b = mx.load(os.path.join(HF_SNAP, name)), mx.load(os.path.join(HF_SRC_SNAP, name))
+        assert sorted(a) == sorted(b), name
+        for key in a:
+            assert mx.array_equal(a[key], b[key]).item(), f"{name}: {key}"
+            tensors += 1
+    return f"{tensors} tensors by mx.load"
+
+
+@check("read")
+def a_plain_model_folder_reads_right():
+    from safetensors.numpy import load_file
+
+    plain = SPEC["plain"]
+    mnt, src = os.path.join(plain["mnt"], plain["dir"]), os.path.join(plain["src"], plain["dir"])
+    names = sorted(os.listdir(mnt))
+    assert names == sorted(os.listdir(src)), (names, os.listdir(src))
+    for name in names:
+        path = os.path.join(mnt, name)
+        assert not os.path.islink(path), f"{name} is a link"
+        assert sha256_file(path) == sha256_file(os.path.join(src, name)), f"{name} differs"
+        if name.endswith(".safetensors"):
+            a, b = load_file(path), load_file(os.path.join(src, name))
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
+    return f"{len(names)} files"
+
+
+# --- own: stagefs mount inside the guest -----------------------------------------------
+# Mounted here, before the write group, and evicted and unmounted after the hub group:
+# the server keeps an NFS read handle until it has been idle 30 s, and evict waits
+# for that; the groups between wait it out.
+
+OWN = SPEC["own"]
+
+
+def stagefs(*args, timeout=60):
+    return sh([SPEC["stagefs"], "--no-config", *args], timeout)
+
+
+def own_snap(root=None):
+    repo = "models--" + OWN["repo"].replace("/", "--")
+    return os.path.join(root or OWN["mnt"], repo, "snapshots", OWN["commit"])
+
+
+OWN_SRC_SNAP = own_snap(OWN["src"])
+
+
+def staged(cache):
+    rc, out, _ = stagefs("status", "--json", "--cache-dir", cache, timeout=30)
+    assert rc == 0, f"status: {rc}: {tail(out)}"
+    return json.loads(out)
+
+
+def own_daemons():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"stagefs") and OWN["mnt"].encode() in cmd:
+            found.append(int(pid))
+    return found
+
+
+@check("own")
+def stagefs_mounts_with_the_nfs_backend():
+    os.makedirs(OWN["mnt"], exist_ok=True)
+    rc, out, took = stagefs("mount", OWN["src"], OWN["mnt"], "--backend", "nfs", "--cache-dir", OWN["cache"])
+    assert rc == 0, f"stagefs mount: {rc}: {tail(out)}"
+    fields = mounted(OWN["mnt"])
+    assert fields and fields[2] == "nfs", f"not an NFS mount: {fields}"
+    for option in ("vers=3", "hard", "local_lock=all", "addr=127.0.0.1"):
+        assert option in fields[3].split(","), f"{option} not in {fields[3]}"
+    assert own_daemons(), "no daemon runs"
+    return f"{took} s: {fields[3]}"
+
+
+@check("own")
+def reads_through_stagefs_mount_match_the_source():
+    assert mounted(OWN["mnt"]), "not mounted"
+    for name in os.listdir(OWN_SRC_SNAP):
+        path = os.path.join(own_snap(), name)
+        assert sha256_file(path) == sha256_file(os.path.join(OWN_SRC_SNAP, name)), f"{name} differs"
+    status = staged(OWN["cache"])
+    assert status.get("backend") == "nfs", status.get("backend")
+    assert status.get("mountpoint") == OWN["mnt"], status.get("mountpoint")
+    models = {m["model"]: m for m in status["models"]}
+    assert models.get(OWN["repo"], {}).get("staged_files", 0) >= len(OWN["shards"]), status["models"]
+    return f"stage_copies {status['metrics']['stage_copies']}"
+
+
+@check("own")
+def doctor_reports_the_nfs_mount():
+    rc, out, _ = stagefs("doctor", "--json", OWN["src"], "--cache-dir", OWN["cache"], timeout=90)
+    assert rc in (0, 1), f"doctor: {rc}: {tail(out)}"
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks.get("mount", {}).get("verdict") == "ok", checks.get("mount")
+    bad = {n: c["summary"] for n, c in checks.items() if c["verdict"] == "fail" and n != "fuse"}
+    assert not bad, bad
+    return f"fuse: {checks['fuse']['verdict']}"
+
+
+@check("doctor")
+def doctor_with_backend_nfs_does_not_require_fuse():
+    config = os.path.join("/tmp", "stagefs-nfs.toml")
+    with open(config, "w") as f:
+        f.write(f'source = "{OWN["src"]}"\nmountpoint = "{OWN["mnt"]}"\ncache_dir = "{OWN["cache"]}"\nbackend = "nfs"\n')
+    rc, out, _ = sh([SPEC["stagefs"], "--config", config, "doctor", "--json"], 90)
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    fuse = checks.get("fuse", {})
+    assert fuse.get("verdict") != "fail", (
+        f"with backend = \"nfs\" and a working NFS mount, doctor still fails on FUSE (exit {rc}): {fuse.get('summary')}"
+    )
+    return f"exit {rc}"
+
+
+# --- write ---------------------------------------------------------------------------
+
+W_MNT = os.path.join(HF["mnt"], "writes")
+W_SRC = os.path.join(HF["src"], "writes")
+
+
+@check("write")
+def a_created_file_reads_back_and_lands_on_the_source():
+    os.makedirs(W_MNT, exist_ok=True)
+    data = random.Random(1).randbytes(300_000)
+    path = os.path.join(W_MNT, "created.bin")
+    write(path, data)
+    assert os.path.getsize(path) == len(data)
+    assert read(path) == data, "read back through the mount"
+    assert read(os.path.join(W_SRC, "created.bin")) == data, "the source holds other bytes"
+
+
+@check("write")
+def a_same_size_rewrite_reads_back_new():
+    path = os.path.join(W_MNT, "rewrite.bin")
+    old, new = b"A" * 1_500_000, b"B" * 1_500_000
+    write(path, old)
+    assert read(path) == old
+    with open(path, "r+b") as f:
+        f.write(new)
+    assert read(path) == new, "the rewrite reads back old bytes through the mount"
+    assert read(os.path.join(W_SRC, "rewrite.bin")) == new, "the source kept old bytes"
+    # in place, in the middle, without a truncate
+    with open(path, "r+b") as f:
+        f.seek(700_000)
+        f.write(b"C" * 4096)
+    want = new[:700_000] + b"C" * 4096 + new[704_096:]
+    assert read(path) == want, "a mid-file overwrite reads back wrong"
+    assert read(os.path.join(W_SRC, "rewrite.bin")) == want
+
+
+@check("write")
+def a_same_size_rewrite_at_the_source_is_seen():
+    # A file staged by the server (above --min-stage-size), then rewritten at the
+    # source with the same size, as another machine on the NAS would.
+    path = os.path.join(W_MNT, "changed-at-source.bin")
+    old, new = b"o" * (2 << 20), b"n" * (2 << 20)
+    write(path, old)
+    assert read(path) == old
+    time.sleep(1.1)
+    write(os.path.join(W_SRC, "changed-at-source.bin"), new, "r+b")
+    deadline = time.monotonic() + 10
+    while True:
+        got = read(path)
+        if got == new:
+            return f"seen after {round(10 - (deadline - time.monotonic()), 1)} s"
+        assert got == old, "neither the old bytes nor the new"
+        assert time.monotonic() < deadline, "10 s after a same-size rewrite at the source, the mount still reads the old bytes"
+        time.sleep(0.5)
+
+
+@check("write")
+def rename_over_an_existing_file():
+    a, b = os.path.join(W_MNT, "new.txt"), os.path.join(W_MNT, "old.txt")
+    write(b, b"old contents")
+    write(a, b"new")
+    assert read(b) == b"old contents"
+    os.rename(a, b)
+    assert read(b) == b"new", "the target reads its old bytes"
+    assert not os.path.exists(a), "the renamed name is still there"
+    assert "new.txt" not in os.listdir(W_MNT)
+    assert read(os.path.join(W_SRC, "old.txt")) == b"new"
+    assert not os.path.exists(os.path.join(W_SRC, "new.txt"))
+    # os.replace of an open file: the reader keeps the old bytes (silly rename)
+    write(a, b"newest")
+    with open(b, "rb") as held:
+        os.replace(a, b)
+        assert held.read() == b"new", "an open file's bytes changed under its reader"
+    assert read(b) == b"newest"
+
+
+@check("write")
+def unlink_removes_it_everywhere():
+    path = os.path.join(W_MNT, "doomed.txt")
+    write(path, b"x")
+    assert os.path.exists(os.path.join(W_SRC, "doomed.txt"))
+    os.unlink(path)
+    expect_errno(errno.ENOENT, os.stat, path)
+    assert "doomed.txt" not in os.listdir(W_MNT)
+    assert not os.path.exists(os.path.join(W_SRC, "doomed.txt")), "still at the source"
+    expect_errno(errno.ENOENT, os.unlink, path)
+
+
+@check("write")
+def o_excl_create_twice_gets_eexist():
+    path = os.path.join(W_MNT, "exclusive")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.write(fd, b"first")
+    os.close(fd)
+    expect_errno(errno.EEXIST, os.open, path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    assert read(path) == b"first", "the second create touched the file"
+    assert read(os.path.join(W_SRC, "exclusive")) == b"first"
+
+
+@check("write")
+def mkdir_and_rmdir():
+    d = os.path.join(W_MNT, "dir")
+    os.mkdir(d)
+    assert os.path.isdir(os.path.join(W_SRC, "dir"))
+    expect_errno(errno.EEXIST, os.mkdir, d)
+    write(os.path.join(d, "f"), b"f")
+    expect_errno(errno.ENOTEMPTY, os.rmdir, d)
+    os.unlink(os.path.join(d, "f"))
+    os.rmdir(d)
+    assert not os.path.exists(d) and not os.path.exists(os.path.join(W_SRC, "dir"))
+    os.makedirs(os.path.join(W_MNT, "deep/er/still"))
+    assert os.path.isdir(os.path.join(W_SRC, "deep/er/still"))
+
+
+@check("write")
+def flock_and_fcntl_locks_work():
+    # huggingface_hub's filelock: local_lock=all keeps locks in the client kernel.
+    path = os.path.join(W_MNT, "lockfile")
+    with open(path, "w") as a, open(path, "w") as b:
+        fcntl.flock(a, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        expect_errno(errno.EWOULDBLOCK, fcntl.flock, b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(a, fcntl.LOCK_UN)
+        fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(a, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@check("write")
+def a_directory_of_thousands_lists_completely():
+    big = SPEC["bigdir"]
+    mnt, src = os.path.join(HF["mnt"], big["rel"]), os.path.join(HF["src"], big["rel"])
+    started = time.monotonic()
+    listed = os.listdir(mnt)
+    took = round(time.monotonic() - started, 2)
+    assert len(listed) == len(set(listed)), f"{len(listed) - len(set(listed))} names listed twice"
+    want = set(os.listdir(src))
+    assert len(want) == big["count"], (len(want), big["count"])
+    missing, extra = want - set(listed), set(listed) - want
+    assert not missing and not extra, f"{len(missing)} missing (e.g. {sorted(missing)[:3]}), {len(extra)} extra"
+    # every entry's attributes, as `ls -l` wants them (READDIRPLUS brings them)
+    started = time.monotonic()
+    sizes = {e.name: e.stat(follow_symlinks=False).st_size for e in os.scandir(mnt)}
+    stat_took = round(time.monotonic() - started, 2)
+    # the generator wrote each file's number as its contents
+    wrong = [n for n in want if sizes.get(n) != len(str(int(n.rsplit("-", 1)[1])))]
+    assert not wrong, f"{len(wrong)} sizes wrong, e.g. {wrong[:3]}"
+    return f"{len(listed)} entries: listed in {took} s, with attributes in {stat_took} s"
+
+
+@check("write")
+def a_listing_while_files_are_added_misses_and_repeats_nothing():
+    grow = SPEC["grow"]
+    d = os.path.join(HF["mnt"], grow["rel"])
+    before = set(os.listdir(os.path.join(HF["src"], grow["rel"])))
+    assert len(before) == grow["count"], len(before)
+    seen, added = [], []
+    with os.scandir(d) as it:
+        for i, entry in enumerate(it):
+            seen.append(entry.name)
+            if i == 50:
+                for n in range(200):
+                    name = f"added-{n:04}"
+                    write(os.path.join(d, name), b"+")
+                    added.append(name)
+    dupes = len(seen) - len(set(seen))
+    assert not dupes, f"{dupes} names listed twice while files were added"
+    missing = before - set(seen)
+    assert not missing, f"{len(missing)} of the files there before were not listed, e.g. {sorted(missing)[:3]}"
+    unknown = set(seen) - before - set(added)
+    assert not unknown, f"unknown names {sorted(unknown)[:3]}"
+    after = os.listdir(d)
+    assert sorted(after) == sorted(before | set(added)), "a listing after the adds is not complete"
+    return f"{len(seen)} listed during, {len(after)} after"
+
+
+@check("write")
+def statvfs_gives_sane_figures():
+    m, s = os.statvfs(HF["mnt"]), os.statvfs(HF["src"])
+    assert m.f_bsize > 0 and m.f_frsize > 0 and m.f_blocks > 0, m
+    assert m.f_bavail <= m.f_bfree <= m.f_blocks, m
+    assert m.f_ffree <= m.f_files, m
+    assert m.f_namemax >= 255, m
+    total, stotal = m.f_blocks * m.f_frsize, s.f_blocks * s.f_frsize
+    assert abs(total - stotal) <= stotal * 0.02, f"total {total} here, {stotal} at the source"
+    free, sfree = m.f_bavail * m.f_frsize, s.f_bavail * s.f_frsize
+    assert abs(free - sfree) <= max(stotal * 0.02, 64 << 20), f"available {free} here, {sfree} at the source"
+    return f"{total >> 30} GiB, {free >> 30} GiB available"
+
+
+# --- hub -----------------------------------------------------------------------------
+
+
+@check("hub")
+def hf_download_into_the_mounted_hf_home():
+    hub = SPEC.get("hub")
+    if not hub:
+        raise Skip("no local Hub in the spec")
+    env = dict(os.environ, HF_ENDPOINT=hub["endpoint"])
+    env.pop("HF_HUB_OFFLINE")
+    hf = os.path.join(os.path.dirname(sys.executable), "hf")
+    rc, out, took = sh([hf, "download", hub["repo"]], 150, env=env)
+    assert rc == 0, f"hf download: {rc}: {tail(out)}"
+    # `hf download` ends with the snapshot's path (alone, or as `path: ...`)
+    paths = [w for w in out.split() if w.startswith(HF["mnt"] + "/hub/")]
+    assert paths, f"no snapshot path in: {tail(out)}"
+    snapshot = paths[-1]
+    files = {}
+    for dirpath, _, names in os.walk(hub["dir"]):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), hub["dir"])
+            files[rel] = sha256_file(os.path.join(dirpath, name))
+    for rel, digest in files.items():
+        path = os.path.join(snapshot, rel)
+        assert sha256_file(path) == digest, f"{rel} differs from the Hub's"
+        source = os.path.realpath(src_of(path, HF["mnt"], HF["src"]))
+        assert sha256_file(source) == digest, f"{rel} at the source differs"
+        if rel.endswith(".safetensors"):
+            assert os.path.basename(os.readlink(path)) == digest, "an LFS blob is named by its sha256"
+    # and this (offline) process resolves it like any other cached model
+    from huggingface_hub import hf_hub_download
+
+    for rel in files:
+        assert hf_hub_download(hub["repo"], rel) == os.path.join(snapshot, rel)
+    return f"{len(files)} files in {took} s"
+
+
+# --- mlx -----------------------------------------------------------------------------
+
+
+@check("mlx")
+def mlx_lm_loads_a_model_from_the_mount():
+    llama = SPEC.get("llama")
+    if not SPEC.get("mlx_lm") or not llama:
+        raise Skip("mlx_lm.load is off: importing mlx_lm alone takes ~25 s under TCG (STAGEFS_GUEST_MLX_LM=0 turned it off)")
+    code = (
+        "import sys, json, numpy as np, mlx_lm\n"
+        "from mlx.utils import tree_flatten\n"
+        "from safetensors.numpy import load_file\n"
+        "model, tok = mlx_lm.load(sys.argv[1])\n"
+        "got = {k: np.array(v) for k, v in tree_flatten(model.parameters())}\n"
+        "want = load_file(sys.argv[2])\n"
+        "print(json.dumps({'match': got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)}))\n"
+    )
+    path = os.path.join(SPEC["plain"]["mnt"], llama)
+    want = os.path.join(SPEC["plain"]["src"], llama, "model.safetensors")
+    rc, out, took = sh([sys.executable, "-c", code, path, want], 180)
+    assert rc == 0, f"{rc}: {tail(out)}"
+    assert json.loads(out.strip().splitlines()[-1])["match"], "the weights differ"
+    return f"{took} s"
+
+
+@check("own")
+def evict_drops_copies_once_nfs_handles_go_idle():
+    assert mounted(OWN["mnt"]), "not mounted"
+    # NFS never says a reader is done: the server keeps a read handle (and its copy's
+    # pin) until it has been idle 30 s (nfs/src/reads.rs IDLE, swept every 5 s).
+    # The doctor checks above took some of that; the rest is waited out here.
+    started = time.monotonic()
+    first = None
+    while True:
+        rc, out, _ = stagefs("evict", "--all", "--cache-dir", OWN["cache"], timeout=30)
+        first = first or (rc, out)
+        if rc == 0:
+            break
+        assert "in use" in out, f"evict --all: {rc}: {tail(out)}"
+        assert time.monotonic() - started < 50, f"evict --all still refused after 50 s: {tail(out)}"
+        time.sleep(2)
+    waited = round(time.monotonic() - started, 1)
+    left = {m["model"]: m["staged_files"] for m in staged(OWN["cache"])["models"]}
+    assert not left.get(OWN["repo"]), f"still staged: {left}"
+    name = OWN["shards"][0]
+    assert sha256_file(os.path.join(own_snap(), name)) == sha256_file(os.path.join(OWN_SRC_SNAP, name)), "a re-read after evict"
+    said = out.strip().splitlines()[-1] if out.strip() else ""
+    return f"{said}, after {waited} s more" + ("" if first[0] == 0 else " (refused as in use before)")
+
+
+@check("own")
+def unmount_ends_the_mount_and_the_daemon():
+    rc, out, _ = stagefs("unmount", OWN["mnt"], timeout=60)
+    assert rc == 0, f"unmount: {rc}: {tail(out)}"
+    assert not mounted(OWN["mnt"]), "still mounted"
+    deadline = time.monotonic() + 15
+    while own_daemons():
+        assert time.monotonic() < deadline, f"the daemon still runs: {own_daemons()}"
+        time.sleep(0.3)
+
+
+# --- fault: the host's server killed with the mount up ----------------------------------
+
+FAULT = SPEC["fault"]
+
+
+def signal_host(step):
+    write(os.path.join(SPEC["scratch"], f"fault-{step}"), b"")
+
+
+def await_host(step, limit=30):
+    path = os.path.join(SPEC["scratch"], f"fault-{step}-done")
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"the host did not answer {step} within {limit} s"
+        time.sleep(0.1)
+
+
+def reader(rel, out):
+    return subprocess.Popen(
+        ["dd", f"if={os.path.join(HF['mnt'], rel)}", f"of={out}", "bs=1M"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def state(proc):
+    try:
+        return open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def stack(proc):
+    """Where in the kernel a process waits: its innermost frames, or its wchan."""
+    try:
+        frames = [line.split()[1].split("+")[0] for line in open(f"/proc/{proc.pid}/stack") if len(line.split()) > 1]
+        return " < ".join(frames[:4]) or open(f"/proc/{proc.pid}/wchan").read()
+    except OSError:
+        return "gone"
+
+
+def exited_within(proc, seconds):
+    try:
+        proc.wait(seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def ended(proc):
+    err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
+    return f"exited {proc.returncode} ({err[0] if err else 'no message'})"
+
+
+def holders(mnt):
+    """The processes with a file, a mapping or a directory under mnt."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd")]
+            links += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            links += [line.split()[-1] for line in open(f"/proc/{pid}/maps") if "/" in line]
+            if any(link == mnt or link.startswith(mnt + "/") for link in links):
+                found.add(f"{pid} {open(f'/proc/{pid}/comm').read().strip()}")
+        except OSError:
+            continue
+    return ", ".join(sorted(found))
+
+
+FAULTY = {}
+
+
+@check("fault")
+def a_read_blocks_while_the_server_is_down():
+    os.sync()
+    write("/proc/sys/vm/drop_caches", b"3")
+    signal_host("kill")
+    await_host("kill")
+    a = FAULTY["a"] = reader(FAULT["file"], "/tmp/fault-a")
+    time.sleep(6)
+    assert a.poll() is None, f"the read ended at once: {ended(a)}"
+    rc, out, took = sh(["stat", os.path.join(HF["mnt"], FAULT["file"])], 4)
+    return f"a reader, 6 s on: state {state(a)} in {stack(a)}; a stat: {rc} after {took} s"
+
+
+@check("fault")
+def sigint_and_sigkill_end_a_blocked_reader():
+    b = reader(FAULT["file2"], "/tmp/fault-b")
+    time.sleep(2)
+    assert b.poll() is None, f"ended by itself: {ended(b)}"
+    b.send_signal(signal.SIGINT)
+    by_int = exited_within(b, 5)
+    if not by_int:
+        b.kill()
+        assert exited_within(b, 10), f"SIGKILL did not end a blocked reader (state {state(b)} in {stack(b)})"
+    return "SIGINT ends it" if by_int else "SIGINT does not end it (a hard mount); SIGKILL does"
+
+
+@check("fault")
+def a_blocked_read_completes_after_a_restart_on_the_same_port():
+    a = FAULTY["a"]
+    assert a.poll() is None, f"the first reader ended while the server was down: {ended(a)}"
+    signal_host("restart")
+    await_host("restart")
+    started = time.monotonic()
+    done = exited_within(a, 90)
+    took = round(time.monotonic() - started, 1)
+    assert done, f"still blocked 90 s after the restart (state {state(a)} in {stack(a)})"
+    assert a.returncode == 0, f"after the restart: {ended(a)}"
+    assert read("/tmp/fault-a") == read(os.path.join(HF["src"], FAULT["file"])), "wrong bytes after the restart"
+    return f"completed {took} s after the restart, the right bytes"
+
+
+@check("fault")
+def umount_f_l_frees_the_mount_of_a_dead_server():
+    signal_host("kill2")
+    await_host("kill2")
+    c = reader(FAULT["file3"], "/tmp/fault-c")
+    time.sleep(3)
+    assert c.poll() is None, f"ended by itself: {ended(c)}"
+    said = [f"a reader blocked in {stack(c)}", f"holding the mount: {holders(HF['mnt']) or 'nothing open'}"]
+    # `umount -f` alone (MNT_FORCE: the client's calls are aborted) ...
+    rc, out, took = sh(["umount", "-f", HF["mnt"]], 20)
+    said.append(f"umount -f: {rc} in {took} s ({tail(out, 100) or 'silent'})")
+    said.append("then the reader " + (ended(c) if exited_within(c, 5) else f"still {state(c)} in {stack(c)}"))
+    # ... and with -l (MNT_DETACH too), what a user runs for a dead server
+    if mounted(HF["mnt"]):
+        rc, out, took = sh(["umount", "-f", "-l", HF["mnt"]], 20)
+        said.append(f"umount -f -l: {rc} in {took} s ({tail(out, 100) or 'silent'})")
+        if c.returncode is None:
+            said.append("then the reader " + (ended(c) if exited_within(c, 5) else f"still {state(c)} in {stack(c)}"))
+    if c.returncode is None:
+        c.kill()
+        said.append("SIGKILL: " + ("ended it" if exited_within(c, 10) else f"still {state(c)} in {stack(c)}"))
+    detail = "; ".join(said)
+    assert not mounted(HF["mnt"]), f"still mounted: {detail}"
+    rc, out, took = sh(["ls", HF["mnt"]], 10)
+    assert rc == 0, f"ls of the mount point afterwards: {rc} {out}; {detail}"
+    assert c.returncode is not None, f"the blocked reader outlived everything: {detail}"
+    return detail
+
+
+def summary():
+    passed = sum(1 for r in RESULTS.values() if r["ok"] and not r["skipped"])
+    failed = sum(1 for r in RESULTS.values() if not r["ok"])
+    skipped = sum(1 for r in RESULTS.values() if r["skipped"])
+    print(
+        f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+        + f" in {round(time.monotonic() - T0, 1)} s",
+        flush=True,
+    )
+
+
+def main():
+    print(f"guest_checks: groups {' '.join(GROUPS)}", flush=True)
+    for fn in CHECKS:
+        if fn.group in GROUPS:
+            run(fn)
+    for proc in FAULTY.values():
+        if proc.poll() is None:
+            proc.kill()
+    summary()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,495 @@
+//! The NFS backend through Linux's own NFS client. This machine's kernel may have no
+//! NFS client (or may not let us load one), so the client is Debian's stock kernel in
+//! a qemu guest (tests/vm/: `build-guest.sh` makes it, `bash scripts/setup-tests.sh`
+//! runs that; `run-guest.sh` boots it, TCG, no KVM). The guest's root is this
+//! machine's, read-only over 9p, so it runs this workspace's `stagefs` and `.venv`.
+//!
+//! One boot serves every test here (a [`LazyLock`]): the host runs `stagefs serve`
+//! for an HF_HOME and for a folder of plain model folders, and a local Hub
+//! (tests/py/hub_server.py); the guest mounts both exports with `mount -t nfs` (the
+//! kernel does MOUNT itself, no mount.nfs) through qemu's user network, whose
+//! forwards are `socat` runs that connect from a reserved port, as the server wants
+//! of a Linux client. There tests/py/guest_checks.py runs every check once, in groups
+//! (mount, read, own, doctor, write, hub, mlx, fault; see its docstring), and each
+//! test below asserts that its group passed. The fault group is a dialogue with this
+//! process through files in the scratch directory: the guest asks, the host kills
+//! the server (SIGKILL), restarts it on the same port, kills it again.
+//!
+//! The run includes an `mlx_lm.load` (about 50 s under TCG); `STAGEFS_GUEST_MLX_LM=0`
+//! leaves it out for a quicker run, and its test then fails, saying so;
+//! `STAGEFS_KEEP_GUEST=1` keeps the scratch directory (console.log, dmesg.txt,
+//! checks.log, results.json).
+//!
+//! The whole boot is bounded ([`GUEST_LIMIT`]); a missing guest image is a failure
+//! that names `bash scripts/setup-tests.sh`, not a skip.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
+use stagefs_tests::{Layout, Scratch, ShapedSource, stagefs_bin, workspace_root};
+
+const ID: &str = "acme/served";
+const PLAIN_ID: &str = "acme/plain";
+const OWN_ID: &str = "acme/own";
+const SHARDS: usize = 3;
+const SHARD_SIZE: &str = "2M";
+/// Entries of the big directory the guest lists.
+const BIG_DIR: usize = 3000;
+/// Files of the directory the guest lists while adding to it.
+const GROW_DIR: usize = 500;
+/// The guest's whole run, boot to power-off (run-guest.sh's GUEST_TIMEOUT).
+const GUEST_LIMIT: Duration = Duration::from_secs(420);
+/// The guest's mount points (in its own /tmp, a tmpfs).
+const HF_MNT: &str = "/tmp/nfs-hf";
+const PLAIN_MNT: &str = "/tmp/nfs-plain";
+
+/// A running `stagefs serve`, killed when dropped.
+struct Served {
+    child: Child,
+    port: u16,
+}
+
+impl Served {
+    /// `stagefs serve SOURCE --cache-dir CACHE FLAGS`, once it has printed its URL.
+    fn start(source: &Path, cache: &Path, flags: &[&str]) -> Result<Served, String> {
+        let mut child = Command::new(stagefs_bin())
+            .args(["--no-config", "serve"])
+            .arg(source)
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting stagefs serve: {e}"))?;
+        let mut first = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        let _ = BufReader::new(stdout).read_line(&mut first);
+        let port = first
+            .split("nfsport=")
+            .nth(1)
+            .and_then(|rest| rest.split('&').next())
+            .and_then(|p| p.trim().parse().ok());
+        match port {
+            Some(port) => Ok(Served { child, port }),
+            None => {
+                let _ = child.kill();
+                let out = child.wait_with_output().map_err(|e| e.to_string())?;
+                Err(format!(
+                    "stagefs serve printed no URL ({first:?}): {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        }
+    }
+
+    /// Kills it at once, as a crash would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What the guest's run left.
+struct Run {
+    /// guest_checks.py's results, by check name.
+    results: BTreeMap<String, Value>,
+    /// guest_checks.py's output (PASS/FAIL lines).
+    checks_log: String,
+    console: String,
+    dmesg: String,
+    /// How the run ended, and what the host did for the fault group.
+    ended: String,
+    took: Duration,
+}
+
+/// The one guest run; a panic while setting it up is every test's failure message.
+static RUN: LazyLock<Result<Run, String>> = LazyLock::new(|| {
+    std::panic::catch_unwind(boot).unwrap_or_else(|panic| {
+        let said = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(format!("setting up the guest run failed: {said}"))
+    })
+});
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Boots the guest once and runs every check in it.
+fn boot() -> Result<Run, String> {
+    let guest = workspace_root().join("target/nfs-guest");
+    for file in ["vmlinuz", "initrd.cpio.gz"] {
+        if !guest.join(file).is_file() {
+            return Err(format!(
+                "{} is missing: the guest kernel and initramfs are built by `bash scripts/setup-tests.sh` (as root; it runs tests/vm/build-guest.sh)",
+                guest.join(file).display()
+            ));
+        }
+    }
+    for tool in ["qemu-system-x86_64", "socat"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Err(format!(
+                "{tool} is not installed: run `bash scripts/setup-tests.sh` (as root)"
+            ));
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the kernel NFS tests need root: the guest's forwards connect to the \
+                    server from reserved ports (socat's lowport), as the server wants of a Linux client"
+            .to_string());
+    }
+    let started = Instant::now();
+    let s = Scratch::new();
+    let scratch = s.dir.path().to_path_buf();
+    let hf = ShapedSource::generate(&s, Layout::HfHome, ID, SHARDS, SHARD_SIZE);
+    let plain = ShapedSource::generate(&s, Layout::PlainFolder, PLAIN_ID, 2, SHARD_SIZE);
+    // The guest's own `stagefs mount` mirrors a hub cache of its own, small: doctor
+    // walks the source, and over 9p under TCG a walk of thousands of files is slow.
+    let own = ShapedSource::generate(&s, Layout::HubCache, OWN_ID, 2, SHARD_SIZE);
+    fill_dir(
+        &hf.root.join("bigdir"),
+        BIG_DIR,
+        "an-entry-with-a-long-name-to-fill-readdir-replies",
+    );
+    fill_dir(&hf.root.join("grow"), GROW_DIR, "there-before");
+    let fault_dir = hf.root.join("fault");
+    fs::create_dir_all(&fault_dir).expect("mkdir fault");
+    for (n, name) in ["a.bin", "b.bin", "c.bin"].iter().enumerate() {
+        let bytes: Vec<u8> = (0..(3u64 << 20))
+            .map(|i| (i.wrapping_mul(2654435761) >> (8 + n)) as u8)
+            .collect();
+        fs::write(fault_dir.join(name), bytes).expect("a fault file");
+    }
+    let mlx_lm = std::env::var("STAGEFS_GUEST_MLX_LM").map_or(true, |v| v != "0");
+    let llama = Path::new("models/acme/llama");
+    if mlx_lm {
+        As::Root.ok(
+            HUB_CLIENT,
+            "make-llama",
+            &plain.root.join(llama),
+            &[("MODEL_SEED", Path::new("7"))],
+        );
+    }
+    let hub_dir = scratch.join("hub-repo");
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &hub_dir, &[]);
+    let hub_port = hub.url.rsplit(':').next().unwrap_or_default().to_string();
+
+    let mut served = Served::start(&hf.root, &s.cache, &[])?;
+    let port = served.port;
+    let plain_served = Served::start(&plain.root, &scratch.join("cache-plain"), &[])?;
+
+    let spec = json!({
+        "scratch": scratch,
+        "results": scratch.join("results.json"),
+        "stagefs": stagefs_bin(),
+        "hf": {
+            "mnt": HF_MNT,
+            "src": hf.root,
+            "repo": ID,
+            "commit": hf.model.commit,
+            "shards": hf.shard_names(),
+        },
+        "plain": {"mnt": PLAIN_MNT, "src": plain.root, "dir": plain.model_dir},
+        "bigdir": {"rel": "bigdir", "count": BIG_DIR},
+        "grow": {"rel": "grow", "count": GROW_DIR},
+        "hub": {"endpoint": "http://10.0.2.101", "repo": REPO, "dir": hub_dir},
+        "mlx_lm": mlx_lm,
+        "llama": if mlx_lm { json!(llama) } else { Value::Null },
+        "own": {
+            "mnt": "/tmp/own-mnt",
+            "cache": "/tmp/own-cache",
+            "src": own.root,
+            "repo": OWN_ID,
+            "commit": own.model.commit,
+            "shards": own.shard_names(),
+        },
+        "fault": {"file": "fault/a.bin", "file2": "fault/b.bin", "file3": "fault/c.bin"},
+    });
+    fs::write(
+        scratch.join("spec.json"),
+        serde_json::to_string_pretty(&spec).expect("spec"),
+    )
+    .expect("write the spec");
+    fs::write(scratch.join("guest.sh"), guest_script(&scratch)).expect("write guest.sh");
+
+    let mut qemu = Command::new("bash")
+        .arg(workspace_root().join("tests/vm/run-guest.sh"))
+        .arg(&scratch)
+        .env("NFS_PORT", port.to_string())
+        .env("NFS_PORT2", plain_served.port.to_string())
+        .env("HUB_PORT", &hub_port)
+        .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("starting tests/vm/run-guest.sh: {e}"))?;
+
+    // The fault group's dialogue, until the guest powers off.
+    let mut host_did = Vec::new();
+    let deadline = Instant::now() + GUEST_LIMIT + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = qemu.try_wait().expect("wait for qemu") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            // run-guest.sh, its timeout and qemu: the process group it leads.
+            // SAFETY: kill(2) on the group of our own child.
+            unsafe { libc::kill(-(qemu.id() as i32), libc::SIGKILL) };
+            let _ = qemu.wait();
+            break None;
+        }
+        for step in ["kill", "restart", "kill2"] {
+            let asked = scratch.join(format!("fault-{step}"));
+            let done = scratch.join(format!("fault-{step}-done"));
+            if !asked.exists() || done.exists() {
+                continue;
+            }
+            let what = match step {
+                "restart" => {
+                    let listen = format!("127.0.0.1:{port}");
+                    match Served::start(&hf.root, &s.cache, &["--listen", &listen]) {
+                        Ok(again) => {
+                            served = again;
+                            format!("restarted on {listen}")
+                        }
+                        Err(e) => format!("could not restart on {listen}: {e}"),
+                    }
+                }
+                _ => {
+                    served.kill();
+                    "killed the server (SIGKILL)".to_string()
+                }
+            };
+            host_did.push(format!(
+                "{:.1} s: {step}: {what}",
+                started.elapsed().as_secs_f64()
+            ));
+            fs::write(&done, &what).expect("answer the guest");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut qemu_err = String::new();
+    if let Some(mut err) = qemu.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut err, &mut qemu_err);
+    }
+    drop(served);
+    drop(plain_served);
+    drop(hub);
+
+    let read = |name: &str| fs::read_to_string(scratch.join(name)).unwrap_or_default();
+    let results: BTreeMap<String, Value> =
+        serde_json::from_str(&read("results.json")).unwrap_or_default();
+    let ended = format!(
+        "run-guest.sh: {}{}; guest.sh exit: {}; host: [{}]",
+        status.map_or("killed past the limit".to_string(), |s| s.to_string()),
+        if qemu_err.trim().is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", qemu_err.trim())
+        },
+        read("guest-exit").trim(),
+        host_did.join("; ")
+    );
+    let run = Run {
+        results,
+        checks_log: read("checks.log"),
+        console: read("console.log"),
+        dmesg: read("dmesg.txt"),
+        ended,
+        took: started.elapsed(),
+    };
+    println!(
+        "kernel NFS guest: {:.1} s in all; {}\n{}",
+        run.took.as_secs_f64(),
+        run.ended,
+        run.checks_log.trim()
+    );
+    if std::env::var_os("STAGEFS_KEEP_GUEST").is_some() {
+        println!("kept {}", s.dir.keep().display());
+    }
+    Ok(run)
+}
+
+/// `count` small files in `dir`, named `prefix-NNNNN`.
+fn fill_dir(dir: &Path, count: usize, prefix: &str) {
+    fs::create_dir_all(dir).expect("mkdir");
+    for n in 0..count {
+        fs::write(dir.join(format!("{prefix}-{n:05}")), n.to_string()).expect("write");
+    }
+}
+
+/// The guest's script: mounts both exports as `mount -t nfs` does without a helper
+/// (`-i`: never a mount.nfs; the kernel gets the text options, `addr=` among them),
+/// with stagefs's own Linux options, and runs the checks.
+fn guest_script(scratch: &Path) -> String {
+    let python = workspace_root().join(".venv/bin/python");
+    let checks = workspace_root().join("tests/py/guest_checks.py");
+    let scratch = scratch.display();
+    format!(
+        r#"set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home LANG=C.UTF-8
+mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT}
+cd /tmp
+opts=vers=3,tcp,port=2049,mountport=2049,rsize=1048576,wsize=1048576,actimeo=1,hard,local_lock=all,mountproto=tcp
+for m in "10.0.2.100 {HF_MNT}" "10.0.2.102 {PLAIN_MNT}"; do
+    set -- $m
+    t0=$(date +%s%N)
+    timeout -k 5 60 mount -i -t nfs -o "$opts,addr=$1" "$1:/" "$2" || echo "guest: mount $1:/ $2 failed: $?"
+    echo "guest: mounted $1:/ at $2 in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+done
+timeout -k 10 {limit} {python} -u {checks} {scratch}/spec.json 2>&1 | tee {scratch}/checks.log
+echo "guest: guest_checks.py exited ${{PIPESTATUS[0]}}"
+"#,
+        limit = GUEST_LIMIT.as_secs() - 40,
+        python = python.display(),
+        checks = checks.display(),
+    )
+}
+
+/// Asserts that the guest ran to the end and every check of `group` passed.
+#[track_caller]
+fn assert_group(group: &str) {
+    let run = match &*RUN {
+        Ok(run) => run,
+        Err(e) => panic!("{e}"),
+    };
+    let mine: Vec<(&String, &Value)> = run
+        .results
+        .iter()
+        .filter(|(_, r)| r["group"] == group)
+        .collect();
+    let finished = run.checks_log.lines().any(|l| l.contains(" passed, "));
+    let failed: Vec<String> = mine
+        .iter()
+        // A check skipped did not pass: it says why (no mlx, no Hub, turned off).
+        .filter(|(_, r)| r["ok"] != true || r["skipped"] == true)
+        .map(|(name, r)| {
+            format!(
+                "FAIL {name}: {}{}",
+                r["detail"].as_str().unwrap_or_default(),
+                r.get("errno")
+                    .map(|e| format!(" [{e}]"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    for (name, r) in &mine {
+        let verdict = match (r["ok"] == true, r["skipped"] == true) {
+            (true, true) => "SKIP",
+            (true, false) => "PASS",
+            _ => "FAIL",
+        };
+        println!(
+            "{verdict} {name} ({} s): {}",
+            r["seconds"],
+            r["detail"].as_str().unwrap_or_default()
+        );
+    }
+    if finished && !mine.is_empty() && failed.is_empty() {
+        return;
+    }
+    panic!(
+        "the guest's {group} checks: {}\n{}\n\n{}\nguest run {:.1} s\n--- checks.log (tail)\n{}\n--- console.log (tail)\n{}\n--- dmesg (tail)\n{}",
+        if mine.is_empty() {
+            "none ran".to_string()
+        } else {
+            format!("{} failed of {}", failed.len(), mine.len())
+        },
+        if finished {
+            ""
+        } else {
+            "guest_checks.py did not run to the end"
+        },
+        failed.join("\n"),
+        run.took.as_secs_f64(),
+        tail(&run.checks_log, 30),
+        tail(&run.console, 40),
+        tail(&run.dmesg, 30),
+    );
+}
+
+#[test]
+fn the_kernel_mounts_both_exports_without_complaint() {
+    assert_group("mount");
+}
+
+#[test]
+fn shards_read_through_the_kernel_nfs_client_are_the_sources() {
+    assert_group("read");
+}
+
+#[test]
+fn writes_through_the_kernel_nfs_client_are_coherent() {
+    assert_group("write");
+}
+
+#[test]
+fn hf_download_into_a_kernel_mounted_hf_home() {
+    assert_group("hub");
+}
+
+#[test]
+fn mlx_lm_loads_through_the_kernel_nfs_client() {
+    assert_group("mlx");
+}
+
+#[test]
+fn stagefs_mount_with_the_nfs_backend_in_the_guest() {
+    assert_group("own");
+}
+
+#[test]
+fn doctor_with_the_nfs_backend_does_not_require_fuse() {
+    assert_group("doctor");
+}
+
+#[test]
+fn a_killed_server_blocks_reads_until_it_returns_and_umount_f_frees_them() {
+    assert_group("fault");
+}
+
+#[test]
+fn the_guest_run_stays_within_its_bound() {
+    let run = match &*RUN {
+        Ok(run) => run,
+        Err(e) => panic!("{e}"),
+    };
+    println!("{}", run.ended);
+    assert!(
+        run.took < GUEST_LIMIT + Duration::from_secs(60),
+        "the guest run took {:.1} s",
+        run.took.as_secs_f64()
+    );
+    assert!(
+        run.ended.contains("guest.sh exit: 0"),
+        "{}\n{}",
+        run.ended,
+        tail(&run.console, 40)
+    );
+}
