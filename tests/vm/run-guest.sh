@@ -35,9 +35,12 @@ for file in vmlinuz initrd.cpio.gz; do
     }
 done
 [ -f "$scratch/guest.sh" ] || { echo "run-guest: no $scratch/guest.sh" >&2; exit 2; }
-case "$scratch" in
-*[[:space:],]*) echo "run-guest: $scratch: no spaces or commas, please" >&2; exit 2 ;;
-esac
+# Both go on the kernel's command line and into qemu's options.
+for path in "$scratch" "$root"; do
+    case "$path" in
+    *[[:space:],]*) echo "run-guest: $path: no spaces or commas, please" >&2; exit 2 ;;
+    esac
+done
 rm -f "$scratch/guest-exit" "$scratch/dmesg.txt" "$scratch/console.log"
 
 # In qemu's option syntax a comma inside a value is doubled.
@@ -61,7 +64,7 @@ timeout --kill-after=10 "$limit" \
     -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
     -nographic -no-reboot -nodefaults -serial stdio -monitor none \
     -kernel "$guest/vmlinuz" -initrd "$guest/initrd.cpio.gz" \
-    -append "console=ttyS0 panic=-1 quiet stagefs_scratch=$scratch stagefs_deadline=$deadline" \
+    -append "console=ttyS0 panic=-1 quiet stagefs_scratch=$scratch stagefs_workspace=$root stagefs_deadline=$deadline" \
     -virtfs local,path=/,mount_tag=host,readonly=on,multidevs=remap,security_model=none \
     -virtfs "local,path=$scratch,mount_tag=scratch,security_model=none,multidevs=remap" \
     -netdev "$net" -device virtio-net-pci,netdev=n0,romfile= \
