@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use nfs3_client::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 use stagefs_nfs::client;
+use stagefs_nfs::reads::IDLE_UNDER_PRESSURE;
 use stagefs_tests::{
     Layout, NetFs, Scratch, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least,
     stagefs_bin, status_json, temp_files, wait_for,
@@ -581,13 +582,13 @@ fn readers_racing_evictions_over_nfs_always_get_the_right_bytes() {
     // asserted; the promise is: never a wrong byte, no refusal but NOSPC, and with
     // the racing readers gone, every shard reads right, one after another. NFS never
     // says a reader is done, so an open needing room closes only handles idle for
-    // 2 s: a read that finds the last four shards' handles fresher is retried once
-    // they are not.
+    // IDLE_UNDER_PRESSURE: a read that finds the last four shards' handles fresher is
+    // retried once they are not.
     for (n, path) in paths.iter().enumerate() {
         let read = || runtime().block_on(lookup_and_read(addr, path, None));
         let (_, bytes) = match read() {
             Err(nfsstat3::NFS3ERR_NOSPC) => {
-                std::thread::sleep(Duration::from_secs(3));
+                std::thread::sleep(IDLE_UNDER_PRESSURE + Duration::from_secs(1));
                 read()
             }
             first => first,
