@@ -9,7 +9,9 @@
 //! disk, bounded what the server could serve (see docs/BENCHMARKS.md, "NFS server").
 //! Here the bytes of a staged copy reach the socket with one `sendfile` on Linux.
 //!
-//! It refuses LINK and MKNOD itself, which the library lacks, with statuses programs
+//! It answers JUKEBOX itself for a call that changes nothing and has waited at the
+//! library past 4.5 s ([`LibraryCalls`]), and relays at most 192 calls a connection
+//! at a time. It refuses LINK and MKNOD itself, which the library lacks, with statuses programs
 //! know ([`refused_status`]), and answers FSSTAT with the source's real figures
 //! ([`Front::answer_fsstat`]; the library's are constants). And it answers the NULL procedure (a ping) of NFS and
 //! MOUNT itself, whatever the call's credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC
@@ -97,11 +99,40 @@ const LIBRARY_CALLS: usize = 192;
 /// library dropped unanswered (a resent xid it had answered) is let go.
 const UNANSWERED: Duration = Duration::from_secs(300);
 
+/// How long a call that changes nothing may wait at the library before the front
+/// answers it `NFS3ERR_JUKEBOX` itself: under the 5 s after which a Mac says the
+/// server is "not responding" (even with `mutejukebox`) or fails a mount, and past
+/// the 4 s a READ is held ([`MAX_HOLD`]), which READ answers itself.
+const BOUND: Duration = Duration::from_millis(4500);
+
+/// How often a connection's calls are looked at for [`BOUND`].
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// A call relayed to the library and not answered yet.
+#[derive(Debug)]
+struct Waiting {
+    relayed: Instant,
+    /// Its room at the library, held until the library answers.
+    _room: OwnedSemaphorePermit,
+    /// For a call bounded in time ([`bounded_failure_falses`]), the XDR FALSEs its
+    /// failure reply carries after the status.
+    bound: Option<usize>,
+    /// Answered JUKEBOX by the front: the library's late reply is dropped.
+    jukeboxed: bool,
+}
+
 /// The calls of one connection relayed to the library and not answered yet.
+///
+/// Calls that change nothing (GETATTR, LOOKUP, ACCESS, READLINK, READDIR(PLUS),
+/// FSINFO, PATHCONF) that wait past [`BOUND`] are answered JUKEBOX here while the
+/// library goes on: the policy keeps what the source said when it answers late, so
+/// the client's retry (a new xid, 4 s later on a Mac, 5 s on Linux) is answered
+/// from memory. A call that changes something is never answered for the library: a
+/// retried CREATE, REMOVE or RENAME would find its own work done and fail.
 #[derive(Debug)]
 struct LibraryCalls {
     room: Arc<Semaphore>,
-    waiting: std::sync::Mutex<HashMap<u32, (Instant, OwnedSemaphorePermit)>>,
+    waiting: std::sync::Mutex<HashMap<u32, Waiting>>,
 }
 
 impl LibraryCalls {
@@ -114,27 +145,89 @@ impl LibraryCalls {
 
     /// Waits for room for call `xid` at the library. A call resent with the same
     /// xid while it waits there takes none: the library answers it once.
-    async fn relaying(&self, xid: u32) {
+    async fn relaying(&self, xid: u32, bound: Option<usize>) {
         if self.waiting().contains_key(&xid) {
             return;
         }
         if self.room.available_permits() == 0 {
             self.waiting()
-                .retain(|_, (relayed, _)| relayed.elapsed() < UNANSWERED);
+                .retain(|_, waiting| waiting.relayed.elapsed() < UNANSWERED);
         }
         // The semaphore is never closed.
-        if let Ok(permit) = Arc::clone(&self.room).acquire_owned().await {
-            self.waiting().insert(xid, (Instant::now(), permit));
+        if let Ok(room) = Arc::clone(&self.room).acquire_owned().await {
+            let waiting = Waiting {
+                relayed: Instant::now(),
+                _room: room,
+                bound,
+                jukeboxed: false,
+            };
+            self.waiting().insert(xid, waiting);
         }
     }
 
-    /// The library answered call `xid`: its room is free.
-    fn answered(&self, xid: u32) {
-        self.waiting().remove(&xid);
+    /// The library answered call `xid`: its room is free. False when the front
+    /// answered it already, and the library's reply is not to be sent.
+    fn answered(&self, xid: u32) -> bool {
+        self.waiting()
+            .remove(&xid)
+            .is_none_or(|waiting| !waiting.jukeboxed)
     }
 
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (Instant, OwnedSemaphorePermit)>> {
+    /// The JUKEBOX replies due now, for the bounded calls past [`BOUND`]; each call
+    /// is marked, so that exactly one of this and the library's reply is sent.
+    fn overdue(&self) -> Vec<Vec<u8>> {
+        let mut due = Vec::new();
+        for (xid, waiting) in self.waiting().iter_mut() {
+            if let Some(falses) = waiting.bound
+                && !waiting.jukeboxed
+                && waiting.relayed.elapsed() >= BOUND
+            {
+                waiting.jukeboxed = true;
+                due.push(failure_reply(*xid, nfsstat3::NFS3ERR_JUKEBOX, falses));
+            }
+        }
+        due
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Waiting>> {
         self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Answers the calls of `at_library` that wait past [`BOUND`], for as long as the
+/// task lives.
+async fn sweep_overdue(at_library: Arc<LibraryCalls>, to_client: ToClient) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        for reply in at_library.overdue() {
+            if !send(&to_client, Reply::Record(reply)).await {
+                return;
+            }
+        }
+    }
+}
+
+/// For a procedure that changes nothing and may be answered JUKEBOX for the
+/// library, how many XDR FALSEs (absent attributes) its failure reply carries after
+/// the status; `None` for every other procedure.
+fn bounded_failure_falses(proc: u32) -> Option<usize> {
+    use nfs::NFS_PROGRAM as P;
+    match proc {
+        p if p == P::NFSPROC3_GETATTR as u32 => Some(0),
+        p if [
+            P::NFSPROC3_LOOKUP as u32,
+            P::NFSPROC3_ACCESS as u32,
+            P::NFSPROC3_READLINK as u32,
+            P::NFSPROC3_READDIR as u32,
+            P::NFSPROC3_READDIRPLUS as u32,
+            P::NFSPROC3_FSINFO as u32,
+            P::NFSPROC3_PATHCONF as u32,
+        ]
+        .contains(&p) =>
+        {
+            Some(1)
+        }
+        _ => None,
     }
 }
 
@@ -190,10 +283,15 @@ impl Front {
             Arc::clone(&to_client),
             Arc::clone(&at_library),
         ));
+        let sweep = tokio::spawn(sweep_overdue(
+            Arc::clone(&at_library),
+            Arc::clone(&to_client),
+        ));
         let calls = self
             .take_calls(from_client, &mut to_library, &to_client, &at_library)
             .await;
         relay.abort();
+        sweep.abort();
         calls
     }
 
@@ -246,7 +344,10 @@ impl Front {
                         self.note_intent(call);
                     }
                     if let Some(xid) = xid_of(&body) {
-                        at_library.relaying(xid).await;
+                        let bound = call
+                            .as_ref()
+                            .and_then(|c| bounded_failure_falses(c.body.proc));
+                        at_library.relaying(xid, bound).await;
                     }
                     to_library.write_all(&record.0).await?
                 }
@@ -478,14 +579,19 @@ fn refused_status(proc: u32) -> Option<nfsstat3> {
 /// no change to the directory) or MKNOD3resfail (no change to the directory).
 fn refusal_reply(call: &NfsCall<'_>, stat: nfsstat3) -> Vec<u8> {
     let absent_attrs = usize::from(call.body.proc == nfs::NFS_PROGRAM::NFSPROC3_LINK as u32);
-    // Each absent post_op_attr or pre_op_attr is one XDR FALSE; wcc_data is two.
-    let falses = absent_attrs + 2;
+    // wcc_data is two absent attributes.
+    failure_reply(call.xid, stat, absent_attrs + 2)
+}
+
+/// The reply to call `xid` failing with `stat`, followed by `falses` XDR FALSEs:
+/// the absent attributes every NFSv3 failure result is made of.
+fn failure_reply(xid: u32, stat: nfsstat3, falses: usize) -> Vec<u8> {
     let mut results = Vec::with_capacity(4 + 4 * falses);
     results.extend_from_slice(&(stat as u32).to_be_bytes());
     for _ in 0..falses {
         results.extend_from_slice(&0u32.to_be_bytes());
     }
-    accepted_reply_record(call.xid, &results)
+    accepted_reply_record(xid, &results)
 }
 
 /// FSSTAT's answer from a `statvfs`.
@@ -639,8 +745,9 @@ async fn relay_replies(
     at_library: Arc<LibraryCalls>,
 ) {
     while let Ok(Some(record)) = read_record(&mut from_library).await {
-        if let Some(xid) = xid_of(&record.body()) {
-            at_library.answered(xid);
+        let answered_here = xid_of(&record.body()).is_some_and(|xid| !at_library.answered(xid));
+        if answered_here {
+            continue;
         }
         if !send(&to_client, Reply::Record(record.0)).await {
             return;

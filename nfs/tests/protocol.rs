@@ -246,6 +246,61 @@ async fn a_macos_client_is_answered_within_2_s_of_a_10_s_copy_and_no_call_waits_
     );
 }
 
+/// A source that takes 6 s per operation: a LOOKUP of a name never seen, and a
+/// READDIRPLUS, are each answered within 5 s (a Mac says "not responding" past
+/// that): JUKEBOX while the source works, and the retry a client sends after its
+/// back-off gets the answer, from what the source said meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get_the_answer() {
+    let f = fixture(PATIENT).await;
+    fs::write(f.src.join("late.txt"), b"late").expect("write");
+    let mut client = f.client().await;
+    f.source.set(Behaviour::Slow(Duration::from_secs(6)));
+    let (mut longest, mut jukeboxes) = (Duration::ZERO, 0);
+    for call in ["lookup", "readdirplus"] {
+        let mut tries = 0;
+        loop {
+            let sent = Instant::now();
+            let answer = unhurried_call(&mut client, call).await;
+            longest = longest.max(sent.elapsed());
+            match answer {
+                Ok(()) => break,
+                Err(nfsstat3::NFS3ERR_JUKEBOX) => {
+                    jukeboxes += 1;
+                    tries += 1;
+                    assert!(tries < 6, "{call}: still JUKEBOX after {tries} retries");
+                    tokio::time::sleep(Backoff::Apple.delay(0)).await;
+                }
+                Err(stat) => panic!("{call}: {stat}"),
+            }
+        }
+    }
+    assert!(jukeboxes >= 1, "the slow source made no call wait");
+    assert!(
+        longest < Duration::from_secs(5),
+        "a call waited {longest:?}"
+    );
+    f.source.set(Behaviour::Healthy);
+}
+
+/// A LOOKUP of `late.txt`, or a READDIRPLUS of the root.
+async fn unhurried_call(client: &mut Client, call: &str) -> Result<(), nfsstat3> {
+    if call == "lookup" {
+        return lookup(client, "late.txt").await.map(drop);
+    }
+    let args = READDIRPLUS3args {
+        dir: client.root_nfs_fh3(),
+        cookie: 0,
+        cookieverf: cookieverf3::default(),
+        dircount: 64 * 1024,
+        maxcount: 64 * 1024,
+    };
+    match client.nfs3_client.readdirplus(&args).await.expect("rpc") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn lookups_attributes_and_listings_stage_nothing() {
     let f = fixture(PATIENT).await;
