@@ -451,16 +451,16 @@ async fn only_the_serving_user_and_root_get_in() {
     );
 }
 
-/// The reply to one RPC call of `proc` in `prog` version `vers` with credentials
-/// `cred` and no arguments, sent on a new connection from a reserved port.
-async fn rpc_reply(
-    addr: SocketAddr,
+/// One whole record (mark included) of RPC call `xid` of `proc` in `prog` version
+/// `vers`, with credentials `cred` and the XDR arguments `args`.
+fn call_record(
+    xid: u32,
     (prog, vers, proc): (u32, u32, u32),
     cred: opaque_auth<'static>,
-) -> Answer {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    args: &[u8],
+) -> Vec<u8> {
     let call = rpc_msg {
-        xid: 77,
+        xid,
         body: msg_body::CALL(call_body {
             rpcvers: 2,
             prog,
@@ -472,8 +472,21 @@ async fn rpc_reply(
     };
     let mut record = vec![0; 4];
     call.pack(&mut record).expect("pack");
+    record.extend_from_slice(args);
     let len = (record.len() - 4) as u32 | 0x8000_0000;
     record[..4].copy_from_slice(&len.to_be_bytes());
+    record
+}
+
+/// The reply to one RPC call of `proc` in `prog` version `vers` with credentials
+/// `cred` and no arguments, sent on a new connection from a reserved port.
+async fn rpc_reply(
+    addr: SocketAddr,
+    (prog, vers, proc): (u32, u32, u32),
+    cred: opaque_auth<'static>,
+) -> Answer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let record = call_record(77, (prog, vers, proc), cred, &[]);
     let mut stream = stagefs_nfs::listen::connect_from_reserved_port(addr)
         .await
         .expect("connect");
@@ -511,28 +524,15 @@ async fn four_hundred_reads_in_flight_on_one_connection_are_all_answered() {
     const CALLS: u32 = 400;
     let mut calls = Vec::new();
     for xid in 0..CALLS {
-        let call = rpc_msg {
-            xid,
-            body: msg_body::CALL(call_body {
-                rpcvers: 2,
-                prog: 100_003,
-                vers: 3,
-                proc: 6, // READ
-                cred: client::credential(0),
-                verf: opaque_auth::default(),
-            }),
-        };
-        let mut record = vec![0; 4];
-        call.pack(&mut record).expect("pack");
-        let args = READ3args {
+        let mut args = Vec::new();
+        let read = READ3args {
             file: fh.clone(),
             offset: u64::from(xid) * 4096,
             count: 4096,
         };
-        args.pack(&mut record).expect("pack");
-        let len = (record.len() - 4) as u32 | 0x8000_0000;
-        record[..4].copy_from_slice(&len.to_be_bytes());
-        calls.extend_from_slice(&record);
+        read.pack(&mut args).expect("pack");
+        let call = (100_003, 3, 6); // READ of NFS version 3
+        calls.extend(call_record(xid, call, client::credential(0), &args));
     }
     let stream = stagefs_nfs::listen::connect_from_reserved_port(f.serving.addr)
         .await

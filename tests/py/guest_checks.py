@@ -42,7 +42,6 @@ Exits 0: the test judges the results.
 
 import errno
 import fcntl
-import hashlib
 import json
 import mmap
 import os
@@ -70,6 +69,9 @@ os.environ.pop("HF_HUB_CACHE", None)
 os.environ.pop("HF_ENDPOINT", None)
 
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hub_client import sha256  # noqa: E402
 
 RESULTS = {}
 T0 = time.monotonic()
@@ -151,14 +153,6 @@ def run(fn):
 
 
 # --- helpers -----------------------------------------------------------------------
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read(path):
@@ -257,8 +251,8 @@ def shards_read_right_through_the_snapshot_links():
         link = os.readlink(path)
         assert link == os.readlink(os.path.join(HF_SRC_SNAP, name)), (name, link)
         assert link.startswith("../../blobs/"), link
-        digest = sha256_file(path)
-        assert digest == sha256_file(os.path.join(HF_SRC_SNAP, name)), f"{name} differs from the source"
+        digest = sha256(path)
+        assert digest == sha256(os.path.join(HF_SRC_SNAP, name)), f"{name} differs from the source"
         if name.endswith(".safetensors"):
             assert digest == os.path.basename(link), f"{name}: sha256 {digest} is not its blob's name {link}"
     return f"{len(names)} files"
@@ -349,7 +343,7 @@ def a_plain_model_folder_reads_right():
     for name in names:
         path = os.path.join(mnt, name)
         assert not os.path.islink(path), f"{name} is a link"
-        assert sha256_file(path) == sha256_file(os.path.join(src, name)), f"{name} differs"
+        assert sha256(path) == sha256(os.path.join(src, name)), f"{name} differs"
         if name.endswith(".safetensors"):
             a, b = load_file(path), load_file(os.path.join(src, name))
             assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
@@ -412,7 +406,7 @@ def reads_through_stagefs_mount_match_the_source():
     assert mounted(OWN["mnt"]), "not mounted"
     for name in os.listdir(OWN_SRC_SNAP):
         path = os.path.join(own_snap(), name)
-        assert sha256_file(path) == sha256_file(os.path.join(OWN_SRC_SNAP, name)), f"{name} differs"
+        assert sha256(path) == sha256(os.path.join(OWN_SRC_SNAP, name)), f"{name} differs"
     status = staged(OWN["cache"])
     assert status.get("backend") == "nfs", status.get("backend")
     assert status.get("mountpoint") == OWN["mnt"], status.get("mountpoint")
@@ -655,12 +649,12 @@ def hf_download_into_the_mounted_hf_home():
     for dirpath, _, names in os.walk(hub["dir"]):
         for name in names:
             rel = os.path.relpath(os.path.join(dirpath, name), hub["dir"])
-            files[rel] = sha256_file(os.path.join(dirpath, name))
+            files[rel] = sha256(os.path.join(dirpath, name))
     for rel, digest in files.items():
         path = os.path.join(snapshot, rel)
-        assert sha256_file(path) == digest, f"{rel} differs from the Hub's"
+        assert sha256(path) == digest, f"{rel} differs from the Hub's"
         source = os.path.realpath(src_of(path, HF["mnt"], HF["src"]))
-        assert sha256_file(source) == digest, f"{rel} at the source differs"
+        assert sha256(source) == digest, f"{rel} at the source differs"
         if rel.endswith(".safetensors"):
             assert os.path.basename(os.readlink(path)) == digest, "an LFS blob is named by its sha256"
     # and this (offline) process resolves it like any other cached model
@@ -716,7 +710,7 @@ def evict_drops_copies_once_nfs_handles_go_idle():
     left = {m["model"]: m["staged_files"] for m in staged(OWN["cache"])["models"]}
     assert not left.get(OWN["repo"]), f"still staged: {left}"
     name = OWN["shards"][0]
-    assert sha256_file(os.path.join(own_snap(), name)) == sha256_file(os.path.join(OWN_SRC_SNAP, name)), "a re-read after evict"
+    assert sha256(os.path.join(own_snap(), name)) == sha256(os.path.join(OWN_SRC_SNAP, name)), "a re-read after evict"
     said = out.strip().splitlines()[-1] if out.strip() else ""
     return f"{said}, after {waited} s more" + ("" if first[0] == 0 else " (refused as in use before)")
 

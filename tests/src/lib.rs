@@ -27,6 +27,9 @@ use stagefs_mount::{MountError, MountSpec, Running};
 use tempfile::TempDir;
 
 pub mod hub;
+mod served;
+
+pub use served::Served;
 
 /// Root of the workspace.
 pub fn workspace_root() -> PathBuf {

@@ -25,16 +25,15 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
-use stagefs_tests::{Layout, Scratch, ShapedSource, stagefs_bin, workspace_root};
+use stagefs_tests::{Layout, Scratch, Served, ShapedSource, stagefs_bin, workspace_root};
 
 const ID: &str = "acme/served";
 const PLAIN_ID: &str = "acme/plain";
@@ -50,59 +49,6 @@ const GUEST_LIMIT: Duration = Duration::from_secs(420);
 /// The guest's mount points (in its own /tmp, a tmpfs).
 const HF_MNT: &str = "/tmp/nfs-hf";
 const PLAIN_MNT: &str = "/tmp/nfs-plain";
-
-/// A running `stagefs serve`, killed when dropped.
-struct Served {
-    child: Child,
-    port: u16,
-}
-
-impl Served {
-    /// `stagefs serve SOURCE --cache-dir CACHE FLAGS`, once it has printed its URL.
-    fn start(source: &Path, cache: &Path, flags: &[&str]) -> Result<Served, String> {
-        let mut child = Command::new(stagefs_bin())
-            .args(["--no-config", "serve"])
-            .arg(source)
-            .arg("--cache-dir")
-            .arg(cache)
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting stagefs serve: {e}"))?;
-        let mut first = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        let _ = BufReader::new(stdout).read_line(&mut first);
-        let port = first
-            .split("nfsport=")
-            .nth(1)
-            .and_then(|rest| rest.split('&').next())
-            .and_then(|p| p.trim().parse().ok());
-        match port {
-            Some(port) => Ok(Served { child, port }),
-            None => {
-                let _ = child.kill();
-                let out = child.wait_with_output().map_err(|e| e.to_string())?;
-                Err(format!(
-                    "stagefs serve printed no URL ({first:?}): {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ))
-            }
-        }
-    }
-
-    /// Kills it at once, as a crash would.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// What the guest's run left.
 struct Run {
@@ -198,9 +144,9 @@ fn boot() -> Result<Run, String> {
     let hub = Hub::of_a_new_model(HUB_CLIENT, &hub_dir, &[]);
     let hub_port = hub.url.rsplit(':').next().unwrap_or_default().to_string();
 
-    let mut served = Served::start(&hf.root, &s.cache, &[])?;
-    let port = served.port;
-    let plain_served = Served::start(&plain.root, &scratch.join("cache-plain"), &[])?;
+    let mut served = Served::try_start(&hf.root, &s.cache, &[])?;
+    let port = served.port();
+    let plain_served = Served::try_start(&plain.root, &scratch.join("cache-plain"), &[])?;
 
     let spec = json!({
         "scratch": scratch,
@@ -240,7 +186,7 @@ fn boot() -> Result<Run, String> {
         .arg(workspace_root().join("tests/vm/run-guest.sh"))
         .arg(&scratch)
         .env("NFS_PORT", port.to_string())
-        .env("NFS_PORT2", plain_served.port.to_string())
+        .env("NFS_PORT2", plain_served.port().to_string())
         .env("HUB_PORT", &hub_port)
         .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
         .stdin(Stdio::null())
@@ -273,7 +219,7 @@ fn boot() -> Result<Run, String> {
             let what = match step {
                 "restart" => {
                     let listen = format!("127.0.0.1:{port}");
-                    match Served::start(&hf.root, &s.cache, &["--listen", &listen]) {
+                    match Served::try_start(&hf.root, &s.cache, &["--listen", &listen]) {
                         Ok(again) => {
                             served = again;
                             format!("restarted on {listen}")

@@ -5,17 +5,16 @@
 //! blob's sha256 with its name) and staging is counted in the cache.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nfs3_client::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 use stagefs_nfs::client;
 use stagefs_nfs::reads::IDLE_UNDER_PRESSURE;
 use stagefs_tests::{
-    Layout, NetFs, Scratch, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least,
+    Layout, NetFs, Scratch, Served, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least,
     stagefs_bin, status_json, temp_files, wait_for,
 };
 
@@ -23,91 +22,6 @@ const ID: &str = "acme/served";
 const SHARDS: usize = 3;
 const SHARD_SIZE: &str = "2M";
 const MIB: u64 = 1 << 20;
-
-/// A running `stagefs serve`, stopped (SIGTERM) when dropped.
-struct Served {
-    child: Child,
-    url: String,
-    addr: SocketAddr,
-}
-
-impl Served {
-    /// `stagefs serve SOURCE --cache-dir CACHE FLAGS`, once it has printed its URL.
-    fn start(source: &Path, cache: &Path, flags: &[&str]) -> Served {
-        Served::start_with(Command::new(stagefs_bin()), source, cache, flags)
-    }
-
-    fn start_with(mut command: Command, source: &Path, cache: &Path, flags: &[&str]) -> Served {
-        let mut child = command
-            .args(["--no-config", "serve"])
-            .arg(source)
-            .arg("--cache-dir")
-            .arg(cache)
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting stagefs serve");
-        let mut first = String::new();
-        let stdout = child.stdout.take().expect("stdout");
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("the URL line");
-        if first.is_empty() {
-            let out = child.wait_with_output().expect("serve exited");
-            panic!(
-                "stagefs serve printed no URL: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let url = first.trim().to_string();
-        let port: u16 = url
-            .split("nfsport=")
-            .nth(1)
-            .and_then(|rest| rest.split('&').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {url}"));
-        Served {
-            child,
-            url,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        }
-    }
-
-    /// The libnfs URL of `rel` in the export (libnfs mounts the URL's directory).
-    fn url_of(&self, rel: impl AsRef<Path>) -> String {
-        let port = self.addr.port();
-        format!(
-            "nfs://127.0.0.1/{}?nfsport={port}&mountport={port}&version=3",
-            rel.as_ref().display()
-        )
-    }
-
-    /// Sends SIGTERM and waits for the process to end.
-    fn stop(mut self) {
-        self.terminate();
-    }
-
-    /// Kills the process at once, as a crash would.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn terminate(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.terminate();
-        }
-    }
-}
 
 /// `nfs-cat URL` as root (libnfs binds a reserved port as root), bounded in time.
 fn nfs_cat(url: &str) -> Output {
@@ -352,7 +266,7 @@ fn a_daemon_killed_mid_copy_leaves_nothing_wrong() {
     let s = Scratch::new();
     let src = ShapedSource::generate(&s, Layout::HubCache, ID, 1, "96M");
     let name = src.shard_names()[0].clone();
-    let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
+    let mut served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
     // Start a read of the shard in the background, and kill the server mid-copy.
     let url = served.url_of(src.stored_path(&name));
     let mut reader = Command::new("timeout")
