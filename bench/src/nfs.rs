@@ -225,25 +225,6 @@ pub(crate) fn jukebox(
         let fh = lookup(&mut client, file).await?;
         slow.set(stagefs_cache::source::faulty::Behaviour::SlowReads(delay));
         let started = Instant::now();
-        // When the copy had read the whole file: what comes after (the checks that
-        // the source did not change, each a slowed operation here) is its tail.
-        let read_whole = {
-            let (stager, file) = (stager.clone(), file.to_path_buf());
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    if let Some(p) = stager.progress(&file)
-                        && p.total > 0
-                        && p.read >= p.total
-                    {
-                        return Some(started.elapsed().as_secs_f64());
-                    }
-                    if started.elapsed() > Duration::from_secs(600) {
-                        return None;
-                    }
-                }
-            })
-        };
         let mut copied = None;
         let mut jukeboxes = 0u32;
         let mut longest_call = Duration::ZERO;
@@ -268,8 +249,6 @@ pub(crate) fn jukebox(
             }
         }
         let first_byte = started.elapsed().as_secs_f64();
-        read_whole.abort();
-        let read_whole = read_whole.await.ok().flatten();
         let copy = match copied {
             Some(task) => (task.await? - started).as_secs_f64(),
             None => first_byte,
@@ -280,7 +259,6 @@ pub(crate) fn jukebox(
             "client": format!("{backoff:?}").to_lowercase(),
             "delay_ms": delay.as_millis() as u64,
             "copy_seconds": copy,
-            "whole_file_read_seconds": read_whole,
             "first_byte_seconds": first_byte,
             "extra_seconds": first_byte - copy,
             "jukeboxes": jukeboxes,

@@ -11,12 +11,13 @@
 //!
 //! It answers JUKEBOX itself for a call that changes nothing and has waited at the
 //! library past 4.5 s ([`LibraryCalls`]), and relays at most 192 calls a connection
-//! at a time. It refuses LINK and MKNOD itself, which the library lacks, with statuses programs
-//! know ([`refused_status`]), and answers FSSTAT with the source's real figures
-//! ([`Front::answer_fsstat`]; the library's are constants). And it answers the NULL procedure (a ping) of NFS and
-//! MOUNT itself, whatever the call's credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC
-//! 5531 lets a client), and the library refuses every call but the serving user's
-//! and root's AUTH_UNIX ones, NULL included, so the kernel gave up with "server
+//! at a time. It refuses LINK and MKNOD itself, which the library lacks, with
+//! statuses programs know ([`refused_status`]), and answers FSSTAT with the source's
+//! real figures ([`Front::answer_fsstat`]; the library's are constants). And it
+//! answers the NULL procedure (a ping) of NFS and MOUNT itself, whatever the call's
+//! credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC 5531 lets
+//! a client), and the library refuses every call but the serving user's and root's
+//! AUTH_UNIX ones, NULL included, so the kernel gave up with "server
 //! requires stronger authentication". A NULL call does nothing and serves nothing.
 //!
 //! Nothing is decided twice. A READ is taken here only when everything about it is
@@ -381,19 +382,20 @@ impl Front {
     /// within [`MAX_HOLD`], else JUKEBOX, as a Mac fails a mount whose FSSTAT waits
     /// 5 s; the client asks again.
     async fn answer_fsstat(&self, xid: u32) -> Vec<u8> {
-        let asked = tokio::time::timeout(MAX_HOLD, self.policy.statfs()).await;
-        let (stat, figures) = match asked {
-            Ok(Ok(st)) => (nfsstat3::NFS3_OK, Some(fsstat_of(&st))),
-            Ok(Err(e)) => (nfsstat_logged("fsstat", &e), None),
-            Err(_) => (nfsstat3::NFS3ERR_JUKEBOX, None),
+        let stat = match tokio::time::timeout(MAX_HOLD, self.policy.statfs()).await {
+            Ok(Ok(st)) => {
+                let mut results = Vec::with_capacity(64);
+                let packed = nfsstat3::NFS3_OK
+                    .pack(&mut results)
+                    .and_then(|_| fsstat_of(&st).pack(&mut results));
+                debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
+                return accepted_reply_record(xid, &results);
+            }
+            Ok(Err(e)) => nfsstat_logged("fsstat", &e),
+            Err(_) => nfsstat3::NFS3ERR_JUKEBOX,
         };
-        let mut results = Vec::with_capacity(64);
-        let packed = stat.pack(&mut results).and_then(|_| match figures {
-            Some(figures) => figures.pack(&mut results),
-            None => nfs::FSSTAT3resfail::default().pack(&mut results),
-        });
-        debug_assert!(packed.is_ok(), "packing into a Vec cannot fail");
-        accepted_reply_record(xid, &results)
+        // FSSTAT3resfail: no attributes.
+        failure_reply(xid, stat, 1)
     }
 
     /// The caller's AUTH_UNIX credentials, if the export serves them.

@@ -74,8 +74,7 @@ const STEP: Duration = Duration::from_millis(100);
 /// one whose later retries reach the copy's end soonest after it ends (best: a
 /// retry held across it), and of those the one with the most room around the end
 /// on both sides, so that an estimate a little off still lands; on a tie, the
-/// shortest. An unknown end is waited
-/// for until an estimate comes or the hold ends.
+/// shortest. An unknown end is waited for until an estimate comes or the hold ends.
 pub fn keep_holding(
     held: Duration,
     copy_left: Option<Duration>,

@@ -109,8 +109,8 @@ struct Pace {
 
 /// How a copy has moved since it was first seen moving. Its rate is the average
 /// from then to now: for a source that answers in steps (parallel reads landing
-/// together) that is exact at a step and low between steps, so the estimate errs
-/// on the late side, which the plan allows for (`jukebox::ESTIMATE_ERROR`).
+/// together) that is exact at a step and low between steps, and it is trusted only
+/// after [`RATE_AFTER`], once it has settled.
 #[derive(Debug, Clone, Copy)]
 struct Moves {
     /// Bytes read when last looked at.
