@@ -50,6 +50,25 @@ pub enum SourceError {
         /// Timed out, or every source thread is stuck.
         why: Unanswered,
     },
+    /// The source failed in a way that says it is away, not that this path is
+    /// wrong: a dead FUSE or network mount (ENOTCONN), a lost server (EIO, ESTALE,
+    /// EHOSTDOWN, ENETUNREACH, ...). Treated like no answer: what the source said
+    /// last is served where it can be.
+    #[error("{path}: the source is not reachable: {source}")]
+    Away {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// The underlying error.
+        source: SharedIo,
+    },
+    /// The source's root is no longer the directory that was mounted: the NAS was
+    /// unmounted underneath and the path now leads to the directory below its mount
+    /// point, on another disk. Nothing is read from or written there.
+    #[error("{}: the source is no longer mounted there (the directory now belongs to another filesystem)", root.display())]
+    Unmounted {
+        /// The source root.
+        root: PathBuf,
+    },
     /// Any other I/O failure on the source.
     #[error("{path}: reading the source failed: {source}")]
     Io {
@@ -81,18 +100,60 @@ pub enum SourceError {
     },
 }
 
+/// Errnos that say the source (its mount, its server, the network to it) is away,
+/// rather than anything about the path asked for. EIO is among them: it is what NFS
+/// and SMB clients return for a server that went away mid-operation, and what is
+/// served instead (what the source said last, stored copies of exactly the version
+/// seen) is right either way.
+const AWAY_ERRNOS: &[i32] = &[
+    libc::ENOTCONN,
+    libc::EIO,
+    libc::ESTALE,
+    libc::EHOSTDOWN,
+    libc::EHOSTUNREACH,
+    libc::ENETDOWN,
+    libc::ENETUNREACH,
+    libc::ENETRESET,
+    libc::ECONNABORTED,
+    libc::ECONNRESET,
+    libc::ECONNREFUSED,
+    libc::ETIMEDOUT,
+];
+
+/// Whether `err` says the source is away rather than anything about one path.
+pub fn is_away_errno(err: &io::Error) -> bool {
+    err.raw_os_error().is_some_and(|e| AWAY_ERRNOS.contains(&e))
+}
+
 impl SourceError {
     /// A failed read (or stat) of `path` on the source.
     pub fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
         let path = path.into();
         if err.kind() == io::ErrorKind::NotFound {
             SourceError::NotFound { path }
+        } else if is_away_errno(&err) {
+            SourceError::Away {
+                path,
+                source: Arc::new(err),
+            }
         } else {
             SourceError::Io {
                 path,
                 source: Arc::new(err),
             }
         }
+    }
+
+    /// Whether this says the source is away (it did not answer, its mount is dead
+    /// or gone) rather than anything about the path: requests are then answered
+    /// from what the source said last, where they can be.
+    pub fn is_away(&self) -> bool {
+        matches!(
+            self,
+            SourceError::Unanswered { .. }
+                | SourceError::Away { .. }
+                | SourceError::Unmounted { .. }
+        )
     }
 
     /// A failed write (or create, rename, removal...) of `path` on the source.
@@ -103,6 +164,10 @@ impl SourceError {
             Some(libc::EROFS) => SourceError::ReadOnly { path },
             _ if err.kind() == io::ErrorKind::StorageFull => SourceError::NoSpace { path },
             _ if err.kind() == io::ErrorKind::NotFound => SourceError::NotFound { path },
+            _ if is_away_errno(&err) => SourceError::Away {
+                path,
+                source: Arc::new(err),
+            },
             _ => SourceError::Write {
                 path,
                 source: Arc::new(err),

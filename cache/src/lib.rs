@@ -31,9 +31,9 @@ pub mod store;
 pub mod sys;
 pub mod units;
 
-pub use error::{Remedy, SourceError, StageError, StoreError};
+pub use error::{Remedy, SourceError, StageError, StoreError, is_away_errno};
 pub use metrics::{Metrics, MetricsSnapshot};
-pub use source::pool::{SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
+pub use source::pool::{KNOWN_AWAY_WAIT, SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
 pub use source::{
     CreateFile, EntryKind, LocalDir, ReadAt, SetTime, Source, SourceFile, SourceMeta, SourceTree,
     Stamp, WritableFile, WriteOpen,

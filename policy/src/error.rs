@@ -90,6 +90,17 @@ impl FsError {
         }
     }
 
+    /// Whether this says the source is away (no answer, a dead or vanished mount, a
+    /// lost server) rather than anything about the request.
+    pub fn is_source_away(&self) -> bool {
+        match self {
+            FsError::Source(e) | FsError::Stage(StageError::Source(e)) => e.is_away(),
+            FsError::Read(e) => stagefs_cache::is_away_errno(e),
+            FsError::SourceTimeout { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Whether this failure is an expected answer (a missing name) rather than a fault:
     /// expected ones are logged at debug so lookups of absent files do not flood logs.
     pub fn is_expected(&self) -> bool {
@@ -104,7 +115,10 @@ fn source_errno(e: &SourceError) -> i32 {
     match e {
         SourceError::NotFound { .. } => libc::ENOENT,
         SourceError::OutsideRoot { .. } => libc::EINVAL,
-        SourceError::Unanswered { .. } => libc::EIO,
+        // ENOTCONN, ESTALE and the network errnos mean nothing to a loader; EIO does.
+        SourceError::Unanswered { .. }
+        | SourceError::Away { .. }
+        | SourceError::Unmounted { .. } => libc::EIO,
         SourceError::Io { source, .. } | SourceError::Write { source, .. } => io_errno(source),
         SourceError::NoSpace { .. } => libc::ENOSPC,
         SourceError::ReadOnly { .. } => libc::EROFS,

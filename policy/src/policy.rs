@@ -5,7 +5,9 @@
 //! here holds for both and is tested once, without a kernel (the tests at the
 //! bottom), through a fault-injecting source.
 //!
-//! Rules while the source does not answer:
+//! Rules while the source does not answer, or answers that it is away (a dead FUSE
+//! mount's ENOTCONN, a lost server's EIO, ESTALE or network errnos, a root that is
+//! no longer the directory mounted: [`SourceError::is_away`]); the two are one case:
 //! - every source operation runs on the stager's [`SourcePool`]: at most its threads
 //!   are ever stuck, and nothing local waits behind them;
 //! - a request that can be answered from what the source said last (attributes, link
@@ -14,13 +16,17 @@
 //!   operation is overdue ([`SUSPECT_AFTER`]), instead of waiting out the timeout;
 //! - a blob named by its sha256 is its content: a stored copy is served without
 //!   asking the source anything, up or not;
-//! - what was never seen fails with EIO within the source timeout; when every source
-//!   thread is already stuck, a lookup fails at once (the kernel serializes lookups
-//!   of one name, so waiting would multiply), and an open waits, without a thread,
-//!   for one to come free, so a program retrying opens in a loop does not spin;
+//! - what was never seen fails with EIO within the source timeout, or within
+//!   [`KNOWN_AWAY_WAIT`](stagefs_cache::KNOWN_AWAY_WAIT) once the source is known to
+//!   be away; when every source thread is already stuck, a lookup fails at once
+//!   (the kernel serializes lookups of one name, so waiting would multiply), and an
+//!   open waits, without a thread, for one to come free, so a program retrying
+//!   opens in a loop does not spin;
 //! - nothing marks the source back but a probe of it (its statfs, which network
 //!   clients cannot answer from a cache), and a request never skips the source just
-//!   because it was marked down: a source that came back serves the next request.
+//!   because it was marked down: a source that came back serves the next request
+//!   (only a change waits the whole timeout, which may land late: it must not be
+//!   told it failed and then happen).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -235,6 +241,18 @@ impl Policy {
         }
     }
 
+    /// The source failed in a way that says it is away (a dead or vanished mount, a
+    /// lost server): from now on, like one that stopped answering.
+    fn source_away(&self, why: &FsError) {
+        if self.pool().mark_unresponsive() {
+            warn!(
+                source = %self.stager.source().root().display(),
+                error = %why,
+                "the source is not reachable; answering from what it said last where possible"
+            );
+        }
+    }
+
     /// Whether a request that can be answered from memory should be, now.
     fn source_suspect(&self) -> bool {
         self.pool().suspect()
@@ -279,7 +297,8 @@ impl Policy {
             return Ok(known);
         }
         let worker = Arc::clone(self);
-        let mut asked = Box::pin(self.pool().run(move || work(&worker)));
+        let patience = self.pool().patience();
+        let mut asked = Box::pin(self.pool().run_for(patience, move || work(&worker)));
         let early = tokio::time::sleep(SUSPECT_AFTER);
         tokio::pin!(early);
         let answer = tokio::select! {
@@ -293,6 +312,12 @@ impl Policy {
             },
         };
         match answer {
+            Ok(Err(e)) if e.is_source_away() => {
+                debug!(path = %what.display(), error = %e, "the source is away");
+                self.source_away(&e);
+                self.probe();
+                recall(self).ok_or(e)
+            }
             Ok(result) => {
                 // A network client may have answered from its own cache: only the
                 // probe can tell that the source itself is back.
@@ -645,10 +670,11 @@ impl Policy {
         version: Stamp,
     ) -> Result<Staged, FsError> {
         let attempt = async {
-            let deadline = tokio::time::Instant::now() + self.config.source_timeout;
+            let patience = self.pool().patience();
+            let deadline = tokio::time::Instant::now() + patience;
             loop {
                 let stage = self.stager.stage_version(&node.path, version);
-                let stall = stalled(&self.stager, &node.path, self.config.source_timeout);
+                let stall = stalled(&self.stager, &node.path, patience);
                 let outcome = tokio::select! {
                     staged = stage => match staged {
                         // Every source thread is stuck: wait for one, then try again.
@@ -682,7 +708,7 @@ impl Policy {
     /// source is suspect, so a staged model still loads with the NAS away.
     async fn open_small(self: &Arc<Self>, node: &Node, version: Stamp) -> Result<Opened, FsError> {
         let attempt = async {
-            let deadline = tokio::time::Instant::now() + self.config.source_timeout;
+            let deadline = tokio::time::Instant::now() + self.pool().patience();
             // Every source thread stuck: wait for one rather than fail at once.
             while self.pool().saturated() {
                 if !self.wait_for_a_thread(deadline).await {
@@ -735,6 +761,12 @@ impl Policy {
             }
         };
         match outcome {
+            Attempt::Answered(Err(e)) if e.is_source_away() => {
+                self.source_away(&e);
+                self.probe();
+                let staged = self.recall_stored(node, version).await;
+                staged.map(Served::Stored).ok_or(e)
+            }
             Attempt::Answered(result) => result.map(Served::Fresh),
             Attempt::Unanswered => {
                 self.source_timed_out();
@@ -772,15 +804,18 @@ impl Policy {
 
     async fn open_source(&self, path: &Path) -> Result<Opened, FsError> {
         let (source, worker_path) = (self.stager.source().clone(), path.to_path_buf());
-        let opened = self.pool().run(move || -> Result<Opened, FsError> {
-            let file = source.open(&worker_path)?;
-            let meta = file.meta().map_err(FsError::Read)?;
-            Ok(Opened {
-                stamp: Stamp::of(&meta),
-                reader: Reader::Source(Arc::from(file)),
-                pin: None,
-            })
-        });
+        let opened = self.pool().run_for(
+            self.pool().patience(),
+            move || -> Result<Opened, FsError> {
+                let file = source.open(&worker_path)?;
+                let meta = file.meta().map_err(FsError::Read)?;
+                Ok(Opened {
+                    stamp: Stamp::of(&meta),
+                    reader: Reader::Source(Arc::from(file)),
+                    pin: None,
+                })
+            },
+        );
         opened.await.map_err(|_| self.timeout_error(path))?
     }
 
@@ -828,6 +863,12 @@ impl Policy {
                     .pool()
                     .run(move || read_at_most(file.as_ref(), offset, size, |_| {}));
                 match read.await {
+                    Ok(Err(e)) if stagefs_cache::is_away_errno(&e) => {
+                        let e = FsError::Read(e);
+                        self.source_away(&e);
+                        self.probe();
+                        Err(e)
+                    }
                     Ok(read) => read.map_err(FsError::Read),
                     Err(_) => {
                         self.source_timed_out();
@@ -1059,6 +1100,18 @@ mod tests {
             let rel = rel.as_ref();
             self.stored(rel)
                 && self.policy.written.trust(rel, false) == crate::written::Trust::Trusted
+        }
+    }
+
+    /// Asks for `rel` until a probe has seen the source back: a probe starts only
+    /// with a request, and one started while the source was still away may be the
+    /// one in flight when the first request after its return arrives.
+    async fn until_back(f: &Fixture, rel: &str) {
+        let deadline = Instant::now() + PROMPTLY;
+        while f.policy.pool().is_unresponsive() {
+            assert!(Instant::now() < deadline, "timed out waiting for the probe");
+            let _ = f.lookup(rel).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -1336,6 +1389,107 @@ mod tests {
             .expect("readlink needs no source");
         assert!(target.is_ok());
         f.source.set(Behaviour::Healthy);
+    }
+
+    // ------------------------------------------------------------ a source that fails fast or vanishes
+
+    /// A model read once, then a source that fails every call at once with `errno`.
+    async fn staged_then_failing(errno: i32) -> (Fixture, Vec<u8>) {
+        let f = fixture(|c, _, _| c.redirect = false);
+        let expected = f.source_bytes("weights.bin");
+        f.read_all("weights.bin").await.expect("stage");
+        f.read_all("config.json").await.expect("read");
+        wait_until("the kept copy", || f.stored("config.json")).await;
+        f.policy.list(ROOT_INO).await.expect("listed");
+        f.source.set(Behaviour::Fails(errno));
+        (f, expected)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_dead_fuse_source_serves_the_staged_model_and_fails_the_rest_with_eio() {
+        // ENOTCONN is what a killed sshfs answers, at once, to everything.
+        let (f, expected) = staged_then_failing(libc::ENOTCONN).await;
+        assert_eq!(f.read_all("weights.bin").await.expect("staged"), expected);
+        let config = f.read_all("config.json").await.expect("kept copy");
+        assert_eq!(config, f.source_bytes("config.json"));
+        let listed = f.policy.list(ROOT_INO).await.expect("listing from memory");
+        assert!(listed.iter().any(|e| e.name == "weights.bin"));
+        assert!(f.policy.pool().is_unresponsive(), "counted as away");
+        assert_eq!(errno(f.lookup_promptly("never-seen").await), libc::EIO);
+        f.source.set(Behaviour::Healthy);
+        until_back(&f, "config.json").await;
+        assert_eq!(errno(f.lookup("never-seen").await), libc::ENOENT, "back");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_errno_of_a_lost_server_counts_as_the_source_away() {
+        for errno_away in [libc::EIO, libc::ESTALE, libc::EHOSTDOWN, libc::ENETUNREACH] {
+            let (f, expected) = staged_then_failing(errno_away).await;
+            assert_eq!(
+                f.read_all("weights.bin").await.expect("staged"),
+                expected,
+                "{errno_away}"
+            );
+            assert!(f.policy.pool().is_unresponsive(), "{errno_away}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn an_errno_about_the_file_is_passed_on_and_is_no_outage() {
+        let (f, _) = staged_then_failing(libc::EACCES).await;
+        assert_eq!(errno(f.lookup("weights.bin").await), libc::EACCES);
+        assert!(!f.policy.pool().is_unresponsive());
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn once_the_source_is_known_away_a_name_never_seen_is_not_waited_for() {
+        // The timeout is PATIENT (120 s); the source is known away from a fast error,
+        // then hangs: a lookup of a name no one has seen fails well before it.
+        let (f, _) = staged_then_failing(libc::EHOSTDOWN).await;
+        assert_eq!(errno(f.lookup("first").await), libc::EIO);
+        f.source.set(Behaviour::Hang);
+        for name in ["trees", "refs-unseen"] {
+            assert_eq!(errno(f.lookup_promptly(name).await), libc::EIO, "{name}");
+        }
+        f.source.set(Behaviour::Healthy);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_source_unmounted_underneath_serves_staged_copies_and_takes_no_write() {
+        let f = writable(|c, _, _| c.redirect = false);
+        let expected = f.source_bytes("weights.bin");
+        f.read_all("weights.bin").await.expect("stage");
+        f.policy.list(ROOT_INO).await.expect("listed");
+        // sshfs exited and unmounted: the mount point is the laptop's empty directory.
+        let away = f.src.with_extension("away");
+        fs::rename(&f.src, &away).expect("move the nas away");
+        fs::create_dir(&f.src).expect("the empty mount point");
+        assert_eq!(f.read_all("weights.bin").await.expect("staged"), expected);
+        let listed = f.policy.list(ROOT_INO).await.expect("the source's listing");
+        assert!(
+            listed.iter().any(|e| e.name == "weights.bin"),
+            "not the empty one"
+        );
+        assert_eq!(errno(f.write_new("checkpoint.bin", b"x").await), libc::EIO);
+        assert_eq!(
+            errno(
+                f.policy
+                    .mkdir(ROOT_INO, OsStr::new("runs"), 0o755, me())
+                    .await
+            ),
+            libc::EIO
+        );
+        let underneath: Vec<_> = fs::read_dir(&f.src).expect("list").collect();
+        assert!(underneath.is_empty(), "written underneath: {underneath:?}");
+        // Mounted again: written through again.
+        fs::remove_dir(&f.src).expect("rmdir");
+        fs::rename(&away, &f.src).expect("mount again");
+        until_back(&f, "weights.bin").await;
+        f.write_new("checkpoint.bin", b"x").await.expect("written");
+        assert_eq!(
+            fs::read(f.src.join("checkpoint.bin")).expect("on the nas"),
+            b"x"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -31,6 +31,9 @@ pub enum Behaviour {
     SlowReads(Duration),
     /// Every operation fails with EIO.
     Eio,
+    /// Every operation fails at once with this errno, as a dead FUSE source
+    /// (ENOTCONN) or a lost server (ESTALE, EHOSTDOWN) does.
+    Fails(i32),
     /// Reads are healthy; every write that needs room (create, write, extend, mkdir,
     /// symlink) fails with ENOSPC, as on a full NAS.
     Full,
@@ -155,6 +158,7 @@ impl Faults {
             match state.behaviour {
                 Behaviour::Healthy | Behaviour::Full | Behaviour::SlowReads(_) => return Ok(()),
                 Behaviour::Eio => return Err(io::Error::from_raw_os_error(libc::EIO)),
+                Behaviour::Fails(errno) => return Err(io::Error::from_raw_os_error(errno)),
                 Behaviour::Slow(delay) => {
                     drop(state);
                     std::thread::sleep(delay);

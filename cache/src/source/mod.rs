@@ -383,9 +383,19 @@ pub trait Source: Send + Sync + fmt::Debug {
 }
 
 /// A directory on a mounted filesystem: a NAS share, a USB disk, a local folder.
+///
+/// It remembers which directory its root was when it was opened (device and inode).
+/// A NAS can be unmounted underneath a mount (sshfs exits when its connection
+/// drops; an automounter times out), and its mount point is then an empty directory
+/// on the laptop's own disk: every change is refused and every "not found" or
+/// foreign answer is checked against the root, so nothing is written to that disk
+/// and an empty listing is never taken for the source's. (A check and the operation
+/// after it are two calls: an unmount landing between them is not caught.)
 #[derive(Debug, Clone)]
 pub struct LocalDir {
     root: PathBuf,
+    /// The root directory's device and inode when it was opened.
+    root_id: (u64, u64),
 }
 
 impl LocalDir {
@@ -399,7 +409,40 @@ impl LocalDir {
                 io::Error::from_raw_os_error(libc::ENOTDIR),
             ));
         }
-        Ok(LocalDir { root })
+        let root_id = (meta.dev(), meta.ino());
+        Ok(LocalDir { root, root_id })
+    }
+
+    /// Fails unless the root is still the directory it was when opened: `Away` if
+    /// it cannot be asked (a dead mount), `Unmounted` if it is another directory.
+    fn still_mounted(&self) -> Result<(), SourceError> {
+        let meta = fs::metadata(&self.root).map_err(|e| SourceError::io(Path::new(""), e))?;
+        if (meta.dev(), meta.ino()) == self.root_id {
+            Ok(())
+        } else {
+            Err(SourceError::Unmounted {
+                root: self.root.clone(),
+            })
+        }
+    }
+
+    /// `answer`, unless it could come from the directory under a vanished mount:
+    /// "not found", or an entry of another device than the root's (which a source
+    /// with mounts inside it also gives, so the root is asked then, not refused).
+    fn checked<T>(
+        &self,
+        answer: Result<T, SourceError>,
+        device: impl FnOnce(&T) -> Option<u64>,
+    ) -> Result<T, SourceError> {
+        let suspicious = match &answer {
+            Err(SourceError::NotFound { .. }) => true,
+            Ok(found) => device(found).is_some_and(|dev| dev != self.root_id.0),
+            Err(_) => false,
+        };
+        if suspicious {
+            self.still_mounted()?;
+        }
+        answer
     }
 }
 
@@ -409,35 +452,45 @@ impl Source for LocalDir {
     }
 
     fn stat(&self, rel: &Path) -> Result<SourceMeta, SourceError> {
-        fs::symlink_metadata(self.root.join(rel))
+        let meta = fs::symlink_metadata(self.root.join(rel)).map_err(|e| SourceError::io(rel, e));
+        self.checked(meta, |m| Some(m.dev()))
             .map(|m| SourceMeta::from(&m))
-            .map_err(|e| SourceError::io(rel, e))
     }
 
     fn read_dir(&self, rel: &Path) -> Result<Vec<(OsString, SourceMeta)>, SourceError> {
-        let mut entries = Vec::new();
-        for entry in fs::read_dir(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))? {
-            let entry = entry.map_err(|e| SourceError::io(rel, e))?;
-            match entry.metadata() {
-                Ok(meta) => entries.push((entry.file_name(), SourceMeta::from(&meta))),
-                // Vanished between listing and stat: it is simply not there any more.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(SourceError::io(rel.join(entry.file_name()), e)),
+        let listed = self.list(rel);
+        // An empty listing is what the directory under a vanished mount gives.
+        self.checked(listed, |(entries, dev)| {
+            if entries.is_empty() {
+                Some(u64::MAX)
+            } else {
+                *dev
             }
-        }
-        Ok(entries)
+        })
+        .map(|(entries, _)| entries)
     }
 
     fn read_link(&self, rel: &Path) -> Result<PathBuf, SourceError> {
-        fs::read_link(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))
+        let target = fs::read_link(self.root.join(rel)).map_err(|e| SourceError::io(rel, e));
+        self.checked(target, |_| None)
     }
 
     fn open(&self, rel: &Path) -> Result<Box<dyn SourceFile>, SourceError> {
-        let file = File::open(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))?;
+        let file = File::open(self.root.join(rel)).map_err(|e| SourceError::io(rel, e));
+        let file = self.checked(file, |f| f.metadata().ok().map(|m| m.dev()))?;
         Ok(Box::new(file))
     }
 
     fn statfs(&self) -> io::Result<libc::statvfs> {
+        // The probe that declares the source back: the laptop's own disk under a
+        // vanished mount point answers statfs too.
+        // It answers with an errno the policy counts as the source being away.
+        self.still_mounted().map_err(|e| match e {
+            SourceError::Away { source, .. } | SourceError::Io { source, .. } => {
+                io::Error::from_raw_os_error(source.raw_os_error().unwrap_or(libc::EIO))
+            }
+            _ => io::Error::from_raw_os_error(libc::ENOTCONN),
+        })?;
         crate::sys::statvfs(&self.root)
     }
 
@@ -448,6 +501,7 @@ impl Source for LocalDir {
     }
 
     fn create(&self, rel: &Path, how: CreateFile) -> Result<Box<dyn WritableFile>, SourceError> {
+        self.still_mounted()?;
         let path = self.root.join(rel);
         let fail = |e| SourceError::write(rel, e);
         let mut options = write_options(how.open);
@@ -467,6 +521,7 @@ impl Source for LocalDir {
     }
 
     fn open_write(&self, rel: &Path, how: WriteOpen) -> Result<Box<dyn WritableFile>, SourceError> {
+        self.still_mounted()?;
         let file = write_options(how)
             .truncate(how.truncate)
             .open(self.root.join(rel))
@@ -475,6 +530,7 @@ impl Source for LocalDir {
     }
 
     fn set_len(&self, rel: &Path, len: u64) -> Result<(), SourceError> {
+        self.still_mounted()?;
         let fail = |e| SourceError::write(rel, e);
         let file = write_options(WriteOpen::default())
             .open(self.root.join(rel))
@@ -483,6 +539,7 @@ impl Source for LocalDir {
     }
 
     fn rename(&self, from: &Path, to: &Path, no_replace: bool) -> Result<(), SourceError> {
+        self.still_mounted()?;
         let (old, new) = (self.root.join(from), self.root.join(to));
         let renamed = if no_replace {
             rename_no_replace(&old, &new)
@@ -493,10 +550,12 @@ impl Source for LocalDir {
     }
 
     fn unlink(&self, rel: &Path) -> Result<(), SourceError> {
+        self.still_mounted()?;
         fs::remove_file(self.root.join(rel)).map_err(|e| SourceError::write(rel, e))
     }
 
     fn mkdir(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        self.still_mounted()?;
         let path = self.root.join(rel);
         let fail = |e| SourceError::write(rel, e);
         fs::DirBuilder::new()
@@ -507,19 +566,23 @@ impl Source for LocalDir {
     }
 
     fn rmdir(&self, rel: &Path) -> Result<(), SourceError> {
+        self.still_mounted()?;
         fs::remove_dir(self.root.join(rel)).map_err(|e| SourceError::write(rel, e))
     }
 
     fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
+        self.still_mounted()?;
         std::os::unix::fs::symlink(target, self.root.join(rel))
             .map_err(|e| SourceError::write(rel, e))
     }
 
     fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
+        self.still_mounted()?;
         chmod_no_follow(&self.root.join(rel), mode & 0o7777).map_err(|e| SourceError::write(rel, e))
     }
 
     fn set_owner(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<(), SourceError> {
+        self.still_mounted()?;
         std::os::unix::fs::lchown(self.root.join(rel), uid, gid)
             .map_err(|e| SourceError::write(rel, e))
     }
@@ -530,8 +593,31 @@ impl Source for LocalDir {
         atime: Option<SetTime>,
         mtime: Option<SetTime>,
     ) -> Result<(), SourceError> {
+        self.still_mounted()?;
         set_times_no_follow(&self.root.join(rel), atime, mtime)
             .map_err(|e| SourceError::write(rel, e))
+    }
+}
+
+impl LocalDir {
+    /// The entries of `rel` with their metadata, and the device of one of them.
+    #[allow(clippy::type_complexity)]
+    fn list(&self, rel: &Path) -> Result<(Vec<(OsString, SourceMeta)>, Option<u64>), SourceError> {
+        let mut entries = Vec::new();
+        let mut device = None;
+        for entry in fs::read_dir(self.root.join(rel)).map_err(|e| SourceError::io(rel, e))? {
+            let entry = entry.map_err(|e| SourceError::io(rel, e))?;
+            match entry.metadata() {
+                Ok(meta) => {
+                    device.get_or_insert(meta.dev());
+                    entries.push((entry.file_name(), SourceMeta::from(&meta)));
+                }
+                // Vanished between listing and stat: it is simply not there any more.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(SourceError::io(rel.join(entry.file_name()), e)),
+            }
+        }
+        Ok((entries, device))
     }
 }
 
@@ -833,6 +919,56 @@ mod tests {
         );
         assert!(tree.stat(Path::new("../x")).is_err());
         assert!(tree.stat(Path::new("")).is_ok_and(|m| m.is_dir()));
+    }
+
+    /// What sshfs does when its connection drops: it exits and unmounts, and the
+    /// mount point is a directory of the laptop's own disk again. Stood in for by
+    /// moving the root away and making a new directory in its place.
+    #[test]
+    fn a_root_unmounted_underneath_is_neither_read_nor_written() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let root = parent.path().join("nas");
+        fs::create_dir(&root).expect("mkdir");
+        fs::write(root.join("a"), b"on the nas").expect("write");
+        let tree = SourceTree::new(&root).expect("source");
+        assert!(tree.stat(Path::new("a")).is_ok());
+        fs::rename(&root, parent.path().join("nas-away")).expect("rename");
+        fs::create_dir(&root).expect("the empty mount point");
+        let unmounted =
+            |r: Result<(), SourceError>| matches!(r, Err(SourceError::Unmounted { .. }));
+        assert!(
+            unmounted(tree.stat(Path::new("a")).map(drop)),
+            "not 'not found'"
+        );
+        assert!(
+            unmounted(tree.read_dir(Path::new("")).map(drop)),
+            "not empty"
+        );
+        assert!(unmounted(tree.mkdir(Path::new("d"), 0o755)));
+        let how = CreateFile {
+            mode: 0o644,
+            exclusive: false,
+            open: WriteOpen::default(),
+        };
+        assert!(unmounted(
+            tree.create(Path::new("saved.bin"), how).map(drop)
+        ));
+        assert!(unmounted(tree.symlink(Path::new("x"), Path::new("l"))));
+        assert_eq!(
+            fs::read_dir(&root).expect("list").count(),
+            0,
+            "nothing written underneath"
+        );
+        assert!(
+            tree.statfs().is_err(),
+            "the probe must not see the source back"
+        );
+        assert!(tree.stat(Path::new("a")).is_err_and(|e| e.is_away()));
+        // Mounted again: served again.
+        fs::remove_dir(&root).expect("rmdir");
+        fs::rename(parent.path().join("nas-away"), &root).expect("rename back");
+        assert!(tree.stat(Path::new("a")).is_ok());
+        assert!(tree.statfs().is_ok());
     }
 
     #[test]

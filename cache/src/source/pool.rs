@@ -28,6 +28,12 @@ pub use stagefs_control::SourceHealth;
 /// just died when the answer is already known.
 pub const SUSPECT_AFTER: Duration = Duration::from_millis(60);
 
+/// How long a request that cannot be answered from memory waits for a source already
+/// known to be away (until a probe sees it back). A source that is back answers a
+/// stat in milliseconds; one that is still away would otherwise cost every new name
+/// a loader looks up the whole timeout (30 s per lookup, measured in issue 34).
+pub const KNOWN_AWAY_WAIT: Duration = Duration::from_millis(500);
+
 /// Threads a mount gives to source operations unless told otherwise.
 pub const DEFAULT_SOURCE_THREADS: usize = 16;
 
@@ -201,6 +207,16 @@ impl SourcePool {
     /// ([`SUSPECT_AFTER`]): what can be answered from memory should be, now.
     pub fn suspect(&self) -> bool {
         self.is_unresponsive() || self.overdue(SUSPECT_AFTER)
+    }
+
+    /// How long a request should wait for the source now: the timeout, or
+    /// [`KNOWN_AWAY_WAIT`] while the source is known to be away.
+    pub fn patience(&self) -> Duration {
+        if self.is_unresponsive() {
+            KNOWN_AWAY_WAIT.min(self.inner.timeout)
+        } else {
+            self.inner.timeout
+        }
     }
 
     /// Returns once the source is [`SourcePool::suspect`].

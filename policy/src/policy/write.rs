@@ -103,7 +103,15 @@ impl Policy {
         work: impl FnOnce(&Policy) -> Result<T, FsError> + Send + 'static,
     ) -> Result<T, FsError> {
         let worker = Arc::clone(self);
+        // The whole timeout even while the source is known to be away: a change that
+        // gave up early could still land once the source is back, after its caller
+        // was told it failed.
         match self.pool().run(move || work(&worker)).await {
+            Ok(Err(e)) if e.is_source_away() => {
+                self.source_away(&e);
+                self.probe();
+                Err(e)
+            }
             Ok(result) => {
                 self.probe_if_down();
                 result
