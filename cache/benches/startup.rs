@@ -61,6 +61,7 @@ fn populate(cache: &Path, entries: usize) -> Result<(), Box<dyn std::error::Erro
             stamp: Stamp {
                 size: bytes.len() as u64,
                 mtime_ns: i as i64,
+                ..Stamp::default()
             },
             blake3: Some(blake3::hash(bytes.as_bytes()).to_hex().to_string()),
             last_use: i as u64,

@@ -46,6 +46,7 @@ fn stage(store: &Store, rel: &Path, size: u64, version: i64) -> Result<Hit, Stor
         stamp: Stamp {
             size,
             mtime_ns: version,
+            ..Stamp::default()
         },
         blake3: Some(blake3::hash(&bytes).to_hex().to_string()),
         last_use: 0,

@@ -116,6 +116,7 @@ mod tests {
         Stamp {
             size,
             mtime_ns: 1_700_000_000_000_000_000,
+            ..Stamp::default()
         }
     }
 

@@ -848,13 +848,15 @@ impl Inner {
 }
 
 /// Whether a stored copy may serve source file `rel` at version `stamp`: the same
-/// version of the same file, or, for an LFS blob (named by its sha256), any copy of
-/// that blob of the right size staged from another repository's path.
+/// version of the same file, or, for an LFS blob (named by its sha256, so its
+/// content), any copy of that blob of the right size, whatever path it was staged
+/// from and whatever inode or times the source gives it now (an sshfs remount
+/// numbers its inodes anew; `hf download` may fetch a blob again).
 fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
-    if entry.source == rel {
-        entry.stamp == stamp
+    if key.content_sha256().is_some() {
+        entry.stamp.size == stamp.size
     } else {
-        key.content_sha256().is_some() && entry.stamp.size == stamp.size
+        entry.source == rel && entry.stamp == stamp
     }
 }
 
@@ -1087,6 +1089,7 @@ mod tests {
         let stale = Stamp {
             size: 10,
             mtime_ns: 1,
+            ..Stamp::default()
         };
         assert!(matches!(
             inner.copy(
@@ -1215,6 +1218,7 @@ mod tests {
             stamp: Stamp {
                 size: 3 << 20,
                 mtime_ns: 1,
+                ..Stamp::default()
             },
             blake3: Some(blake3::hash(&[9u8; 3 << 20]).to_hex().to_string()),
             last_use: 0,

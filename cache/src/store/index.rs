@@ -401,6 +401,7 @@ mod tests {
             stamp: Stamp {
                 size,
                 mtime_ns: 1_700_000_000_000_000_000,
+                ..Stamp::default()
             },
             blake3: Some("ab".repeat(32)),
             last_use,

@@ -1153,6 +1153,7 @@ pub(crate) mod tests {
             stamp: Stamp {
                 size: bytes.len() as u64,
                 mtime_ns: 1,
+                ..Stamp::default()
             },
             // As the stager records it: nothing for a blob, named by its sha256.
             blake3: key(name)
