@@ -14,7 +14,7 @@ pub mod values;
 
 pub use prefetch::{FileProgress, FileState, Target};
 pub use protocol::{
-    Backend, MountRecord, Request, Response, SOCKET_NAME, query, socket_path, stream,
+    Backend, MountRecord, Request, Response, SOCKET_NAME, SourceFs, query, socket_path, stream,
 };
 pub use report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,

@@ -61,6 +61,22 @@ pub struct MountRecord {
     /// How it reached the kernel (records from before the NFS backend: FUSE).
     #[serde(default)]
     pub backend: Backend,
+    /// What the source was on when it was mounted (records from before: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_fs: Option<SourceFs>,
+}
+
+/// What filesystem a source was on, as a mount recorded it: so that a later mount
+/// can tell that the NAS is not mounted there any more and the path now leads to
+/// the directory under its mount point.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceFs {
+    /// Filesystem type as the mount table names it (`fuse.sshfs`, `nfs`, `smbfs`).
+    pub fstype: String,
+    /// Whether its reads crossed a network.
+    pub network: bool,
+    /// Where that filesystem was mounted.
+    pub mount_point: PathBuf,
 }
 
 impl MountRecord {

@@ -114,6 +114,20 @@ pub enum MountError {
     /// The source could not be opened.
     #[error("opening the source")]
     Source(#[source] SourceError),
+    /// The filesystem the source was on when this cache was last mounted is no
+    /// longer mounted where it was: the path leads to the directory underneath.
+    #[error(
+        "{} is not on {} any more: {} is not mounted at {}, so the path is a directory of {} ({}); mount the share again and retry",
+        source_dir.display(), was.fstype, was.fstype, was.mount_point.display(), now.mount_point.display(), now.fstype
+    )]
+    SourceNotMounted {
+        /// The source as given.
+        source_dir: PathBuf,
+        /// What it was on when last mounted.
+        was: Box<stagefs_control::SourceFs>,
+        /// What it is on now.
+        now: Box<stagefs_control::SourceFs>,
+    },
     /// A step of starting or serving failed in the system.
     #[error("{doing}")]
     Io {

@@ -32,6 +32,7 @@ mod error;
 mod live;
 pub mod registry;
 mod running;
+mod source_record;
 mod spec;
 pub mod table;
 pub mod unmount;

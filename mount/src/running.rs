@@ -16,7 +16,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use crate::{MountError, MountSpec, control};
+use crate::{MountError, MountSpec, control, source_record};
 
 /// How long stopping waits for the kernel to let go of the mount before giving up.
 const STOP_WAIT: Duration = Duration::from_secs(15);
@@ -317,6 +317,9 @@ impl Running {
 /// Opens the source and the store (taking the cache lock), records the mount in the
 /// cache directory and builds the stager on `runtime`.
 fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError> {
+    let previous = MountRecord::read(&spec.cache_dir);
+    let source_fs = source_record::source_fs(&spec.source);
+    source_record::refuse_an_unmounted_source(previous.as_ref(), &spec.source, source_fs.as_ref())?;
     let source = SourceTree::new(&spec.source).map_err(MountError::Source)?;
     let budget = spec.budget()?;
     let store = Store::open(&spec.cache_dir, budget)
@@ -327,6 +330,7 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
             other => MountError::Store(other),
         })?
         .with_redirect_grace(spec.redirect_grace);
+    source_record::forget_another_sources_copies(&store, previous.as_ref(), &spec.source);
     let record = MountRecord {
         source: spec.source.clone(),
         mountpoint: spec.mountpoint.clone(),
@@ -334,6 +338,7 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
         min_stage_size: spec.fs.min_stage_size,
         model_dirs: spec.model_dirs.clone(),
         backend: spec.backend,
+        source_fs,
     };
     record
         .write(&spec.cache_dir)
