@@ -399,10 +399,15 @@ fn to_usize(n: u64) -> usize {
 /// What status says of a source that does not answer, if anything.
 fn health_note(health: Option<SourceHealth>) -> String {
     match health {
-        Some(h) if h.unresponsive || h.stuck > 0 => format!(
+        Some(h) if h.stuck > 0 => format!(
             " (not answering: {} of {} source threads stuck; staged models are served from the cache)",
             h.stuck, h.threads
         ),
+        // Away without a stuck thread: it failed at once (a dead mount's ENOTCONN)
+        // or was unmounted underneath.
+        Some(h) if h.unresponsive => {
+            " (not answering; staged models are served from the cache)".to_string()
+        }
         _ => String::new(),
     }
 }

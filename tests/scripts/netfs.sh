@@ -8,6 +8,9 @@
 #   netfs.sh down ID MOUNTPOINT
 #   netfs.sh cut ID        # the link goes dead: requests hang, as with a NAS gone away
 #   netfs.sh restore ID
+#   netfs.sh drop ID       # sshfs's ssh connection dies: sshfs exits and unmounts, and
+#                          # the mount point is an empty directory of this disk again
+#   netfs.sh kill ID       # sshfs is killed: the mount stays, answering ENOTCONN
 #
 # ID is a small number (1-250) that keeps concurrent instances apart; the namespace
 # is sfs-ID and its addresses are 10.231.ID.1 (host) and 10.231.ID.2 (server), which
@@ -111,6 +114,27 @@ case "$cmd" in
 up) up "${3:?missing EXPORT_DIR}" "${4:?missing MOUNTPOINT}" "${5:?missing RATE}" ;;
 down) down "${3:?missing MOUNTPOINT}" ;;
 cut) ip link set "$host_if" down ;;
+drop)
+    pkill -f "^ssh .*IdentityFile=$state/client_key" || { echo "netfs: no ssh to drop" >&2; exit 1; }
+    # sshfs unmounts as it exits; the caller's next step must find it gone.
+    for _ in $(seq 100); do
+        pgrep -f "^sshfs .*IdentityFile=$state/client_key" >/dev/null || exit 0
+        sleep 0.05
+    done
+    echo "netfs: sshfs did not exit" >&2
+    exit 1
+    ;;
+kill)
+    pkill -9 -f "^sshfs .*IdentityFile=$state/client_key" || { echo "netfs: no sshfs to kill" >&2; exit 1; }
+    # Its mount answers ENOTCONN once the process is gone; the caller's next step
+    # must find it dead.
+    for _ in $(seq 100); do
+        pgrep -f "^sshfs .*IdentityFile=$state/client_key" >/dev/null || exit 0
+        sleep 0.05
+    done
+    echo "netfs: sshfs did not die" >&2
+    exit 1
+    ;;
 restore) ip link set "$host_if" up ;;
-*) echo "usage: netfs.sh up|down|cut|restore ID ..." >&2; exit 2 ;;
+*) echo "usage: netfs.sh up|down|cut|restore|drop|kill ID ..." >&2; exit 2 ;;
 esac

@@ -860,6 +860,22 @@ fn hf_offline_check_with(
     python
 }
 
+/// Runs tests/py/hf_offline_check.py against `mount`: huggingface_hub resolves the
+/// model offline and safetensors reads every tensor, compared with `source_hub`.
+/// Returns whether it passed and what it printed; two minutes without an answer
+/// fail the test.
+pub fn load_with_real_clients(mount: &Mount, model: &Model, source_hub: &Path) -> (bool, String) {
+    let hf_home = mount.cache.with_file_name("hf-home");
+    let mut command = hf_offline_check(&mount.mnt, model, source_hub, &hf_home);
+    let out = within(Duration::from_secs(120), move || command.output()).expect("python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// Sets up `command`'s environment as a huggingface_hub client of the hub cache at
 /// `mnt`, offline, with `hf_home` as its HF_HOME.
 pub fn hf_offline_env(command: &mut Command, mnt: &Path, hf_home: &Path) {
@@ -959,6 +975,8 @@ pub struct NetFs {
     id: u32,
     /// Where the network filesystem is mounted on the host.
     pub mnt: PathBuf,
+    /// What `up` was given, to mount it again.
+    up_args: (PathBuf, String, String),
 }
 
 impl NetFs {
@@ -971,6 +989,20 @@ impl NetFs {
     pub fn up_with(dir: &Path, mnt: &Path, rate: &str, sshfs_options: &str) -> NetFs {
         // Unique per process and per call, within 1..=250.
         let id = (std::process::id() * 7 + NETFS_SEQ.fetch_add(1, Ordering::Relaxed)) % 250 + 1;
+        let netfs = NetFs {
+            id,
+            mnt: mnt.to_path_buf(),
+            up_args: (dir.to_path_buf(), rate.into(), sshfs_options.into()),
+        };
+        netfs.mount_again();
+        netfs
+    }
+
+    /// Mounts the export again at the same place (after [`NetFs::drop_connection`]
+    /// or [`NetFs::kill_sshfs`]), as a user remounting the share would.
+    pub fn mount_again(&self) {
+        let (dir, rate, sshfs_options) = &self.up_args;
+        let (id, mnt) = (self.id, &self.mnt);
         let script = workspace_root().join("tests/scripts/netfs.sh");
         let out = Command::new("bash")
             .arg(&script)
@@ -987,10 +1019,6 @@ impl NetFs {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        NetFs {
-            id,
-            mnt: mnt.to_path_buf(),
-        }
     }
 }
 
@@ -1003,6 +1031,17 @@ impl NetFs {
     /// Brings the link back.
     pub fn restore(&self) {
         self.script(&["restore"]);
+    }
+
+    /// Kills sshfs's ssh connection: sshfs exits and unmounts, and the mount point
+    /// is an empty directory of this machine's disk again.
+    pub fn drop_connection(&self) {
+        self.script(&["drop"]);
+    }
+
+    /// Kills sshfs: the mount stays, answering ENOTCONN to everything.
+    pub fn kill_sshfs(&self) {
+        self.script(&["kill"]);
     }
 
     fn script(&self, args: &[&str]) {

@@ -13,8 +13,8 @@ use std::thread::sleep;
 use std::time::{Duration, SystemTime};
 
 use stagefs_tests::{
-    Model, Mount, NetFs, Scratch, Tmpfs, generate, hf_offline_check, run_stagefs, staged_files,
-    stagefs_bin, temp_files, wait_for, within,
+    Model, Mount, NetFs, Scratch, Tmpfs, generate, load_with_real_clients, run_stagefs,
+    staged_files, stagefs_bin, temp_files, wait_for, within,
 };
 
 #[test]
@@ -106,20 +106,6 @@ fn an_unreachable_source_fails_fast_and_staged_models_keep_working() {
     assert!(ok, "the mount stays responsive: {err}");
     assert!(mount.log_text().contains("did not respond"));
     restore_and_unmount(remote, mount, &model);
-}
-
-/// Runs tests/py/hf_offline_check.py against the mount: huggingface_hub resolves the
-/// model offline and safetensors reads every tensor, compared with `source_hub`.
-fn load_with_real_clients(mount: &Mount, model: &Model, source_hub: &Path) -> (bool, String) {
-    let hf_home = mount.cache.with_file_name("hf-home");
-    let mut command = hf_offline_check(&mount.mnt, model, source_hub, &hf_home);
-    let out = within(Duration::from_secs(120), move || command.output()).expect("python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 #[test]
