@@ -2,6 +2,7 @@
 //! backend (FUSE, or the loopback NFS server and the system's NFS client).
 
 use std::fs;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,13 +14,22 @@ use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
 use stagefs_policy::{FsConfig, Policy, ReadPath};
 use tokio::runtime::Runtime;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::{MountError, MountSpec, control, source_record};
 
-/// How long stopping waits for the kernel to let go of the mount before giving up.
+/// How long [`Running::stop`] waits for the kernel to let go of the mount before
+/// giving up.
 const STOP_WAIT: Duration = Duration::from_secs(15);
+
+/// How often a busy mount that cannot be detached (macOS) tries its unmount again.
+const BUSY_RETRY: Duration = Duration::from_secs(1);
+
+/// What the daemon logs when it stops while files are open in its mount.
+const DETACHED_BUSY: &str =
+    "mount busy (files open): detached; serving open files until they are closed";
 
 /// How long an unmount waits for the runtime's tasks and workers to finish.
 const WORKERS_WAIT: Duration = Duration::from_secs(2);
@@ -226,14 +236,20 @@ impl Running {
     }
 
     /// Serves until the mount goes away (unmounted from outside) or the process is
-    /// asked to stop (SIGINT, SIGTERM), then stops.
+    /// asked to stop (SIGINT, SIGTERM), then stops. A mount that is busy then (files
+    /// open or mapped, a working directory inside) is detached and served until the
+    /// kernel lets go of it, so no reader is cut off; a second signal stops at once.
     pub fn wait(mut self) -> Result<(), MountError> {
         let mountpoint = self.mountpoint.clone();
+        let mut signals = {
+            let _guard = self.runtime.enter();
+            StopSignals::new()
+        };
         let ended = match &mut self.session {
             Session::Fuse { done, .. } => self.runtime.block_on(async {
                 tokio::select! {
                     result = done => Some(result),
-                    () = shutdown_signal() => None,
+                    () = signals.next() => None,
                 }
             }),
             Session::Nfs { mounted, .. } => {
@@ -241,7 +257,7 @@ impl Running {
                 self.runtime.block_on(async {
                     tokio::select! {
                         () = unmounted_from_outside(&mountpoint, mounted) => Some(Ok(Ok(()))),
-                        () = shutdown_signal() => None,
+                        () = signals.next() => None,
                     }
                 })
             }
@@ -255,40 +271,39 @@ impl Running {
                 self.cleanup();
                 flatten(result)
             }
-            None => self.stop(),
+            None => self.stop_with(Patience::UntilReleased(signals)),
         }
     }
 
-    /// Unmounts and waits for the request loop to finish. A kernel that never lets
-    /// go (a reader stuck in the mount) is given up on after a while: the mount is
-    /// then detached by the kernel when its last user leaves.
-    pub fn stop(mut self) -> Result<(), MountError> {
+    /// Unmounts and waits for the request loop to finish. A busy mount (files open
+    /// there) is detached (Linux; macOS keeps it mounted), so new lookups no longer
+    /// see it, and served for at most 15 s more: after that the open files answer
+    /// "not connected".
+    pub fn stop(self) -> Result<(), MountError> {
+        self.stop_with(Patience::Bounded)
+    }
+
+    fn stop_with(mut self, patience: Patience) -> Result<(), MountError> {
         info!("unmounting");
         let waited = match &mut self.session {
             Session::Fuse { unmounter, done } => {
-                if let Err(e) = unmounter.unmount() {
-                    warn!(error = %e, "unmount failed");
-                }
-                self.runtime
-                    .block_on(async { tokio::time::timeout(STOP_WAIT, done).await })
-                    .ok()
+                stop_fuse(&self.runtime, unmounter, done, &self.mountpoint, patience)
             }
-            Session::Nfs { mounted, .. } => {
-                if *mounted {
-                    unmount_nfs(&self.mountpoint);
-                    *mounted = false;
-                }
-                Some(Ok(Ok(())))
+            Session::Nfs { serving, mounted } => {
+                let released = match *mounted {
+                    true => stop_nfs(&self.runtime, serving.addr, &self.mountpoint, patience),
+                    false => Some(()),
+                };
+                *mounted = false;
+                released.map(|()| Ok(Ok(())))
             }
         };
-        self.cleanup();
-        match waited {
-            Some(result) => flatten(result),
-            None => {
-                warn!("the request loop did not finish after unmounting; going on anyway");
-                Ok(())
-            }
+        if waited.is_none() {
+            // Given up on (15 s for the library's stop) or asked again to stop.
+            warn!(mountpoint = %self.mountpoint.display(), "stopping while the kernel still holds the detached mount: files still open there now fail (not connected)");
         }
+        self.cleanup();
+        waited.map_or(Ok(()), flatten)
     }
 
     fn cleanup(self) {
@@ -311,6 +326,160 @@ impl Running {
         // background still held it when the next mount began). A worker stuck on an
         // unreachable source must not keep the process alive: that one is left.
         self.runtime.shutdown_timeout(WORKERS_WAIT);
+    }
+}
+
+/// How the request loop ends, as its thread reports it.
+type SessionEnd = Result<std::io::Result<()>, oneshot::error::RecvError>;
+
+/// How long stopping waits for the kernel to let go of a busy mount.
+enum Patience {
+    /// At most [`STOP_WAIT`]: the library's [`Running::stop`].
+    Bounded,
+    /// As long as files are open there, or until a second SIGTERM/SIGINT: the daemon.
+    UntilReleased(StopSignals),
+}
+
+impl Patience {
+    /// Runs `released` to its end on `runtime`; `None` if this gave up first.
+    fn wait<T>(self, runtime: &Runtime, released: impl Future<Output = T>) -> Option<T> {
+        match self {
+            Patience::Bounded => runtime
+                .block_on(async { tokio::time::timeout(STOP_WAIT, released).await })
+                .ok(),
+            Patience::UntilReleased(mut signals) => runtime.block_on(async {
+                tokio::select! {
+                    result = released => Some(result),
+                    () = signals.next() => None,
+                }
+            }),
+        }
+    }
+}
+
+/// Whether an unmount was refused because the mount is in use.
+fn is_busy(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::ResourceBusy
+}
+
+/// Unmounts the FUSE mount and waits, as `patience` allows, for the request loop to
+/// end. A busy mount is detached (Linux) and served until its files are closed; on
+/// macOS, where the only way past busy is a forced unmount that breaks open files
+/// and mappings, it stays mounted and served until a plain unmount succeeds.
+fn stop_fuse(
+    runtime: &Runtime,
+    unmounter: &mut SessionUnmounter,
+    done: &mut oneshot::Receiver<std::io::Result<()>>,
+    mountpoint: &Path,
+    patience: Patience,
+) -> Option<SessionEnd> {
+    match plain_unmount(unmounter, mountpoint) {
+        Ok(()) => Patience::Bounded.wait(runtime, done),
+        Err(e) if is_busy(&e) && cfg!(target_os = "linux") => {
+            match crate::unmount::detach(mountpoint) {
+                Ok(()) => info!(mountpoint = %mountpoint.display(), "{DETACHED_BUSY}"),
+                Err(e) => {
+                    warn!(error = %e, mountpoint = %mountpoint.display(), "mount busy (files open) and detaching it failed; serving it until it is unmounted")
+                }
+            }
+            patience.wait(runtime, done)
+        }
+        Err(e) if is_busy(&e) => {
+            info!(mountpoint = %mountpoint.display(), "mount busy (files open): still mounted; serving until they are closed, then unmounting");
+            patience.wait(runtime, async {
+                unmount_once_free(mountpoint, crate::unmount::try_unmount).await;
+                done.await
+            })
+        }
+        Err(e) => {
+            warn!(error = %e, mountpoint = %mountpoint.display(), "unmount failed");
+            Patience::Bounded.wait(runtime, done)
+        }
+    }
+}
+
+/// A plain unmount of the FUSE mount, refused as busy while files are open there.
+/// On Linux through stagefs's own: fuser's detaches an ordinary user's mount lazily
+/// at once (`fusermount3 -u -z`), so a busy mount could not be told from an idle one
+/// and would be served for only [`STOP_WAIT`].
+fn plain_unmount(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> std::io::Result<()> {
+    match cfg!(target_os = "linux") {
+        true => crate::unmount::try_unmount(mountpoint),
+        false => unmounter.unmount(),
+    }
+}
+
+/// Unmounts the kernel's NFS mount of the export served at `server`. A busy mount is
+/// detached (Linux `umount -l`) and served until the kernel's client lets go of it;
+/// on macOS, where `umount -f` would break open files and mappings, it stays mounted
+/// and served until a plain unmount succeeds. Forced where `patience` runs out.
+/// `None` if files were still open when this gave up.
+fn stop_nfs(
+    runtime: &Runtime,
+    server: SocketAddr,
+    mountpoint: &Path,
+    patience: Patience,
+) -> Option<()> {
+    match stagefs_nfs::kernel_mount::unmount(mountpoint, false) {
+        Ok(()) => return Some(()),
+        Err(e) if is_busy(&e) => {}
+        Err(e) => {
+            warn!(error = %e, mountpoint = %mountpoint.display(), "unmount failed; forcing it");
+            force_unmount_nfs(mountpoint);
+            return Some(());
+        }
+    }
+    let released = if cfg!(target_os = "linux") {
+        if let Err(e) = stagefs_nfs::kernel_mount::unmount(mountpoint, true) {
+            warn!(error = %e, mountpoint = %mountpoint.display(), "mount busy (files open) and detaching it failed");
+            return None;
+        }
+        info!(mountpoint = %mountpoint.display(), "{DETACHED_BUSY}");
+        patience.wait(runtime, nfs_client_lets_go(server.port()))
+    } else {
+        info!(mountpoint = %mountpoint.display(), "mount busy (files open): still mounted; serving until they are closed, then unmounting");
+        patience.wait(
+            runtime,
+            unmount_once_free(mountpoint, |path| {
+                stagefs_nfs::kernel_mount::unmount(path, false)
+            }),
+        )
+    };
+    if released.is_none() && !cfg!(target_os = "linux") {
+        // Asked again, or out of patience: the old way, whatever it breaks.
+        force_unmount_nfs(mountpoint);
+    }
+    released
+}
+
+fn force_unmount_nfs(mountpoint: &Path) {
+    if let Err(e) = stagefs_nfs::kernel_mount::unmount(mountpoint, true) {
+        warn!(error = %e, mountpoint = %mountpoint.display(), "forced unmount failed");
+    }
+}
+
+/// Returns once the kernel's NFS client no longer holds a mount of the export on
+/// `port` (the last file open in a detached mount was closed).
+async fn nfs_client_lets_go(port: u16) {
+    while stagefs_nfs::kernel_mount::client_holds(port) {
+        tokio::time::sleep(NFS_MOUNT_WATCH).await;
+    }
+}
+
+/// Tries `unmount` every [`BUSY_RETRY`] while it is refused as busy; returns once it
+/// succeeded or failed otherwise (e.g. unmounted from outside meanwhile).
+async fn unmount_once_free(mountpoint: &Path, unmount: fn(&Path) -> std::io::Result<()>) {
+    loop {
+        tokio::time::sleep(BUSY_RETRY).await;
+        let path = mountpoint.to_path_buf();
+        match tokio::task::spawn_blocking(move || unmount(&path)).await {
+            Ok(Err(e)) if is_busy(&e) => continue,
+            Ok(Err(e)) => {
+                warn!(error = %e, mountpoint = %mountpoint.display(), "unmount failed");
+                return;
+            }
+            _ => return,
+        }
     }
 }
 
@@ -387,16 +556,6 @@ async fn unmounted_from_outside(mountpoint: &Path, mounted: bool) {
     }
 }
 
-/// Unmounts an NFS mount, forcibly if a plain unmount is refused (files open).
-fn unmount_nfs(mountpoint: &Path) {
-    if let Err(e) = stagefs_nfs::kernel_mount::unmount(mountpoint, false) {
-        warn!(error = %e, "unmount failed; forcing it");
-        if let Err(e) = stagefs_nfs::kernel_mount::unmount(mountpoint, true) {
-            warn!(error = %e, "forced unmount failed");
-        }
-    }
-}
-
 fn flatten(
     result: Result<std::io::Result<()>, oneshot::error::RecvError>,
 ) -> Result<(), MountError> {
@@ -407,16 +566,36 @@ fn flatten(
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, the ways a daemon is asked to stop (`systemctl stop`, launchd,
+/// a logout, Ctrl-C). Kept for the whole stop, so a second signal is seen too.
+struct StopSignals {
+    streams: Option<(Signal, Signal)>,
+}
+
+impl StopSignals {
+    /// Listens from now on; call within the runtime.
+    fn new() -> StopSignals {
+        let streams = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Some((term, int)),
+            (Err(e), _) | (_, Err(e)) => {
+                warn!(error = %e, "cannot listen for SIGTERM/SIGINT; only an unmount stops this mount");
+                None
+            }
+        };
+        StopSignals { streams }
+    }
+
+    /// Returns at the next SIGTERM or SIGINT (never, where they cannot be listened for).
+    async fn next(&mut self) {
+        let Some((term, int)) = &mut self.streams else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }

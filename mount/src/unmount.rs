@@ -191,6 +191,19 @@ fn wait_for_release(cache_dir: &Path, limit: Duration) -> bool {
     true
 }
 
+/// Detaches the mount at `mountpoint` lazily (Linux `umount2(MNT_DETACH)`, or
+/// `fusermount3 -u -z` for an ordinary user's mount): new lookups no longer see it,
+/// and the kernel keeps it for the files open in it until the last one is closed.
+/// For a daemon stopping while its mount is busy; the caller checked it is its own.
+pub(crate) fn detach(mountpoint: &Path) -> io::Result<()> {
+    unmount_path(mountpoint, How::Lazy)
+}
+
+/// A plain unmount of the mount at `mountpoint`, refused (EBUSY) while it is in use.
+pub(crate) fn try_unmount(mountpoint: &Path) -> io::Result<()> {
+    unmount_path(mountpoint, How::Normal)
+}
+
 fn unmount_path(mountpoint: &Path, how: How) -> io::Result<()> {
     platform::unmount(mountpoint, how)
 }
@@ -226,14 +239,21 @@ mod platform {
         if how == How::Lazy {
             helper.arg("-z");
         }
-        let status = helper.status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io::Error::other(format!(
-                "fusermount3 -u exited with {status}"
-            )))
+        let output = helper.output()?;
+        if output.status.success() {
+            return Ok(());
         }
+        let said = String::from_utf8_lossy(&output.stderr);
+        // fusermount3 says why in words only ("…: Device or resource busy"): a busy
+        // mount must read as EBUSY, as the root's umount2 gives it, to be told apart.
+        if said.contains("busy") {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        Err(io::Error::other(format!(
+            "fusermount3 -u exited with {}: {}",
+            output.status,
+            said.trim()
+        )))
     }
 }
 

@@ -70,7 +70,8 @@ pub fn mount(port: u16, mountpoint: &Path, read_only: bool) -> io::Result<()> {
 }
 
 /// Unmounts `mountpoint`; `force` (macOS `umount -f`, Linux a lazy detach) even
-/// while something has files open in it.
+/// while something has files open in it. A plain unmount refused because files are
+/// open there fails with [`io::ErrorKind::ResourceBusy`].
 pub fn unmount(mountpoint: &Path, force: bool) -> io::Result<()> {
     let mut command = Command::new("umount");
     if force {
@@ -84,11 +85,38 @@ pub fn unmount(mountpoint: &Path, force: bool) -> io::Result<()> {
     if output.status.success() {
         return Ok(());
     }
-    Err(io::Error::other(format!(
-        "umount {} failed: {}",
-        mountpoint.display(),
-        String::from_utf8_lossy(&output.stderr).trim()
-    )))
+    let said = String::from_utf8_lossy(&output.stderr);
+    // umount says so in words only: Linux "target is busy", macOS "Resource busy".
+    let kind = match said.contains("busy") {
+        true => io::ErrorKind::ResourceBusy,
+        false => io::ErrorKind::Other,
+    };
+    Err(io::Error::new(
+        kind,
+        format!("umount {} failed: {}", mountpoint.display(), said.trim()),
+    ))
+}
+
+/// Where Linux lists every NFS superblock of this network namespace, one a line,
+/// a lazily detached one included until its last open file is closed.
+const NFS_VOLUMES: &str = "/proc/fs/nfsfs/volumes";
+
+/// Whether the kernel's NFS client still holds a mount of the export on `port`
+/// (Linux), such as one detached with `umount -l` while files are open in it: the
+/// server must keep answering those files until this turns false. False where the
+/// list cannot be read (macOS, no NFS client loaded).
+pub fn client_holds(port: u16) -> bool {
+    std::fs::read_to_string(NFS_VOLUMES).is_ok_and(|list| volumes_name_port(&list, port))
+}
+
+/// Whether a `/proc/fs/nfsfs/volumes` text lists a volume served on `port`. Its
+/// lines read `v3 7f000001  d431 0:53 0:0 no`: version, server address and port in
+/// hex, device, fsid, fscache. Only our loopback server is mounted on our port.
+fn volumes_name_port(list: &str, port: u16) -> bool {
+    let port = format!("{port:x}");
+    list.lines()
+        .skip(1)
+        .any(|line| line.split_whitespace().nth(2) == Some(port.as_str()))
 }
 
 #[cfg(target_os = "macos")]
@@ -146,6 +174,20 @@ mod tests {
             !writable.contains("rdonly") && !writable.split(',').any(|o| o == "ro"),
             "{writable}"
         );
+    }
+
+    #[test]
+    fn a_volume_on_our_port_is_found_in_the_kernels_list_and_others_are_not() {
+        let list = "NV SERVER   PORT DEV          FSID                              FSC\n\
+                    v3 7f000001  d431 0:53         0:0                               no\n\
+                    v4 c0a80001  801 0:60         1234:5678                         no\n";
+        assert!(volumes_name_port(list, 0xd431));
+        assert!(volumes_name_port(list, 2049));
+        assert!(!volumes_name_port(list, 0x801 + 1));
+        assert!(!volumes_name_port(
+            "NV SERVER   PORT DEV FSID FSC\n",
+            0xd431
+        ));
     }
 
     fn options_of(port: u16, read_only: bool) -> String {

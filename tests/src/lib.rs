@@ -665,6 +665,34 @@ impl Mount {
         self.shutdown();
     }
 
+    /// Sends `signal` (e.g. `libc::SIGTERM`, as `systemctl stop` does) to the daemon.
+    pub fn signal(&self, signal: i32) {
+        let pid = self.pid().expect("the daemon runs");
+        let pid = libc::pid_t::try_from(pid).expect("pid");
+        // SAFETY: kill has no memory-safety preconditions; pid is our own child.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
+    }
+
+    /// Whether the daemon has exited (it is then reaped).
+    pub fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|child| matches!(child.try_wait(), Ok(Some(_))))
+    }
+
+    /// Waits for the daemon to exit by itself (a minute at most) and returns how it
+    /// ended; the mount is then left to the test.
+    #[track_caller]
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("the daemon was running");
+        let mut status = None;
+        wait_for("the daemon to exit", || {
+            status = child.try_wait().expect("waiting for the daemon");
+            status.is_some()
+        });
+        status.expect("exit status")
+    }
+
     /// Kills the daemon with SIGKILL, as a crash would, leaving a dead mount behind.
     pub fn kill_daemon(&mut self) {
         if let Some(child) = self.child.as_mut() {
@@ -720,6 +748,74 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// A process holding a file open and mapped (tests/py/mmap_holder.py), as a loader
+/// holds a shard while it runs; killed when dropped.
+pub struct MmapHolder {
+    child: Child,
+    lines: BufReader<std::process::ChildStdout>,
+}
+
+impl MmapHolder {
+    /// Starts `python` (e.g. [`python`] or [`TestUser::python`]) on `path` and waits
+    /// until the file is open and mapped, no page touched yet.
+    pub fn start(mut python: Command, path: &Path) -> MmapHolder {
+        let mut child = python
+            .arg(workspace_root().join("tests/py/mmap_holder.py"))
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the holder");
+        let lines = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut holder = MmapHolder { child, lines };
+        let line = holder.next_line();
+        assert_eq!(
+            line.trim(),
+            "mapped",
+            "the holder could not map {}",
+            path.display()
+        );
+        holder
+    }
+
+    /// Reads every byte through the mapping and through read(): the JSON line
+    /// `{"mapped": sha256, "read": sha256}`, or `{"error": ...}`.
+    pub fn read_all(&mut self) -> Value {
+        self.cue();
+        let line = self.next_line();
+        serde_json::from_str(&line).unwrap_or_else(|_| {
+            let status = self.child.wait().expect("holder status");
+            panic!("the holder died reading ({status}): {line:?}")
+        })
+    }
+
+    /// Unmaps, closes and waits for the holder's exit.
+    pub fn close(mut self) -> std::process::ExitStatus {
+        self.cue();
+        self.child.wait().expect("holder status")
+    }
+
+    fn cue(&mut self) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"go\n").expect("cueing the holder");
+        stdin.flush().expect("cueing the holder");
+    }
+
+    fn next_line(&mut self) -> String {
+        let mut line = String::new();
+        self.lines.read_line(&mut line).expect("reading the holder");
+        line
+    }
+}
+
+impl Drop for MmapHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -1,16 +1,20 @@
 //! The cache's lifecycle on real mounts: shared blobs, the budget, pinning, status,
-//! evict and verify with and without a mount, crashes and corruption.
+//! evict and verify with and without a mount, crashes, corruption, and stopping the
+//! daemon while a model is open.
 
 use std::fs::{self, File};
 use std::io::Read;
 use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use sha2::{Digest, Sha256};
 use stagefs_tests::{
-    Mount, NetFs, Scratch, generate, run_stagefs, staged_files, status_json, temp_files, wait_for,
+    MmapHolder, Mount, NetFs, Scratch, generate, is_mounted, python, run_stagefs, staged_files,
+    status_json, temp_files, wait_for,
 };
 
 fn same_bytes(a: &Path, b: &Path) -> bool {
@@ -292,4 +296,112 @@ fn kill_9_mid_stage_leaves_nothing_partial_and_a_remount_recovers() {
     );
     assert!(same_bytes(&mount.path(&shard), &s.hub.join(&shard)));
     assert_eq!(mount.metrics().stage_copies, 1);
+}
+
+/// The sha256 (hex) of a file's bytes.
+fn sha256_of(path: &Path) -> String {
+    let digest = Sha256::digest(fs::read(path).expect("read the source"));
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A daemon serving every page itself (no link to the copy, no kernel passthrough):
+/// what a mapping faults on is answered by this process, so stopping it cannot go
+/// unnoticed by a holder.
+const SERVED_BY_THE_DAEMON: &[&str] = &["--no-prefetch", "--no-redirect", "--no-passthrough"];
+
+/// Waits until the mount has left the mount table and its mount point is a plain,
+/// empty directory again to a new lookup.
+#[track_caller]
+fn wait_detached(mount: &Mount) {
+    wait_for("the busy mount to be detached", || !is_mounted(&mount.mnt));
+    let entries: Vec<_> = fs::read_dir(&mount.mnt)
+        .expect("a new lookup finds a plain directory, not a dead mount")
+        .collect();
+    assert!(
+        entries.is_empty(),
+        "the mount point shows nothing: {entries:?}"
+    );
+}
+
+#[test]
+fn sigterm_while_a_shard_is_mapped_detaches_and_serves_it_until_closed() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/held", 1, "8M");
+    let shard = model.shards().remove(0);
+    let source_sha = sha256_of(&s.hub.join(&shard));
+    let mut mount = Mount::start(&s.hub, &s.mnt, &s.cache, SERVED_BY_THE_DAEMON);
+    let mut holder = MmapHolder::start(Command::new(python()), &mount.path(&shard));
+
+    // What `systemctl stop`, a logout or launchd does.
+    mount.signal(libc::SIGTERM);
+    wait_detached(&mount);
+    assert!(!mount.exited(), "the daemon still serves the open file");
+
+    // Every page is faulted in only now, after the stop was asked for.
+    let read = holder.read_all();
+    assert_eq!(
+        read["mapped"],
+        source_sha.as_str(),
+        "{read}\n{}",
+        mount.log_text()
+    );
+    assert_eq!(
+        read["read"],
+        source_sha.as_str(),
+        "{read}\n{}",
+        mount.log_text()
+    );
+    assert!(
+        !mount.exited(),
+        "the daemon serves until the file is closed"
+    );
+
+    let closed = holder.close();
+    assert!(
+        closed.success(),
+        "the holder exited cleanly (no SIGBUS): {closed}"
+    );
+    let status = mount.wait_exit();
+    let log = mount.log_text();
+    assert!(
+        status.success(),
+        "the daemon exits 0 once the file is closed: {status}\n{log}"
+    );
+    assert!(
+        log.contains("mount busy (files open): detached; serving open files until they are closed"),
+        "{log}"
+    );
+    assert!(!log.contains("unmount failed"), "{log}");
+    drop(mount);
+
+    // The cache's lock went with the daemon: a new mount on it starts at once.
+    let again = Mount::start(&s.hub, &s.mnt, &s.cache, &[]);
+    assert_eq!(sha256_of(&again.path(&shard)), source_sha);
+}
+
+#[test]
+fn a_second_sigterm_while_detached_stops_at_once_and_frees_the_cache() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/held-twice", 1, "4M");
+    let shard = model.shards().remove(0);
+    let mut mount = Mount::start(&s.hub, &s.mnt, &s.cache, SERVED_BY_THE_DAEMON);
+    let holder = MmapHolder::start(Command::new(python()), &mount.path(&shard));
+
+    mount.signal(libc::SIGTERM);
+    wait_detached(&mount);
+    mount.signal(libc::SIGTERM);
+    let status = mount.wait_exit();
+    assert!(status.success(), "{status}\n{}", mount.log_text());
+    assert!(
+        !is_mounted(&s.mnt),
+        "no dead mount is left at the mount point"
+    );
+    drop(holder);
+    drop(mount);
+
+    let again = Mount::start(&s.hub, &s.mnt, &s.cache, &[]);
+    assert_eq!(
+        sha256_of(&again.path(&shard)),
+        sha256_of(&s.hub.join(&shard))
+    );
 }

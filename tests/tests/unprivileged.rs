@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 use stagefs_cache::Key;
 use stagefs_tests::{
-    Model, Mount, Scratch, TestUser, generate, hf_offline_env, python, staged_files,
-    staged_files_of_at_least, stagefs_bin, wait_for_within,
+    MmapHolder, Model, Mount, Scratch, TestUser, generate, hf_offline_env, is_mounted, python,
+    staged_files, staged_files_of_at_least, stagefs_bin, wait_for_within,
 };
 
 /// Longer than the mount's 1 s attribute and entry TTL, so the kernel asks again.
@@ -1037,4 +1037,51 @@ fn the_demo_as_an_ordinary_user_prints_a_clean_table() {
         "{stdout}"
     );
     assert!(stdout.contains("every byte matched the source"), "{stdout}");
+}
+
+/// Issue 34 (case 5), for a mount made through fusermount3: SIGTERM while a shard is
+/// mapped detaches the mount (fuser runs `fusermount3 -u -z` itself) and the daemon
+/// serves the mapping until it is closed, then exits and frees the cache.
+#[test]
+fn sigterm_while_the_users_shard_is_mapped_serves_it_until_closed() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    let model = generate(&s.hub, "acme/held", 1, "8M");
+    let shard = model.shards().remove(0);
+    let sha = blob_sha256(&model, &s.hub, file_name(&shard));
+    // No link to the copy: every page the mapping faults on is served by the daemon.
+    let mut mount = s.mount(&["--no-prefetch", "--no-redirect"]);
+    let mut holder = MmapHolder::start(user.python(), &mount.path(&shard));
+
+    mount.signal(libc::SIGTERM);
+    wait_for_within(
+        "the busy mount to be detached",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || !is_mounted(&s.mnt),
+    );
+    let read = holder.read_all();
+    assert_eq!(read["mapped"], sha.as_str(), "{read}\n{}", mount.log_text());
+    assert_eq!(read["read"], sha.as_str(), "{read}\n{}", mount.log_text());
+    assert!(
+        !mount.exited(),
+        "the daemon serves until the file is closed"
+    );
+    let log = mount.log_text();
+    assert!(
+        log.contains("mount busy (files open): detached; serving open files until they are closed"),
+        "{log}"
+    );
+
+    let closed = holder.close();
+    assert!(
+        closed.success(),
+        "the holder exited cleanly (no SIGBUS): {closed}"
+    );
+    let status = mount.wait_exit();
+    assert!(status.success(), "{status}\n{}", mount.log_text());
+    drop(mount);
+
+    let again = s.mount(&[]);
+    assert_eq!(user.sha256(&again.path(&shard)), Ok(sha));
 }
