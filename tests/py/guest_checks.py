@@ -28,6 +28,11 @@ the source directly. The groups (all by default):
             the mounted HF_HOME
     mlx     mlx_lm.load of a tiny Llama (only with "mlx_lm": true: importing mlx_lm
             alone takes ~25 s under TCG, the load ~50 s in all)
+    nas     a third export whose source is an sshfs NAS on the host: the model is
+            read once (staged), then the host drops sshfs's connection (sshfs
+            exits and unmounts), kills sshfs (ENOTCONN), and mounts it again; each
+            time the staged model reads right, writes fail with EIO and land
+            nowhere, and an unseen name fails at once
     fault   the host's `stagefs serve` killed with the mount up (coordinated with
             the test through files in the scratch directory): what a reader gets,
             what a signal does, a restart on the same port, `umount -f` and `-l`
@@ -54,7 +59,7 @@ import time
 import traceback
 
 SPEC = json.load(open(sys.argv[1]))
-GROUPS = sys.argv[2:] or ["mount", "read", "own", "doctor", "write", "hub", "mlx", "fault"]
+GROUPS = sys.argv[2:] or ["mount", "read", "own", "doctor", "write", "hub", "mlx", "nas", "fault"]
 HF = SPEC["hf"]
 # huggingface_hub reads its environment once, at import: this process is an offline
 # client of the mounted HF_HOME (the `hf download` of the hub group is a process of
@@ -792,6 +797,96 @@ def holders(mnt):
         except OSError:
             continue
     return ", ".join(sorted(found))
+
+
+# --- nas: the source of the third export, an sshfs NAS on the host, fails -----------
+
+NAS = SPEC["nas"]
+
+
+def nas_shards():
+    """(through the mount, at the source) for each shard of the NAS's hub cache."""
+    snap = os.path.join("models--" + NAS["repo"].replace("/", "--"), "snapshots", NAS["commit"])
+    return [(os.path.join(NAS["mnt"], snap, name), os.path.join(NAS["src"], snap, name)) for name in NAS["shards"]]
+
+
+def nas_shards_read_right(when):
+    # Past the client's attribute cache (actimeo=1), so the server is asked again.
+    time.sleep(1.5)
+    for path, src in nas_shards():
+        assert sha256(path) == sha256(src), f"{when}: {os.path.basename(path)} differs from the source"
+
+
+def nas_writes_fail_with_eio(when):
+    for name, make in (("written-while-nas-gone.txt", lambda p: write(p, b"oops")), ("runs", os.mkdir)):
+        path = os.path.join(NAS["mnt"], name)
+        try:
+            make(path)
+        except OSError as e:
+            assert e.errno == errno.EIO, f"{when}: {name}: {errno.errorcode.get(e.errno, e.errno)}, not EIO"
+        else:
+            raise AssertionError(f"{when}: creating {name} succeeded")
+        assert not os.path.lexists(os.path.join(NAS["src"], name)), f"{when}: {name} reached the export"
+
+
+def nas_unseen_name_fails_at_once(when):
+    started = time.monotonic()
+    expect_errno(errno.EIO, os.stat, os.path.join(NAS["mnt"], f"never-seen-{when}.json"))
+    took = time.monotonic() - started
+    assert took < NAS["timeout"], f"{when}: an unseen name waited {took:.1f} s"
+    return took
+
+
+@check("nas")
+def a_model_on_an_sshfs_nas_reads_right_and_is_staged():
+    for path, src in nas_shards():
+        assert sha256(path) == sha256(src), f"{os.path.basename(path)} differs from the source"
+    listed = sorted(os.listdir(os.path.dirname(nas_shards()[0][0])))
+    assert listed, "the snapshot lists"
+    os.listdir(NAS["mnt"])
+
+
+@check("nas")
+def with_the_nas_unmounted_underneath_the_staged_model_reads_and_writes_land_nowhere():
+    signal_host("nas-drop")
+    await_host("nas-drop")
+    nas_shards_read_right("unmounted underneath")
+    assert os.listdir(NAS["mnt"]), "the mount lists the source, not the empty mount point"
+    nas_writes_fail_with_eio("unmounted underneath")
+    took = nas_unseen_name_fails_at_once("unmounted")
+    signal_host("nas-underneath")
+    await_host("nas-underneath")
+    underneath = json.loads(read(os.path.join(SPEC["scratch"], "fault-nas-underneath-done")))
+    assert underneath == [], f"written under the NAS's mount point on the host: {underneath}"
+    return f"an unseen name failed in {took:.3f} s"
+
+
+@check("nas")
+def with_sshfs_killed_the_staged_model_reads_and_writes_fail():
+    signal_host("nas-kill")
+    await_host("nas-kill", limit=60)
+    nas_shards_read_right("sshfs killed")
+    nas_writes_fail_with_eio("sshfs killed")
+    took = nas_unseen_name_fails_at_once("killed")
+    return f"an unseen name failed in {took:.3f} s"
+
+
+@check("nas")
+def once_the_nas_is_mounted_again_it_is_served_again():
+    signal_host("nas-back")
+    await_host("nas-back", limit=60)
+    path = os.path.join(NAS["mnt"], "added-later.txt")
+    started = time.monotonic()
+    while True:
+        try:
+            if read(path) == b"new on the nas":
+                break
+        except OSError:
+            pass
+        assert time.monotonic() - started < 60, "not served 60 s after the NAS was mounted again"
+        time.sleep(0.5)
+    nas_shards_read_right("mounted again")
+    return f"served {time.monotonic() - started:.1f} s after it was mounted again"
 
 
 FAULTY = {}

@@ -10,7 +10,7 @@
 //! kernel does MOUNT itself, no mount.nfs) through qemu's user network, whose
 //! forwards are `socat` runs that connect from a reserved port, as the server wants
 //! of a Linux client. There tests/py/guest_checks.py runs every check once, in groups
-//! (mount, read, own, doctor, write, hub, mlx, fault; see its docstring), and each
+//! (mount, read, own, doctor, write, hub, mlx, nas, fault; see its docstring), and each
 //! test below asserts that its group passed. The fault group is a dialogue with this
 //! process through files in the scratch directory: the guest asks, the host kills
 //! the server (SIGKILL), restarts it on the same port, kills it again.
@@ -33,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
-use stagefs_tests::{Layout, Scratch, Served, ShapedSource, stagefs_bin, workspace_root};
+use stagefs_tests::{
+    Layout, NetFs, Scratch, Served, ShapedSource, generate, stagefs_bin, workspace_root,
+};
 
 const ID: &str = "acme/served";
 const PLAIN_ID: &str = "acme/plain";
@@ -49,6 +51,10 @@ const GUEST_LIMIT: Duration = Duration::from_secs(420);
 /// The guest's mount points (in its own /tmp, a tmpfs).
 const HF_MNT: &str = "/tmp/nfs-hf";
 const PLAIN_MNT: &str = "/tmp/nfs-plain";
+const NAS_MNT: &str = "/tmp/nfs-nas";
+const NAS_ID: &str = "acme/on-a-nas";
+/// The NAS export's `--source-timeout`: an unseen name must fail well before it.
+const NAS_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What the guest's run left.
 struct Run {
@@ -147,6 +153,21 @@ fn boot() -> Result<Run, String> {
     let mut served = Served::try_start(&hf.root, &s.cache, &[])?;
     let port = served.port();
     let plain_served = Served::try_start(&plain.root, &scratch.join("cache-plain"), &[])?;
+    // The nas group's export: a hub cache on an sshfs NAS (its mount point outside
+    // the scratch directory, which the guest sees over 9p: a dead FUSE mount must
+    // not stand in its way), that the host drops, kills and mounts again.
+    let nas_export = scratch.join("nas-export");
+    let nas_model = generate(&nas_export, NAS_ID, 2, SHARD_SIZE);
+    let nas_place = tempfile::Builder::new()
+        .prefix("stagefs-nas-")
+        .tempdir()
+        .map_err(|e| format!("a tempdir for the NAS: {e}"))?;
+    let nas = NetFs::up(&nas_export, &nas_place.path().join("nas"), "200mbit");
+    let nas_served = Served::try_start(
+        &nas.mnt,
+        &scratch.join("cache-nas"),
+        &["--source-timeout", &format!("{}s", NAS_TIMEOUT.as_secs())],
+    )?;
 
     let spec = json!({
         "scratch": scratch,
@@ -174,6 +195,14 @@ fn boot() -> Result<Run, String> {
             "shards": own.shard_names(),
         },
         "fault": {"file": "fault/a.bin", "file2": "fault/b.bin", "file3": "fault/c.bin"},
+        "nas": {
+            "mnt": NAS_MNT,
+            "src": nas_export,
+            "repo": NAS_ID,
+            "commit": nas_model.commit,
+            "shards": nas_model.files.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+            "timeout": NAS_TIMEOUT.as_secs(),
+        },
     });
     fs::write(
         scratch.join("spec.json"),
@@ -187,6 +216,7 @@ fn boot() -> Result<Run, String> {
         .arg(&scratch)
         .env("NFS_PORT", port.to_string())
         .env("NFS_PORT2", plain_served.port().to_string())
+        .env("NFS_PORT3", nas_served.port().to_string())
         .env("HUB_PORT", &hub_port)
         .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
         .stdin(Stdio::null())
@@ -238,6 +268,16 @@ fn boot() -> Result<Run, String> {
             ));
             fs::write(&done, &what).expect("answer the guest");
         }
+        for step in ["nas-drop", "nas-underneath", "nas-kill", "nas-back"] {
+            let asked = scratch.join(format!("fault-{step}"));
+            let done = scratch.join(format!("fault-{step}-done"));
+            if !asked.exists() || done.exists() {
+                continue;
+            }
+            let answer = nas_step(step, &nas, &nas_export);
+            host_did.push(format!("{:.1} s: {step}", started.elapsed().as_secs_f64()));
+            fs::write(&done, answer).expect("answer the guest");
+        }
         std::thread::sleep(Duration::from_millis(100));
     };
     let mut qemu_err = String::new();
@@ -246,6 +286,8 @@ fn boot() -> Result<Run, String> {
     }
     drop(served);
     drop(plain_served);
+    drop(nas_served);
+    drop(nas);
     drop(hub);
 
     let read = |name: &str| fs::read_to_string(scratch.join(name)).unwrap_or_default();
@@ -282,6 +324,33 @@ fn boot() -> Result<Run, String> {
     Ok(run)
 }
 
+/// What the host does for a step of the nas group; the answer the guest reads.
+fn nas_step(step: &str, nas: &NetFs, export: &Path) -> String {
+    match step {
+        "nas-drop" => nas.drop_connection(),
+        // What is under the NAS's mount point, as JSON: nothing may have been written.
+        "nas-underneath" => {
+            let names: Vec<String> = fs::read_dir(&nas.mnt)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_else(|e| vec![format!("(could not list: {e})")]);
+            return serde_json::to_string(&names).expect("json");
+        }
+        "nas-kill" => {
+            nas.mount_again();
+            nas.kill_sshfs();
+        }
+        _ => {
+            nas.mount_again();
+            fs::write(export.join("added-later.txt"), b"new on the nas").expect("write");
+        }
+    }
+    step.to_string()
+}
+
 /// `count` small files in `dir`, named `prefix-NNNNN`.
 fn fill_dir(dir: &Path, count: usize, prefix: &str) {
     fs::create_dir_all(dir).expect("mkdir");
@@ -300,10 +369,10 @@ fn guest_script(scratch: &Path) -> String {
     format!(
         r#"set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home LANG=C.UTF-8
-mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT}
+mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT} {NAS_MNT}
 cd /tmp
 opts=vers=3,tcp,port=2049,mountport=2049,rsize=1048576,wsize=1048576,actimeo=1,hard,local_lock=all,mountproto=tcp
-for m in "10.0.2.100 {HF_MNT}" "10.0.2.102 {PLAIN_MNT}"; do
+for m in "10.0.2.100 {HF_MNT}" "10.0.2.102 {PLAIN_MNT}" "10.0.2.103 {NAS_MNT}"; do
     set -- $m
     t0=$(date +%s%N)
     timeout -k 5 60 mount -i -t nfs -o "$opts,addr=$1" "$1:/" "$2" || echo "guest: mount $1:/ $2 failed: $?"
@@ -413,6 +482,11 @@ fn stagefs_mount_with_the_nfs_backend_in_the_guest() {
 #[test]
 fn doctor_with_the_nfs_backend_does_not_require_fuse() {
     assert_group("doctor");
+}
+
+#[test]
+fn a_nas_unmounted_underneath_or_killed_keeps_serving_staged_models_over_nfs() {
+    assert_group("nas");
 }
 
 #[test]

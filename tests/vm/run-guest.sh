@@ -15,6 +15,7 @@
 #   10.0.2.100:2049 -> 127.0.0.1:$NFS_PORT  from a reserved port (the server takes
 #                                           Linux clients only from one): `lowport`
 #   10.0.2.102:2049 -> 127.0.0.1:$NFS_PORT2 (a second export), also from a reserved port
+#   10.0.2.103:2049 -> 127.0.0.1:$NFS_PORT3 (a third), also from a reserved port
 #   10.0.2.101:80   -> 127.0.0.1:$HUB_PORT  (a local Hub)
 # each only when its variable is set.
 # GUEST_TIMEOUT (seconds, default 420) bounds the whole run (the guest itself gives
@@ -50,6 +51,9 @@ if [ -n "${NFS_PORT:-}" ]; then
 fi
 if [ -n "${NFS_PORT2:-}" ]; then
     net+=",guestfwd=tcp:10.0.2.102:2049-cmd:socat STDIO TCP:127.0.0.1:${NFS_PORT2},,lowport"
+fi
+if [ -n "${NFS_PORT3:-}" ]; then
+    net+=",guestfwd=tcp:10.0.2.103:2049-cmd:socat STDIO TCP:127.0.0.1:${NFS_PORT3},,lowport"
 fi
 if [ -n "${HUB_PORT:-}" ]; then
     net+=",guestfwd=tcp:10.0.2.101:80-cmd:socat STDIO TCP:127.0.0.1:${HUB_PORT}"
