@@ -221,3 +221,75 @@ fn once_the_nas_is_known_away_a_staged_model_loads_without_waiting_the_timeout()
         back.as_secs_f64()
     );
 }
+
+/// `bytes` of pseudo-random content from `seed`.
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
+        .collect()
+}
+
+/// Writes `bytes` to `path` with modification time `mtime`.
+fn write_with_mtime(path: &Path, bytes: &[u8], mtime: std::time::SystemTime) {
+    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    fs::write(path, bytes).expect("write");
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("set the mtime");
+}
+
+const WEIGHTS: &str = "models/plain/model.safetensors";
+
+#[test]
+fn a_source_file_replaced_by_one_of_the_same_size_and_mtime_is_staged_again() {
+    // What `cp -p`, `rsync -t` or a tool writing a temp file and renaming it over
+    // the old one leaves: another inode, the old size and mtime. (Over sshfs this
+    // cannot be seen: it reports an inode of its own per path and its mtime as the
+    // change time. So the source here is a local directory.)
+    let s = Scratch::new();
+    let path = s.hub.join(WEIGHTS);
+    let mtime = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    write_with_mtime(&path, &content(4 << 20, 1), mtime);
+    let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &["--no-prefetch"]);
+    assert!(fs::read(mount.path(WEIGHTS)).expect("read") == fs::read(&path).expect("source"));
+    wait_for("the copy", || staged_files(&s.cache).len() == 1);
+    let replacement = s.hub.join("models/plain/.model.safetensors.tmp");
+    write_with_mtime(&replacement, &content(4 << 20, 2), mtime);
+    fs::rename(&replacement, &path).expect("rename over");
+    sleep(Duration::from_millis(1500)); // past the kernel's 1 s caches
+    let served = fs::read(mount.path(WEIGHTS)).expect("read again");
+    assert!(
+        served == fs::read(&path).expect("source"),
+        "the copy of the replaced file was served"
+    );
+}
+
+#[test]
+fn another_nas_mounted_on_the_same_cache_never_gets_the_first_ones_copies() {
+    // Two sshfs NASes with a file at the same path, of the same size and mtime:
+    // sshfs numbers inodes by lookup order and reports the mtime as the change
+    // time, so nothing in the file's stamp tells them apart; the cache's record of
+    // its source does.
+    let s = Scratch::new();
+    let mtime = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let exports = [s.dir.path().join("export-a"), s.dir.path().join("export-b")];
+    for (seed, export) in exports.iter().enumerate() {
+        write_with_mtime(&export.join(WEIGHTS), &content(4 << 20, seed as u64), mtime);
+    }
+    for (n, export) in exports.iter().enumerate() {
+        let remote = NetFs::up(export, &s.dir.path().join(format!("nas-{n}")), "1gbit");
+        let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+        let served = fs::read(mount.path(WEIGHTS)).expect("read");
+        assert!(
+            served == fs::read(export.join(WEIGHTS)).expect("source"),
+            "NAS {n}: another source's copy was served"
+        );
+        wait_for("the copy", || {
+            mount.in_flight().is_empty() && staged_files(&s.cache).len() == 1
+        });
+        drop(mount);
+        drop(remote);
+    }
+}
