@@ -731,6 +731,46 @@ def unmount_ends_the_mount_and_the_daemon():
         time.sleep(0.3)
 
 
+@check("own")
+def sigterm_with_a_shard_mapped_detaches_and_serves_it_until_closed():
+    """What `systemctl stop` or a logout does to a mount whose model is open: the
+    mount is detached (umount -l), the open mapping keeps reading through the NFS
+    client, and the daemon exits once the kernel lets go of the volume."""
+    rc, out, _ = stagefs("mount", OWN["src"], OWN["mnt"], "--backend", "nfs", "--cache-dir", OWN["cache"])
+    assert rc == 0, f"stagefs mount: {rc}: {tail(out)}"
+    daemons = own_daemons()
+    assert daemons, "no daemon runs"
+    name = OWN["shards"][0]
+    holder = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "mmap_holder.py"),
+         os.path.join(own_snap(), name)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "mapped", "the holder did not map the shard"
+    os.sync()
+    write("/proc/sys/vm/drop_caches", b"3")
+    for pid in daemons:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while mounted(OWN["mnt"]):
+        assert time.monotonic() < deadline, "still mounted 30 s after SIGTERM"
+        time.sleep(0.2)
+    assert own_daemons(), "the daemon exited while a mapping was open"
+    holder.stdin.write("read\n")
+    holder.stdin.flush()
+    got = json.loads(holder.stdout.readline())
+    want = sha256(os.path.join(OWN_SRC_SNAP, name))
+    assert got.get("mapped") == want and got.get("read") == want, f"after the detach: {got}"
+    holder.stdin.write("close\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=30) == 0, f"the holder ended with {holder.returncode}"
+    deadline = time.monotonic() + 30
+    while own_daemons():
+        assert time.monotonic() < deadline, "the daemon still runs 30 s after the last close"
+        time.sleep(0.3)
+    return "detached, served the mapping, exited after the close"
+
+
 # --- fault: the host's server killed with the mount up ----------------------------------
 
 FAULT = SPEC["fault"]
