@@ -271,6 +271,13 @@ impl Findings {
                     let check = hub::shape_check(&report.path, survey, advise_mounting);
                     self.checks.push(check);
                 }
+                // A dead mount can still answer a stat of its root (the kernel's
+                // cached attributes) and fail the listing: the source check says so.
+                Err(e) if e.dead_mount() || e.away() => {
+                    self.checks.pop();
+                    self.checks.push(source_failed(report, e));
+                    return Err(Stop::Failed);
+                }
                 Err(e) => {
                     self.checks.push(unlisted(&readable_path(located), e));
                     return Err(Stop::Failed);
@@ -340,6 +347,11 @@ fn unanswered(gathered: &Gathered, report: &mut SourceReport, check: &'static st
 /// resolved.
 fn unreadable(gathered: &Gathered, report: &mut SourceReport, e: &StepError) -> Check {
     report.fs = got!(gathered, Lexical).cloned().unwrap_or_default();
+    source_failed(report, e)
+}
+
+/// The failed source check for `e`, on the filesystem the report names.
+fn source_failed(report: &SourceReport, e: &StepError) -> Check {
     let (path, fs) = (report.path.display(), &report.fs);
     let mount = match fs.mount_point.as_os_str().is_empty() {
         true => report.path.display(),
