@@ -14,7 +14,7 @@ use serde_json::Value;
 use stagefs_cache::source::fskind::filesystem_of;
 use stagefs_tests::{Mount, NetFs, Scratch, generate, stagefs_bin};
 
-/// Far above doctor's own 10 s per step: only a doctor that hangs hits it.
+/// Far above doctor's own 15 s deadline: only a doctor that hangs hits it.
 const HARNESS_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What one doctor run printed.
