@@ -79,6 +79,17 @@ pub struct SourceFs {
     pub mount_point: PathBuf,
 }
 
+impl SourceFs {
+    /// Whether this filesystem is no longer mounted where it was, given where the
+    /// filesystem holding the source's path is mounted now: a mount point above its
+    /// own means the path leads to the directory underneath (sshfs exited, the
+    /// automounter or a reboot left the share unmounted). One mounted deeper, or
+    /// elsewhere, is another matter.
+    pub fn unmounted_given(&self, mount_point_now: &Path) -> bool {
+        self.mount_point != mount_point_now && self.mount_point.starts_with(mount_point_now)
+    }
+}
+
 impl MountRecord {
     fn path(cache_dir: &Path) -> PathBuf {
         cache_dir.join("mount.json")

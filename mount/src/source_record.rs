@@ -48,9 +48,7 @@ pub(crate) fn refuse_an_unmounted_source(
     if !same_dir(&previous.source, source) {
         return Ok(());
     }
-    let unmounted =
-        was.mount_point != now.mount_point && was.mount_point.starts_with(&now.mount_point);
-    if unmounted {
+    if was.unmounted_given(&now.mount_point) {
         return Err(MountError::SourceNotMounted {
             source_dir: source.to_path_buf(),
             was: Box::new(was.clone()),

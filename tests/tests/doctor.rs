@@ -1,17 +1,20 @@
 //! `stagefs doctor` against real sources: a local directory, a path inside a live
-//! stagefs mount, a capped sshfs share, and a share whose link was cut.
+//! stagefs mount, a capped sshfs share, a share whose link was cut, one unmounted
+//! underneath, one whose sshfs was killed, and a source the user may not read.
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
-use stagefs_tests::{NetFs, Scratch, generate, stagefs_bin};
+use stagefs_cache::source::fskind::filesystem_of;
+use stagefs_tests::{Mount, NetFs, Scratch, generate, stagefs_bin};
 
-/// Far above doctor's own 10 s per step: only a doctor that hangs hits it.
+/// Far above doctor's own 15 s deadline: only a doctor that hangs hits it.
 const HARNESS_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What one doctor run printed.
@@ -219,7 +222,141 @@ fn a_cut_source_fails_instead_of_hanging() {
             .is_some_and(|t| t.contains("did not answer within"))),
         "{report:#}"
     );
+    // A hung link is told from a dead or unmounted share: its server does not answer.
+    let advice = check(&report, "source")["advice"]
+        .as_str()
+        .unwrap_or_default();
+    let expected = "its server or the network to it does not answer: check that the NAS is on and reachable; if it stays hung, `umount -l ";
+    assert!(advice.starts_with(expected), "{advice}");
     drop(remote);
+}
+
+/// `stagefs --no-config doctor [TARGET] --cache-dir CACHE`, as a user reads it.
+fn doctor_human(target: Option<&Path>, cache: &Path) -> Run {
+    match target {
+        Some(t) => stagefs(
+            &[&"--no-config", &"doctor", &t, &"--cache-dir", &cache],
+            &[],
+        ),
+        None => stagefs(&[&"--no-config", &"doctor", &"--cache-dir", &cache], &[]),
+    }
+}
+
+/// A report line as `doctor` renders it: the verdict and the name in their columns.
+fn line(verdict: &str, name: &str, summary: &str) -> String {
+    format!("{verdict:<6}{name:<13}{summary}")
+}
+
+/// An advice line, indented under its check.
+fn advice(text: &str) -> String {
+    format!("{:19}{text}", "")
+}
+
+/// Asserts that `run` failed with exit status 1 and printed `expected` lines in a
+/// row.
+fn fails_with(run: &Run, expected: &[String]) {
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let found = lines
+        .windows(expected.len())
+        .any(|w| w.iter().zip(expected).all(|(a, b)| a == b));
+    assert!(
+        found,
+        "expected\n{}\nin\n{}",
+        expected.join("\n"),
+        run.stdout
+    );
+}
+
+const SSHFS_HINT: &str = "add `-o reconnect,ServerAliveInterval=15` to the sshfs command so that it survives dropped connections";
+
+#[test]
+fn a_nas_unmounted_underneath_fails_and_says_to_mount_it_again() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/dropped", 1, "2M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    // The mount records in the cache which filesystem its source is on.
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &[]);
+    let nas = fs::canonicalize(&remote.mnt).expect("nas");
+    remote.drop_connection();
+    let below = filesystem_of(&nas).expect("the filesystem under the mount point");
+    let expected = [
+        line(
+            "fail",
+            "source",
+            &format!(
+                "{0}: the share is not mounted any more: it was fuse.sshfs at {0} when this cache was last mounted, and the path is now a directory of {1} ({2})",
+                nas.display(),
+                below.mount_point.display(),
+                below.fstype
+            ),
+        ),
+        advice(&format!(
+            "mount the share at {} again; {SSHFS_HINT}",
+            nas.display()
+        )),
+    ];
+    // With the mount running, doctor examines the source it serves.
+    fails_with(&doctor_human(None, &s.cache), &expected);
+    mount.unmount();
+    fails_with(&doctor_human(Some(&remote.mnt), &s.cache), &expected);
+}
+
+#[test]
+fn a_killed_sshfs_fails_and_names_the_unmount() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/killed", 1, "2M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "200mbit");
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &[]);
+    let nas = fs::canonicalize(&remote.mnt).expect("nas");
+    remote.kill_sshfs();
+    let shown = nas.display();
+    let expected = [
+        line(
+            "fail",
+            "source",
+            &format!(
+                "{shown}: the fuse.sshfs mount at {shown} is dead: Transport endpoint is not connected (os error 107)"
+            ),
+        ),
+        advice(&format!(
+            "unmount it with `fusermount3 -u {shown}` (as root: `umount -l {shown}`), then mount the share again; {SSHFS_HINT}"
+        )),
+    ];
+    fails_with(&doctor_human(None, &s.cache), &expected);
+    drop(mount);
+    fails_with(&doctor_human(Some(&nas), &s.cache), &expected);
+}
+
+#[test]
+fn a_source_the_user_may_not_read_fails_as_refused_not_as_empty() {
+    let s = Scratch::for_user();
+    generate(&s.hub, "acme/private", 1, "1M");
+    fs::set_permissions(&s.hub, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let user = s.user();
+    let mut command = user.command(stagefs_bin());
+    command.args(["--no-config", "doctor"]).arg(&s.hub);
+    command.arg("--cache-dir").arg(&s.cache);
+    let out = user.output(&mut command);
+    let run = Run {
+        success: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    let hub = fs::canonicalize(&s.hub).expect("hub").display().to_string();
+    let expected = [
+        line(
+            "fail",
+            "shape",
+            &format!("cannot list {hub}: Permission denied (os error 13)"),
+        ),
+        advice(&format!(
+            "give the user who runs stagefs read and search (x) permission on it and the directories above (`ls -ld {hub}` shows who has them)"
+        )),
+    ];
+    fails_with(&run, &expected);
+    assert!(!run.success && !run.stdout.contains("no model found"));
 }
 
 #[test]

@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 use serde::Serialize;
 use stagefs_cache::layout::models::Shape;
+use stagefs_control::SourceFs;
 
 pub(crate) use hub::usage as shape_usage;
 
@@ -113,11 +114,15 @@ pub(crate) fn run(
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
     let cache_dir = config.cache_dir_for(&args.cache, &targets)?;
     // The mount this cache serves (or served last) stands in for a configured one.
-    let config = match crate::mounts::recorded(&cache_dir) {
-        Some(record) => config.clone().filled_from(&record),
+    let record = crate::mounts::recorded(&cache_dir);
+    let config = match &record {
+        Some(record) => config.clone().filled_from(record),
         None => config.clone(),
     };
-    let mut report = examine(args.target.as_deref(), &cache_dir, &config)?;
+    // What the source was on when this cache was last mounted: a share unmounted
+    // since leaves a directory that looks like any other.
+    let last = record.and_then(|r| r.source_fs);
+    let mut report = examine(args.target.as_deref(), &cache_dir, &config, last.as_ref())?;
     if let Some(error) = config_error {
         let check = Check::fail("config", error)
             .advise("fix that line (keys and values are the flags'; see the README); the checks below ran without the file");
@@ -144,13 +149,19 @@ fn render(checks: &[Check]) -> String {
 }
 
 /// Asks one worker everything that touches a path, then judges what it answered.
-fn examine(arg: Option<&str>, cache_dir: &Path, config: &Config) -> anyhow::Result<Report> {
+fn examine(
+    arg: Option<&str>,
+    cache_dir: &Path,
+    config: &Config,
+    last: Option<&SourceFs>,
+) -> anyhow::Result<Report> {
     let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
     let source = Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs);
     let cache = Task::Cache(cache_dir.to_path_buf(), mountpoint.map(Into::into));
     let resolve = hub::paths_to_resolve(mountpoint).map(Task::Resolve);
     let tasks = [source, cache].into_iter().chain(resolve).collect();
-    judge(&worker::gather(tasks, DEADLINE), arg, cache_dir, config)
+    let gathered = worker::gather(tasks, DEADLINE);
+    judge(&gathered, arg, cache_dir, config, last)
 }
 
 /// The report from what the worker answered.
@@ -159,11 +170,12 @@ fn judge(
     arg: Option<&str>,
     cache_dir: &Path,
     config: &Config,
+    last: Option<&SourceFs>,
 ) -> anyhow::Result<Report> {
     // Without the worker's word, whether `org/name` is a path here is not known.
     let told = got!(gathered, Target).cloned();
     let target = told.unwrap_or_else(|| Target::of(arg, config.source(), |_| false));
-    let found = source::inspect(gathered, &target.map_err(|e| anyhow!(e))?)?;
+    let found = source::inspect(gathered, &target.map_err(|e| anyhow!(e))?, last)?;
     let mountpoint = config.configured_mountpoint();
     let mut roots = found.roots.clone();
     roots.extend(mountpoint.map(Into::into));
@@ -255,7 +267,13 @@ mod tests {
     #[test]
     fn a_source_and_cache_that_do_not_answer_fail() -> anyhow::Result<()> {
         let late = Gathered::late(Vec::new());
-        let report = judge(&late, Some("/nas/hub"), Path::new("/c"), &Config::default())?;
+        let report = judge(
+            &late,
+            Some("/nas/hub"),
+            Path::new("/c"),
+            &Config::default(),
+            None,
+        )?;
         let fails = report.checks.iter().filter(|c| c.verdict == Verdict::Fail);
         let failed: Vec<_> = fails.map(|c| c.name).collect();
         assert_eq!(failed, ["source", "cache"]);

@@ -12,11 +12,16 @@ use stagefs_cache::SourceTree;
 use stagefs_cache::layout::hf;
 use stagefs_cache::layout::models::{self, ModelKind, Survey};
 use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
+use stagefs_control::SourceFs;
 
 use super::model::{self, Model, Probe};
 use super::worker::{Gathered, Line, StepError, Tx, reply};
 use super::{Check, Verdict, hub};
 use crate::units::{count, format_bytes};
+
+/// What keeps an sshfs share mounted through a dropped connection, and makes a hung
+/// one fail instead of hang.
+const SSHFS_RECONNECT: &str = "-o reconnect,ServerAliveInterval=15";
 
 /// Below this rate a model takes long enough to stage that it deserves a warning.
 const SLOW_RATE: f64 = 25.0 * (1 << 20) as f64;
@@ -150,8 +155,16 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     let readable = readable_path(&located);
     let dirs = if configured { dirs } else { Vec::new() };
     if !located.is_file {
-        let tree = SourceTree::new(&readable).map_err(StepError::of);
-        send(Line::Survey(tree.map(|tree| models::survey(&tree, &dirs))));
+        // The survey skips what it cannot list: a source nobody may read would look
+        // empty ("no model found") instead of refused.
+        let listed = std::fs::read_dir(&readable).map_err(StepError::of);
+        let tree = listed.and_then(|_| SourceTree::new(&readable).map_err(StepError::of));
+        let survey = tree.map(|tree| models::survey(&tree, &dirs));
+        let listed = survey.is_ok();
+        send(Line::Survey(survey));
+        if !listed {
+            return;
+        }
     }
     let model = match model_id {
         Some(id) => model::find(&readable, id, &dirs),
@@ -173,10 +186,12 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
 }
 
 /// Why the checks ended early: a probe did not answer (the check named fails), the
-/// path could not be read at all, or a bad argument (doctor reports an error).
+/// path could not be read at all, a failed check said why the rest cannot run, or a
+/// bad argument (doctor reports an error).
 enum Stop {
     Unanswered(&'static str),
     Unreadable(StepError),
+    Failed,
     Invalid(anyhow::Error),
 }
 
@@ -185,9 +200,15 @@ fn arrived<T>(answer: Option<T>, check: &'static str) -> Result<T, Stop> {
     answer.ok_or(Stop::Unanswered(check))
 }
 
-/// The source checks for `target` from what the worker answered. Errors only for a
-/// bad argument: a path that does not exist, a model the source does not have.
-pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Findings> {
+/// The source checks for `target` from what the worker answered; `last` is the
+/// filesystem the cache's last mount found its source on, if it recorded one.
+/// Errors only for a bad argument: a path that does not exist, a model the source
+/// does not have.
+pub(crate) fn inspect(
+    gathered: &Gathered,
+    target: &Target,
+    last: Option<&SourceFs>,
+) -> anyhow::Result<Findings> {
     let mut found = Findings::default();
     let Some((path, configured, model_id)) = target.parts() else {
         let note = "no source configured: pass a path or set `source` in the config file";
@@ -199,8 +220,8 @@ pub(crate) fn inspect(gathered: &Gathered, target: &Target) -> anyhow::Result<Fi
         configured,
         ..Default::default()
     };
-    let stopped = match found.steps(gathered, &mut report, model_id) {
-        Ok(()) => None,
+    let stopped = match found.steps(gathered, &mut report, model_id, last) {
+        Ok(()) | Err(Stop::Failed) => None,
         Err(Stop::Invalid(e)) => return Err(e),
         Err(Stop::Unanswered(check)) => Some(unanswered(gathered, &mut report, check)),
         Err(Stop::Unreadable(e)) => Some(unreadable(gathered, &mut report, &e)),
@@ -219,6 +240,7 @@ impl Findings {
         gathered: &Gathered,
         report: &mut SourceReport,
         model_id: Option<&str>,
+        last: Option<&SourceFs>,
     ) -> Result<(), Stop> {
         let located = match arrived(got!(gathered, Located), "source")? {
             Ok(located) => located,
@@ -234,17 +256,33 @@ impl Findings {
             self.roots.push(source.clone());
             report.stagefs_source_fs = arrived(got!(gathered, SourceFs), "source")?.clone();
         }
+        // What an unmounted share leaves looks like a local directory: say so, and
+        // judge nothing in it.
+        if let Some(check) = last.and_then(|was| unmounted(report, located, was)) {
+            self.checks.push(check);
+            return Err(Stop::Failed);
+        }
         self.checks.push(fs_check(report));
         if !located.is_file {
-            let check = match arrived(got!(gathered, Survey), "shape")? {
+            match arrived(got!(gathered, Survey), "shape")? {
                 Ok(survey) => {
                     self.survey = Some(survey.clone());
                     let advise_mounting = !report.configured && !report.is_mount();
-                    hub::shape_check(&report.path, survey, advise_mounting)
+                    let check = hub::shape_check(&report.path, survey, advise_mounting);
+                    self.checks.push(check);
                 }
-                Err(e) => Check::fail("shape", format!("listing the source failed: {e}")),
-            };
-            self.checks.push(check);
+                // A dead mount can still answer a stat of its root (the kernel's
+                // cached attributes) and fail the listing: the source check says so.
+                Err(e) if e.dead_mount() || e.away() => {
+                    self.checks.pop();
+                    self.checks.push(source_failed(report, e));
+                    return Err(Stop::Failed);
+                }
+                Err(e) => {
+                    self.checks.push(unlisted(&readable_path(located), e));
+                    return Err(Stop::Failed);
+                }
+            }
         }
         let readable = readable_path(located);
         self.model = match (arrived(got!(gathered, Model), "model")?, model_id) {
@@ -292,26 +330,129 @@ fn unanswered(gathered: &Gathered, report: &mut SourceReport, check: &'static st
         _ => format!("; it is {}", report.fs.describe()),
     };
     let (shown, late) = (report.path.display(), &gathered.missing);
-    Check::fail(check, format!("the source {shown} {late}{on}")).advise(
-        "check that the share is reachable (`ls` it); a dead NFS, SMB or sshfs mount has to be remounted",
-    )
+    let check = Check::fail(check, format!("the source {shown} {late}{on}"));
+    let fs = &report.fs;
+    if !fs.network {
+        return check.advise("check that the disk or share is connected (`ls` it)");
+    }
+    let mount = fs.mount_point.display();
+    let mut advice = format!(
+        "its server or the network to it does not answer: check that the NAS is on and reachable; if it stays hung, `umount -l {mount}` (as root) and mount the share again"
+    );
+    advice.push_str(&sshfs_hint(&fs.fstype));
+    check.advise(advice)
 }
 
 /// The failed check for a path that exists (or is configured) but could not be
 /// resolved.
 fn unreadable(gathered: &Gathered, report: &mut SourceReport, e: &StepError) -> Check {
     report.fs = got!(gathered, Lexical).cloned().unwrap_or_default();
-    let summary = format!("cannot read {}: {e}", report.path.display());
-    let check = Check::fail("source", summary);
-    let mount = report.fs.mount_point.display();
-    match report.fs.kind {
+    source_failed(report, e)
+}
+
+/// The failed source check for `e`, on the filesystem the report names.
+fn source_failed(report: &SourceReport, e: &StepError) -> Check {
+    let (path, fs) = (report.path.display(), &report.fs);
+    let mount = match fs.mount_point.as_os_str().is_empty() {
+        true => report.path.display(),
+        false => fs.mount_point.display(),
+    };
+    let check = Check::fail("source", format!("cannot read {path}: {e}"));
+    match fs.kind {
+        // A live mount whose source is away fails what it has not staged with EIO.
+        FsKind::Stagefs if !e.dead_mount() && e.away() => {
+            let source = fs.stagefs_source.as_deref().unwrap_or(Path::new("SOURCE"));
+            check.advise(format!(
+                "the mount's source {0} does not answer (staged files are still served): `stagefs doctor {0}` says why",
+                source.display()
+            ))
+        }
         FsKind::Stagefs => check.advise(format!(
             "if its daemon is gone: `stagefs unmount --lazy {mount}`, then mount again"
         )),
+        _ if e.dead_mount() => {
+            let summary = format!("{path}: the {} mount at {mount} is dead: {e}", fs.fstype);
+            let unmount = unmount_dead(&mount.to_string());
+            let mut advice = format!("unmount it with {unmount}, then mount the share again");
+            advice.push_str(&sshfs_hint(&fs.fstype));
+            Check::fail("source", summary).advise(advice)
+        }
+        _ if e.away() => {
+            let mut advice = format!(
+                "its server or the network to it is gone: check that the NAS is on and reachable; if it does not recover, `umount -l {mount}` (as root) and mount the share again"
+            );
+            advice.push_str(&sshfs_hint(&fs.fstype));
+            check.advise(advice)
+        }
+        _ if e.denied() => check.advise(denied_advice(&report.path)),
         _ if report.configured && e.not_found => {
             check.advise("mount the share first, or fix `source` in the config file")
         }
         _ => check,
+    }
+}
+
+/// The failed check for a source directory that could not be listed.
+fn unlisted(dir: &Path, e: &StepError) -> Check {
+    let check = Check::fail("shape", format!("cannot list {}: {e}", dir.display()));
+    match e.denied() {
+        true => check.advise(denied_advice(dir)),
+        false => check,
+    }
+}
+
+fn denied_advice(path: &Path) -> String {
+    format!(
+        "give the user who runs stagefs read and search (x) permission on it and the directories above (`ls -ld {}` shows who has them)",
+        path.display()
+    )
+}
+
+/// The failed check for a path under the mount point of the filesystem that the
+/// cache's last mount found its source on (`was`), when that filesystem is no longer
+/// mounted there: the path then leads to the directory underneath, which holds
+/// nothing of the share. For a path in a stagefs mount, its source is judged.
+fn unmounted(report: &SourceReport, located: &Located, was: &SourceFs) -> Option<Check> {
+    let (source, now) = match (&located.fs.stagefs_source, &report.stagefs_source_fs) {
+        (Some(source), Some(fs)) => (source, fs),
+        (Some(_), None) => return None,
+        (None, _) => (&located.canonical, &located.fs),
+    };
+    if !source.starts_with(&was.mount_point) || !was.unmounted_given(&now.mount_point) {
+        return None;
+    }
+    let (at, below) = (was.mount_point.display(), now.mount_point.display());
+    let summary = format!(
+        "{}: the share is not mounted any more: it was {} at {at} when this cache was last mounted, and the path is now a directory of {below} ({})",
+        source.display(),
+        was.fstype,
+        now.fstype
+    );
+    let mut advice = format!("mount the share at {at} again");
+    advice.push_str(&sshfs_hint(&was.fstype));
+    if located.fs.kind == FsKind::Stagefs {
+        let mount = located.fs.mount_point.display();
+        advice.push_str(&format!("; the stagefs mount at {mount} serves what it staged meanwhile, and reads the share again once it is back"));
+    }
+    Some(Check::fail("source", summary).advise(advice))
+}
+
+/// How to clear a dead mount at `mount` on this platform.
+fn unmount_dead(mount: &str) -> String {
+    match cfg!(target_os = "macos") {
+        true => format!("`umount -f {mount}` (or `diskutil unmount force {mount}`)"),
+        false => format!("`fusermount3 -u {mount}` (as root: `umount -l {mount}`)"),
+    }
+}
+
+/// For an sshfs share, the options that keep it mounted through a dropped
+/// connection; nothing for other filesystems.
+fn sshfs_hint(fstype: &str) -> String {
+    match fstype.ends_with("sshfs") {
+        true => format!(
+            "; add `{SSHFS_RECONNECT}` to the sshfs command so that it survives dropped connections"
+        ),
+        false => String::new(),
     }
 }
 
@@ -494,6 +635,67 @@ mod tests {
         assert_eq!(Target::of(None, None, |_| false), Ok(Target::Nothing));
     }
 
+    fn fs_at(mount_point: &str, fstype: &str, kind: FsKind) -> FsInfo {
+        FsInfo {
+            kind,
+            fstype: fstype.into(),
+            network: kind == FsKind::Network,
+            mount_point: mount_point.into(),
+            device: "dev".into(),
+            stagefs_source: None,
+        }
+    }
+
+    #[test]
+    fn a_source_whose_share_was_unmounted_underneath_fails() {
+        let was = SourceFs {
+            fstype: "fuse.sshfs".into(),
+            network: true,
+            mount_point: "/mnt/nas".into(),
+        };
+        let located = |fs| Located {
+            canonical: "/mnt/nas/hub".into(),
+            fs,
+            is_file: false,
+        };
+        let root_disk = located(fs_at("/", "ext4", FsKind::Local));
+        let check = unmounted(&SourceReport::default(), &root_disk, &was).expect("fails");
+        let expected = "/mnt/nas/hub: the share is not mounted any more: it was fuse.sshfs at /mnt/nas when this cache was last mounted, and the path is now a directory of / (ext4)";
+        assert_eq!(
+            (check.verdict, check.summary.as_str()),
+            (Verdict::Fail, expected)
+        );
+        let advice = check.advice.unwrap_or_default();
+        assert!(
+            advice.starts_with("mount the share at /mnt/nas again; add `-o reconnect"),
+            "{advice}"
+        );
+        let mounted = located(fs_at("/mnt/nas", "fuse.sshfs", FsKind::Network));
+        assert!(unmounted(&SourceReport::default(), &mounted, &was).is_none());
+    }
+
+    #[test]
+    fn a_dead_mount_names_the_unmount_and_a_refusal_names_permissions() -> anyhow::Result<()> {
+        let failed = |errno| {
+            let e = StepError::of(io::Error::from_raw_os_error(errno));
+            let sshfs = fs_at("/mnt/nas", "fuse.sshfs", FsKind::Network);
+            let lines = vec![Line::Lexical(sshfs), Line::Located(Err(e))];
+            let target = Target::Path {
+                path: "/mnt/nas/hub".into(),
+                configured: true,
+            };
+            inspect(&Gathered::late(lines), &target, None).map(|f| f.checks[0].clone())
+        };
+        let dead = failed(libc::ENOTCONN)?;
+        let summary = "/mnt/nas/hub: the fuse.sshfs mount at /mnt/nas is dead: ";
+        assert!(dead.summary.starts_with(summary), "{}", dead.summary);
+        let advice = dead.advice.unwrap_or_default();
+        assert!(advice.contains("then mount the share again"), "{advice}");
+        let denied = failed(libc::EACCES)?.advice.unwrap_or_default();
+        assert!(denied.contains("`ls -ld /mnt/nas/hub`"), "{denied}");
+        Ok(())
+    }
+
     #[test]
     fn the_first_probe_that_did_not_answer_fails_its_check() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
@@ -502,14 +704,28 @@ mod tests {
                 path: path.into(),
                 configured,
             };
-            inspect(&Gathered::late(lines), &target)
+            inspect(&Gathered::late(lines), &target, None)
         };
         let located = |path| Line::Located(locate(path).map_err(StepError::of));
+        let names = |found: &Findings| -> Vec<_> {
+            found.checks.iter().map(|c| (c.name, c.verdict)).collect()
+        };
+        let (ok, fail) = (Verdict::Ok, Verdict::Fail);
+        // A source that cannot be listed ends the checks: nothing below could be found.
         let survey = Line::Survey(Err(StepError::of(anyhow!("denied"))));
         let found = judge(vec![located(dir.path()), survey], dir.path(), false)?;
-        let checks: Vec<_> = found.checks.iter().map(|c| (c.name, c.verdict)).collect();
-        let (ok, fail) = (Verdict::Ok, Verdict::Fail);
-        assert_eq!(checks, [("source", ok), ("shape", fail), ("model", fail)]);
+        assert_eq!(names(&found), [("source", ok), ("shape", fail)]);
+        let empty = models::survey(&SourceTree::new(dir.path())?, &[]);
+        let found = judge(
+            vec![located(dir.path()), Line::Survey(Ok(empty))],
+            dir.path(),
+            false,
+        )?;
+        let shape = found.checks[1].verdict;
+        assert_eq!(
+            names(&found),
+            [("source", ok), ("shape", shape), ("model", fail)]
+        );
         let late = "did not answer within 15s";
         assert!(found.checks[2].summary.contains(late));
         let nothing = judge(Vec::new(), dir.path(), false)?;

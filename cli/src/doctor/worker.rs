@@ -70,20 +70,45 @@ pub(crate) enum Line {
 }
 
 /// What a probe reports when it ran but failed; `not_found` when the path did not
-/// exist (a bad argument rather than a broken source).
+/// exist (a bad argument rather than a broken source), and the errno where the
+/// system gave one, which tells a dead mount and a refused permission apart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub(crate) struct StepError {
     pub(crate) not_found: bool,
     pub(crate) message: String,
+    #[serde(default)]
+    pub(crate) errno: Option<i32>,
 }
 
 impl StepError {
     pub(crate) fn of(e: impl Into<anyhow::Error>) -> StepError {
         let e = e.into();
-        let kind = e.downcast_ref::<io::Error>().map(io::Error::kind);
-        let (not_found, message) = (kind == Some(io::ErrorKind::NotFound), format!("{e:#}"));
-        StepError { not_found, message }
+        let io = e.downcast_ref::<io::Error>();
+        let not_found = io.is_some_and(|io| io.kind() == io::ErrorKind::NotFound);
+        let (errno, message) = (io.and_then(io::Error::raw_os_error), format!("{e:#}"));
+        StepError {
+            not_found,
+            message,
+            errno,
+        }
+    }
+
+    /// Whether the errno says the mount the path is on is dead: its FUSE process (or
+    /// the connection under it) is gone, and every request fails at once.
+    pub(crate) fn dead_mount(&self) -> bool {
+        self.errno == Some(libc::ENOTCONN)
+    }
+
+    /// Whether the errno says the source's server or the network to it is away
+    /// (ESTALE, EHOSTDOWN, ...), as the mount's source pool judges it.
+    pub(crate) fn away(&self) -> bool {
+        let errno = self.errno.map(io::Error::from_raw_os_error);
+        errno.is_some_and(|e| stagefs_cache::is_away_errno(&e))
+    }
+
+    pub(crate) fn denied(&self) -> bool {
+        self.errno == Some(libc::EACCES) || self.errno == Some(libc::EPERM)
     }
 }
 
