@@ -343,8 +343,8 @@ pub(crate) struct EvictArgs {
 pub(crate) struct VerifyArgs {
     #[command(flatten)]
     pub(crate) cache: CacheDirArg,
-    /// Only this model (org/name).
-    pub(crate) model: Option<String>,
+    /// Only this model id (org/name), or a file path inside the mount or the source.
+    pub(crate) target: Option<String>,
     /// Drop copies that do not match, so they are staged again on the next open.
     #[arg(long)]
     pub(crate) repair: bool,

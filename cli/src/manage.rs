@@ -63,10 +63,16 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow:
 
 /// `stagefs verify`.
 pub(crate) fn verify(args: &VerifyArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
-    let targets: Vec<&str> = args.model.as_deref().into_iter().collect();
+    let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
     let dir = config.cache_dir_for(&args.cache, &targets)?;
+    let (model, path) = match args.target.as_deref().map(|t| named(t, &dir)).transpose()? {
+        Some(EvictSelector::Path { path }) => (None, Some(path)),
+        Some(EvictSelector::Model { id }) => (Some(id), None),
+        _ => (None, None),
+    };
     let request = Request::Verify {
-        model: args.model.clone(),
+        model,
+        path,
         repair: args.repair,
     };
     let report = match ask(&dir, request)? {
@@ -202,7 +208,12 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
     if let Some(bytes) = args.to_size {
         return Ok(EvictSelector::ToSize { bytes });
     }
-    let target = args.target.as_deref().context("name what to evict")?;
+    named(args.target.as_deref().context("name what to evict")?, dir)
+}
+
+/// What `evict` and `verify` take as a target: a path inside the mount or the source,
+/// turned into a source path, or a model id.
+fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
     if names_a_path(target) {
         return Ok(EvictSelector::Path {
             path: cache_dir::source_relative(Path::new(target), dir)?,
