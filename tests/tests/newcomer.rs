@@ -431,3 +431,85 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
         assert!(ok, "{err}");
     }
 }
+
+// A newcomer's second hour (issue 36).
+
+#[test]
+fn usage_errors_say_what_is_missing_the_similar_flag_and_the_values() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let more = "For more information, try '--help'.\n";
+    let cases: [(&[&str], String); 5] = [
+        (
+            &["run"],
+            format!(
+                "stagefs: the following required arguments were not provided:\n  <COMMAND>...\nUsage: stagefs run -- <COMMAND>...\n{more}"
+            ),
+        ),
+        (
+            &["evict"],
+            format!(
+                "stagefs: the following required arguments were not provided:\n  <TARGET|--all|--older-than <OLDER_THAN>|--to-size <TO_SIZE>>\nUsage: stagefs evict <TARGET|--all|--older-than <OLDER_THAN>|--to-size <TO_SIZE>>\n{more}"
+            ),
+        ),
+        (
+            &["prefetch"],
+            format!(
+                "stagefs: the following required arguments were not provided:\n  <TARGETS>...\nUsage: stagefs prefetch <TARGETS>...\n{more}"
+            ),
+        ),
+        (
+            &["mount", "/s", "/m", "--max-siz", "1G"],
+            format!(
+                "stagefs: unexpected argument '--max-siz' found\n  tip: a similar argument exists: '--max-size'\nUsage: stagefs mount --max-size <MAX_SIZE> <SOURCE> <MOUNTPOINT>\n{more}"
+            ),
+        ),
+        (
+            &["mount", "/s", "/m", "--on-full", "foo"],
+            format!(
+                "stagefs: invalid value 'foo' for '--on-full <ON_FULL>'\n  [possible values: fail, read-source]\n{more}"
+            ),
+        ),
+    ];
+    for (words, expected) in cases {
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = words
+            .iter()
+            .map(|a| a as &dyn AsRef<std::ffi::OsStr>)
+            .collect();
+        let out = user.command(&args).output().expect("running stagefs");
+        assert_eq!(out.status.code(), Some(2), "{words:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), expected);
+    }
+}
+
+#[test]
+fn evict_and_verify_refuse_a_model_named_nowhere_and_take_the_same_paths() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/real", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let no_such = "stagefs: acme/nonexistent: no such model in the source (no HF repository acme/nonexistent, and no model folder or GGUF file whose path ends with acme/nonexistent, within 4 levels of the root, hub/ and model_dirs)\n";
+    for command in ["prefetch", "evict", "verify"] {
+        let out = user
+            .command(&[&command, &"acme/nonexistent"])
+            .output()
+            .expect("running stagefs");
+        assert_eq!(out.status.code(), Some(1), "{command}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), no_such, "{command}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{command}");
+    }
+    // A model in the source with nothing staged is no typo.
+    let (ok, out, err) = user.run(&[&"evict", &model.repo]);
+    assert!(ok && out == "evicted 0 files, 0 B\n", "{out}{err}");
+    let (ok, out, err) = user.run(&[&"prefetch", &model.repo]);
+    assert!(ok, "{out}{err}");
+    let shard = model.shards().remove(0);
+    for path in [s.mnt.join(&shard), s.hub.join(&shard)] {
+        let (ok, out, err) = user.run(&[&"verify", &path]);
+        assert!(ok, "{}: {err}", path.display());
+        assert_eq!(out, "checked 1 staged file (2.0 MiB): 0 mismatches\n");
+    }
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+}
