@@ -166,7 +166,7 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
     let spec = config.mount_spec(
         args.source.as_deref(),
         args.mountpoint.as_deref(),
-        &args.options,
+        &args.options(),
     )?;
     if args.foreground {
         if args.cleared_stale_mount {
