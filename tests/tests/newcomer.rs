@@ -513,3 +513,54 @@ fn evict_and_verify_refuse_a_model_named_nowhere_and_take_the_same_paths() {
     let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
     assert!(ok, "{err}");
 }
+
+#[test]
+fn help_and_readme_say_what_the_commands_do() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let (_, top, _) = user.run(&[&"--help"]);
+    let run = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("run "))
+        .unwrap_or_default();
+    assert!(!run.contains("then run it offline"), "{run}");
+    assert!(
+        run.ends_with("; --offline (and a --read-only mount) also sets HF_HUB_OFFLINE=1"),
+        "{run}"
+    );
+    let (_, serve, _) = user.run(&[&"serve", &"--help"]);
+    assert!(!serve.contains("--backend"), "{serve}");
+    let out = user
+        .command(&[&"serve", &s.hub, &"--backend", &"fuse"])
+        .output()
+        .expect("running stagefs");
+    assert_eq!(out.status.code(), Some(2));
+    let (_, mount, _) = user.run(&[&"mount", &"--help"]);
+    assert!(mount.contains("0 counts as 1s, the shortest"), "{mount}");
+    let readme =
+        fs::read_to_string(stagefs_tests::workspace_root().join("README.md")).expect("README.md");
+    for said in [
+        "cargo install --path cli",
+        "a child process with a 15 s deadline",
+        "a file at the export's root needs `//`",
+        "`0` counts as `1s`, the shortest",
+        "Every option\nof `mount` applies but `--backend`",
+    ] {
+        assert!(readme.contains(said), "README: {said}");
+    }
+    assert!(!readme.contains("a file at any depth"));
+}
+
+#[test]
+fn serve_listens_on_a_host_name() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/served", 1, "2M");
+    let served = stagefs_tests::Served::try_start(&s.hub, &s.cache, &["--listen", "localhost:0"])
+        .expect("serve --listen localhost:0");
+    assert!(
+        served.url.starts_with("nfs://127.0.0.1/?nfsport="),
+        "{}",
+        served.url
+    );
+    served.stop();
+}
