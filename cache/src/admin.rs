@@ -36,6 +36,10 @@ pub struct Live {
     pub backend: Option<(Backend, Option<String>)>,
     /// How the mount serves staged files (`staged files are presented as links…`).
     pub read_path: Option<String>,
+    /// The mount refuses every change.
+    pub read_only: bool,
+    /// The mount reads a file the cache cannot hold from the source.
+    pub reads_source_when_full: bool,
 }
 
 /// Serves `request` against `store`; `live` carries what only a running mount knows.
@@ -116,6 +120,9 @@ pub fn status(
         let Some(owner) = catalog.owner(&info.entry.source) else {
             continue;
         };
+        if !is_model_file(&owner, &info.entry.source) {
+            continue;
+        }
         let model = models
             .entry(owner.path.clone())
             .or_insert_with(|| empty_status(&owner));
@@ -137,6 +144,8 @@ pub fn status(
         backend: live.backend.as_ref().map(|(backend, _)| *backend),
         export: live.backend.and_then(|(_, export)| export),
         read_path: live.read_path,
+        read_only: live.read_only,
+        reads_source_when_full: live.reads_source_when_full,
         dead_mount: None,
     })
 }
@@ -425,6 +434,17 @@ fn add_totals(
         model.total_files = Some(files.len());
         model.total_bytes = Some(files.iter().map(|(_, size)| size).sum());
     }
+}
+
+/// Whether a copy at `path` is one of `model`'s files: a repository's `refs/` and
+/// `.no_exist/` are bookkeeping that no revision lists, and counting them would make
+/// the model's line disagree with its revisions' (`4 staged files` beside `3/3`).
+fn is_model_file(model: &ModelRef, path: &Path) -> bool {
+    if model.kind != ModelKind::HfRepo {
+        return true;
+    }
+    let inside = path.strip_prefix(&model.path).unwrap_or(path);
+    inside.starts_with("blobs") || inside.starts_with("snapshots")
 }
 
 fn empty_status(model: &ModelRef) -> ModelStatus {
