@@ -19,9 +19,26 @@ use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
 use crate::config::Config;
 use crate::units::{count, format_bytes};
 
+/// What `--on-full read-source` means, where the user sees it (the mount line,
+/// status): the daemon's log alone says it only once a file is read that way.
+pub(crate) const READS_SOURCE_WHEN_FULL: &str =
+    "a file the cache cannot hold is read from the source, at its speed";
+
 /// `stagefs status`.
 pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
     let dir = config.cache_dir_for(&args.cache, &[])?;
+    // A fresh account: no mount has made the cache yet, which is no error.
+    if !dir.exists() {
+        let line = format!(
+            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
+            dir.display()
+        );
+        match args.json {
+            true => bail!("{line}"),
+            false => println!("{line}"),
+        }
+        return Ok(());
+    }
     let mut report = match ask(&dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
@@ -241,7 +258,12 @@ fn render_status(r: &StatusReport) -> String {
     match (&r.mountpoint, &r.export) {
         (Some(mnt), _) if !mnt.as_os_str().is_empty() => {
             let backend = r.backend.map(|b| format!(", {b}")).unwrap_or_default();
-            let _ = writeln!(out, "mount     {} (running{backend})", mnt.display());
+            let read_only = if r.read_only { ", read-only" } else { "" };
+            let _ = writeln!(
+                out,
+                "mount     {} (running{backend}{read_only})",
+                mnt.display()
+            );
         }
         // `stagefs serve`: an export, mounted by no one here.
         (Some(_), Some(export)) => {
@@ -279,6 +301,12 @@ fn render_status(r: &StatusReport) -> String {
     );
     if let Some(how) = &r.read_path {
         let _ = writeln!(out, "serving   {how}");
+    }
+    if r.reads_source_when_full {
+        let _ = writeln!(
+            out,
+            "on full   {READS_SOURCE_WHEN_FULL} (--on-full read-source)"
+        );
     }
     if let Some(m) = &r.metrics {
         let _ = writeln!(

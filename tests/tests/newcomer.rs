@@ -564,3 +564,67 @@ fn serve_listens_on_a_host_name() {
     );
     served.stop();
 }
+
+#[test]
+fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`\n",
+            user.home.join(".cache/stagefs").display()
+        )
+    );
+    let model = generate(&s.hub, "acme/counted", 2, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, out, err) = user.run(&[
+        &"mount",
+        &s.hub,
+        &s.mnt,
+        &"--cache-dir",
+        &s.cache,
+        &"--min-free",
+        &reserve,
+        &"--min-stage-size",
+        &"0",
+        &"--read-only",
+        &"--on-full",
+        &"read-source",
+    ]);
+    assert!(ok, "{err}");
+    let modes = "(read-only; --on-full read-source: a file the cache cannot hold is read from the source, at its speed; cache ";
+    assert!(
+        out.starts_with(&format!(
+            "mounted {} at {} {modes}",
+            s.hub.display(),
+            s.mnt.display()
+        )),
+        "{out}"
+    );
+    // refs/main is read too, and (with --min-stage-size 0) kept, as a loader does.
+    let repo_dir = model.snapshot_rel.parent().and_then(Path::parent);
+    let refs_main = repo_dir.expect("repo dir").join("refs/main");
+    fs::read(s.mnt.join(refs_main)).expect("read refs/main");
+    for file in &model.files {
+        fs::read(s.mnt.join(&model.snapshot_rel).join(&file.name)).expect("read");
+    }
+    let entries = || stagefs_tests::status_json(&s.cache)["usage"]["entries"].as_u64();
+    wait_for("refs/main and the 4 files kept", || entries() == Some(5));
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
+    for line in [
+        format!("mount     {} (running, fuse, read-only)\n", s.mnt.display()),
+        "on full   a file the cache cannot hold is read from the source, at its speed (--on-full read-source)\n".into(),
+        "model     acme/counted: 4 staged files, 4.0 MiB\n".into(),
+        ": 4/4 files, 4.0 MiB of 4.0 MiB\n".into(),
+    ] {
+        assert!(out.contains(&line), "{line} in {out}");
+    }
+    let (ok, out, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("unmounted {}\n", s.mnt.display()));
+}
