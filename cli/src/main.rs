@@ -82,15 +82,14 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 /// clap's rendered error as `stagefs: WHAT` and the lines that say more, blank lines
-/// dropped. A message complete in itself (a bad size or duration) stays one line: the
-/// pointer to `--help` is kept only beside a usage line or a list.
+/// dropped. The usage line and the pointer to `--help` come only with details (what is
+/// missing, a similar flag, the possible values): a message complete in itself (a bad
+/// size, two flags that conflict) stays one line.
 fn usage_text(rendered: &str) -> String {
     let mut lines = rendered.lines().filter(|l| !l.trim().is_empty());
     let first = lines.next().unwrap_or("invalid arguments");
     let mut rest: Vec<&str> = lines.collect();
-    if let [only] = rest[..]
-        && only.starts_with("For more information")
-    {
+    if !rest.iter().any(|l| l.starts_with(char::is_whitespace)) {
         rest.clear();
     }
     let mut text = format!("stagefs: {}", first.trim_start_matches("error: "));
@@ -234,6 +233,17 @@ mod tests {
         );
         let size = usage_error_of(&["stagefs", "mount", "/s", "/m", "--max-size", "lots"]);
         assert_eq!(size.lines().count(), 1, "{size}");
+        let conflict = usage_error_of(&[
+            "stagefs",
+            "mount",
+            "--no-prefetch",
+            "--prefetch-parallel",
+            "2",
+        ]);
+        assert_eq!(
+            conflict,
+            "stagefs: the argument '--no-prefetch' cannot be used with '--prefetch-parallel <PREFETCH_PARALLEL>'"
+        );
     }
 
     #[test]
