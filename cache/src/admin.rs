@@ -36,6 +36,10 @@ pub struct Live {
     pub backend: Option<(Backend, Option<String>)>,
     /// How the mount serves staged files (`staged files are presented as links…`).
     pub read_path: Option<String>,
+    /// The mount refuses every change.
+    pub read_only: bool,
+    /// The mount reads a file the cache cannot hold from the source.
+    pub reads_source_when_full: bool,
 }
 
 /// Serves `request` against `store`; `live` carries what only a running mount knows.
@@ -58,16 +62,21 @@ pub fn answer(
         Request::Status => status(store, source, live).map(|report| Response::Status {
             report: Box::new(report),
         }),
-        Request::Evict { selector, dry_run } => evict(
-            store,
-            source.map(|s| s.tree),
-            &selector,
-            dry_run,
-            crate::sys::now_secs(),
-        )
-        .map(|report| Response::Evicted { report }),
-        Request::Verify { model, repair } => {
-            verify(store, model.as_deref(), repair).map(|report| Response::Verified { report })
+        Request::Evict { selector, dry_run } => {
+            evict(store, source, &selector, dry_run, crate::sys::now_secs())
+                .map(|report| Response::Evicted { report })
+        }
+        Request::Verify {
+            model,
+            path,
+            repair,
+        } => {
+            let selector = match (model, path) {
+                (Some(id), _) => EvictSelector::Model { id },
+                (None, Some(path)) => EvictSelector::Path { path },
+                (None, None) => EvictSelector::All,
+            };
+            verify(store, source, &selector, repair).map(|report| Response::Verified { report })
         }
         Request::Names { paths } => Ok(Response::Names {
             names: names(source.map(|s| s.tree), &paths),
@@ -111,6 +120,9 @@ pub fn status(
         let Some(owner) = catalog.owner(&info.entry.source) else {
             continue;
         };
+        if !is_model_file(&owner, &info.entry.source) {
+            continue;
+        }
         let model = models
             .entry(owner.path.clone())
             .or_insert_with(|| empty_status(&owner));
@@ -132,15 +144,18 @@ pub fn status(
         backend: live.backend.as_ref().map(|(backend, _)| *backend),
         export: live.backend.and_then(|(_, export)| export),
         read_path: live.read_path,
+        read_only: live.read_only,
+        reads_source_when_full: live.reads_source_when_full,
         dead_mount: None,
     })
 }
 
 /// Drops the copies `selector` names, except those in use. The source, when
-/// reachable, resolves the snapshot links under a directory to the blobs they name.
+/// reachable, resolves the snapshot links under a directory to the blobs they name,
+/// and tells a model id that names nothing (a typo) from one with nothing staged.
 pub fn evict(
     store: &Store,
-    source: Option<&SourceTree>,
+    source: Option<ModelSource<'_>>,
     selector: &EvictSelector,
     dry_run: bool,
     now_secs: u64,
@@ -188,7 +203,7 @@ pub fn evict(
 
 fn select(
     store: &Store,
-    source: Option<&SourceTree>,
+    source: Option<ModelSource<'_>>,
     selector: &EvictSelector,
     now_secs: u64,
 ) -> Result<Vec<EntryInfo>, AdminError> {
@@ -197,14 +212,18 @@ fn select(
         EvictSelector::All => entries,
         EvictSelector::Model { id } => {
             let id = checked_id(id)?;
-            entries
+            let chosen: Vec<EntryInfo> = entries
                 .into_iter()
                 .filter(|i| models::id_matches(id, &i.entry.source))
-                .collect()
+                .collect();
+            if chosen.is_empty() {
+                known_model(source, id)?;
+            }
+            chosen
         }
         EvictSelector::Path { path } => {
             let path = checked_relative(path)?;
-            let keys = keys_under(source, &path);
+            let keys = keys_under(source.map(|s| s.tree), &path);
             entries
                 .into_iter()
                 .filter(|i| keys.contains(&i.key) || i.entry.source.starts_with(&path))
@@ -232,25 +251,36 @@ fn select(
     })
 }
 
-/// Re-hashes staged copies (all, or one model's) against the recorded blake3 and,
-/// for LFS blobs, the sha256 in their name; with `repair`, drops the mismatches so
-/// they are staged again on the next open.
+/// Fails with [`ModelError::NotFound`] when the source is reachable and has no model
+/// `id`: with nothing staged either, the id is most likely a typo. Without the source
+/// nothing can be told, and an ambiguous id is still a model.
+fn known_model(source: Option<ModelSource<'_>>, id: &str) -> Result<(), AdminError> {
+    let Some(source) = source else {
+        return Ok(());
+    };
+    match models::find(source.tree, id, source.model_dirs) {
+        Err(e @ ModelError::NotFound { .. }) => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Re-hashes the staged copies `selector` names (as for [`evict`]; by age or size
+/// makes no sense here but works) against the recorded blake3 and, for LFS blobs, the
+/// sha256 in their name; with `repair`, drops the mismatches so they are staged again
+/// on the next open.
 pub fn verify(
     store: &Store,
-    model: Option<&str>,
+    source: Option<ModelSource<'_>>,
+    selector: &EvictSelector,
     repair: bool,
 ) -> Result<VerifyReport, AdminError> {
-    let model = model.map(checked_id).transpose()?;
     let mut report = VerifyReport {
         checked: 0,
         bytes: 0,
         mismatches: Vec::new(),
         repaired: Vec::new(),
     };
-    for info in store.entries() {
-        if model.is_some_and(|id| !models::id_matches(id, &info.entry.source)) {
-            continue;
-        }
+    for info in select(store, source, selector, crate::sys::now_secs())? {
         let Some(key) = Key::parse(&info.key) else {
             continue;
         };
@@ -404,6 +434,17 @@ fn add_totals(
         model.total_files = Some(files.len());
         model.total_bytes = Some(files.iter().map(|(_, size)| size).sum());
     }
+}
+
+/// Whether a copy at `path` is one of `model`'s files: a repository's `refs/` and
+/// `.no_exist/` are bookkeeping that no revision lists, and counting them would make
+/// the model's line disagree with its revisions' (`4 staged files` beside `3/3`).
+fn is_model_file(model: &ModelRef, path: &Path) -> bool {
+    if model.kind != ModelKind::HfRepo {
+        return true;
+    }
+    let inside = path.strip_prefix(&model.path).unwrap_or(path);
+    inside.starts_with("blobs") || inside.starts_with("snapshots")
 }
 
 fn empty_status(model: &ModelRef) -> ModelStatus {
@@ -593,7 +634,8 @@ mod tests {
     async fn evict_and_verify_take_any_form_by_id() -> Result<(), Box<dyn std::error::Error>> {
         let (_dir, stager) = mixed().await?;
         let store = stager.store();
-        let verified = verify(store, Some("org/m"), false)?;
+        let one = EvictSelector::Model { id: "org/m".into() };
+        let verified = verify(store, None, &one, false)?;
         assert_eq!((verified.checked, verified.mismatches.len()), (1, 0));
         for (id, path) in [
             ("org/r", "hub/models--org--r/blobs/w"),
@@ -606,6 +648,30 @@ mod tests {
             assert_eq!(evicted, [Path::new(path)], "{id}");
         }
         assert!(store.entries().is_empty());
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_model_named_nowhere_is_not_found_and_verify_takes_a_path()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (_dir, stager) = mixed().await?;
+        let (store, dirs) = (stager.store(), Vec::new());
+        let source = Some(ModelSource {
+            tree: stager.source(),
+            model_dirs: &dirs,
+        });
+        let typo = EvictSelector::Model {
+            id: "org/nonexistent".into(),
+        };
+        let missing = |e: AdminError| matches!(e, AdminError::Model(ModelError::NotFound { .. }));
+        assert!(evict(store, source, &typo, true, 0).is_err_and(missing));
+        assert!(verify(store, source, &typo, false).is_err_and(missing));
+        // Without the source a typo cannot be told from a model that is away.
+        assert_eq!(evict(store, None, &typo, true, 0)?.evicted.len(), 0);
+        let folder = EvictSelector::Path {
+            path: "models/org/m".into(),
+        };
+        assert_eq!(verify(store, source, &folder, false)?.checked, 1);
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use stagefs_control::Backend;
 use stagefs_policy::OnFull;
 use std::path::PathBuf;
 
-use crate::units::{format_bytes, parse_duration, parse_size, parse_source_dir};
+use crate::units::{format_bytes, parse_duration, parse_listen, parse_size, parse_source_dir};
 
 /// The command line, with the default of each mount option (from the defaults table
 /// the config file falls back to) shown in its help.
@@ -101,9 +101,10 @@ pub(crate) enum Command {
     /// Unmount a stagefs mount.
     Unmount(UnmountArgs),
     /// Run a command against the mount: mount if needed, stage models, then run it
-    /// offline with the HF variables the source's shape needs (HF_HOME and
+    /// with the HF variables the source's shape needs (HF_HOME and
     /// HF_HUB_CACHE for an HF_HOME, HF_HUB_CACHE for a hub cache, none for plain
-    /// folders) pointing at the mount.
+    /// folders) pointing at the mount; --offline (and a --read-only mount) also sets
+    /// HF_HUB_OFFLINE=1.
     Run(RunArgs),
     /// Check FUSE, the source, the cache volume and the environment, and say what to fix.
     Doctor(DoctorArgs),
@@ -133,6 +134,8 @@ pub(crate) struct MountArgs {
     /// config file].
     pub(crate) mountpoint: Option<PathBuf>,
     #[command(flatten)]
+    pub(crate) backend: BackendOption,
+    #[command(flatten)]
     pub(crate) options: MountOptions,
     /// Stay in the foreground and log to stderr.
     #[arg(long)]
@@ -149,8 +152,9 @@ pub(crate) struct MountArgs {
 pub(crate) struct ServeArgs {
     /// The directory to mirror [default: `source` in the config file].
     pub(crate) source: Option<PathBuf>,
-    /// Where to listen: a loopback address; port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    /// Where to listen: a loopback address or host name and a port (127.0.0.1:2049,
+    /// localhost:0); port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_listen)]
     pub(crate) listen: std::net::SocketAddr,
     #[command(flatten)]
     pub(crate) options: MountOptions,
@@ -187,12 +191,34 @@ impl BackendArg {
     }
 }
 
+/// `--backend`, which `mount` and `run` take; `serve` is always NFS and has none.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub(crate) struct BackendOption {
+    /// How the mount reaches the kernel [default: nfs on macOS, fuse elsewhere].
+    #[arg(long, value_enum)]
+    pub(crate) backend: Option<BackendArg>,
+}
+
+impl MountArgs {
+    /// The mount options, with the backend.
+    pub(crate) fn options(&self) -> MountOptions {
+        self.options.with(self.backend)
+    }
+}
+
+impl RunArgs {
+    /// The mount options, with the backend.
+    pub(crate) fn options(&self) -> MountOptions {
+        self.options.with(self.backend)
+    }
+}
+
 /// How a mount behaves. Every flag overrides the config file's key of the same name;
 /// what neither sets takes the default shown.
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct MountOptions {
-    /// How the mount reaches the kernel [default: nfs on macOS, fuse elsewhere].
-    #[arg(long, value_enum)]
+    /// Set from [`BackendOption`] by the commands that take `--backend`.
+    #[arg(skip)]
     pub(crate) backend: Option<BackendArg>,
     /// Local cache directory [default: $XDG_CACHE_HOME/stagefs or ~/.cache/stagefs;
     /// ~/Library/Caches/stagefs on macOS].
@@ -237,7 +263,8 @@ pub(crate) struct MountOptions {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) copy_streams: Option<u16>,
     /// A source operation, or a copy that stops making progress, fails with EIO
-    /// after this long instead of hanging (a number and s, m, h, d or w: 45s, 2m, 1h30m).
+    /// after this long instead of hanging (a number and s, m, h, d or w: 45s, 2m, 1h30m;
+    /// 0 counts as 1s, the shortest).
     #[arg(long, value_parser = parse_duration)]
     pub(crate) source_timeout: Option<u64>,
     /// Let other users read through the mount (FUSE's allow_other; non-root users
@@ -253,6 +280,15 @@ pub(crate) struct MountOptions {
     /// the root, `hub/` and 4 levels down are searched; repeat for more.
     #[arg(long = "model-dir", value_name = "DIR", value_parser = parse_source_dir)]
     pub(crate) model_dirs: Vec<PathBuf>,
+}
+
+impl MountOptions {
+    fn with(&self, backend: BackendOption) -> MountOptions {
+        MountOptions {
+            backend: backend.backend,
+            ..self.clone()
+        }
+    }
 }
 
 /// `--on-full` values (`on_full` in the config file).
@@ -343,8 +379,8 @@ pub(crate) struct EvictArgs {
 pub(crate) struct VerifyArgs {
     #[command(flatten)]
     pub(crate) cache: CacheDirArg,
-    /// Only this model (org/name).
-    pub(crate) model: Option<String>,
+    /// Only this model id (org/name), or a file path inside the mount or the source.
+    pub(crate) target: Option<String>,
     /// Drop copies that do not match, so they are staged again on the next open.
     #[arg(long)]
     pub(crate) repair: bool,
@@ -389,6 +425,8 @@ pub(crate) struct RunArgs {
     /// Where to mount it [default: `mountpoint` in the config file].
     #[arg(long)]
     pub(crate) mountpoint: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) backend: BackendOption,
     #[command(flatten)]
     pub(crate) options: MountOptions,
     /// Stage this model (org/name) before running; repeat for more.

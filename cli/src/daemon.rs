@@ -72,12 +72,14 @@ pub(crate) fn unmount(mountpoint: &Path, how: stagefs_mount::UnmountHow) -> anyh
         }
         _ => anyhow!(e),
     })?;
-    if let Unmounted::Detached { pid } = unmounted {
-        eprintln!(
+    match unmounted {
+        Unmounted::Detached { pid } => eprintln!(
             "stagefs: detached {}; its daemon{} exits once the files still open there are closed",
             mountpoint.display(),
             pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
-        );
+        ),
+        // Silence would leave the user to check the mount table.
+        Unmounted::Released => println!("unmounted {}", mountpoint.display()),
     }
     Ok(())
 }
@@ -232,8 +234,18 @@ fn first_line(stdout: impl std::io::Read + Send + 'static, timeout: Duration) ->
 
 /// Shown after a successful background mount.
 pub(crate) fn describe(spec: &MountSpec, log: &Path) -> String {
+    let mut modes = Vec::new();
+    if spec.fs.read_only {
+        modes.push("read-only".to_string());
+    }
+    // Otherwise only the daemon's log would say it, at the first such open.
+    if spec.fs.on_full == OnFull::ReadSource {
+        let when_full = crate::manage::READS_SOURCE_WHEN_FULL;
+        modes.push(format!("--on-full read-source: {when_full}"));
+    }
+    let modes: String = modes.iter().map(|m| format!("{m}; ")).collect();
     format!(
-        "mounted {} at {} (cache {}, log {})",
+        "mounted {} at {} ({modes}cache {}, log {})",
         spec.source.display(),
         spec.mountpoint.display(),
         spec.cache_dir.display(),

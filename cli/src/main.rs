@@ -64,8 +64,9 @@ fn remedy_of(e: &anyhow::Error) -> Option<Remedy> {
     })
 }
 
-/// Bad arguments get one line (clap's first), not a usage screen; help and version
-/// print as usual.
+/// Bad arguments get clap's message without its blank lines: what is missing, the
+/// similar flag, the possible values, the usage line and where to read more. Help and
+/// version print as usual.
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     if matches!(
@@ -76,10 +77,27 @@ fn usage_error(e: clap::Error) -> ExitCode {
     ) {
         e.exit();
     }
-    let text = e.render().to_string();
-    let first = text.lines().next().unwrap_or("invalid arguments");
-    eprintln!("stagefs: {}", first.trim_start_matches("error: "));
+    eprintln!("{}", usage_text(&e.render().to_string()));
     ExitCode::from(2)
+}
+
+/// clap's rendered error as `stagefs: WHAT` and the lines that say more, blank lines
+/// dropped. The usage line and the pointer to `--help` come only with details (what is
+/// missing, a similar flag, the possible values): a message complete in itself (a bad
+/// size, two flags that conflict) stays one line.
+fn usage_text(rendered: &str) -> String {
+    let mut lines = rendered.lines().filter(|l| !l.trim().is_empty());
+    let first = lines.next().unwrap_or("invalid arguments");
+    let mut rest: Vec<&str> = lines.collect();
+    if !rest.iter().any(|l| l.starts_with(char::is_whitespace)) {
+        rest.clear();
+    }
+    let mut text = format!("stagefs: {}", first.trim_start_matches("error: "));
+    for line in rest {
+        text.push('\n');
+        text.push_str(line);
+    }
+    text
 }
 
 /// The daemon logs what it stages; interactive commands only warnings. `RUST_LOG` overrides.
@@ -147,7 +165,7 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
     let spec = config.mount_spec(
         args.source.as_deref(),
         args.mountpoint.as_deref(),
-        &args.options,
+        &args.options(),
     )?;
     if args.foreground {
         if args.cleared_stale_mount {
@@ -190,6 +208,43 @@ mod tests {
     use stagefs_cache::Budget;
 
     use super::*;
+
+    fn usage_error_of(args: &[&str]) -> String {
+        let e = args::command()
+            .try_get_matches_from(args)
+            .expect_err("a usage error");
+        usage_text(&e.render().to_string())
+    }
+
+    #[test]
+    fn usage_errors_keep_what_is_missing_the_suggestion_and_the_values() {
+        assert_eq!(
+            usage_error_of(&["stagefs", "prefetch"]),
+            "stagefs: the following required arguments were not provided:\n  <TARGETS>...\nUsage: stagefs prefetch <TARGETS>...\nFor more information, try '--help'."
+        );
+        let typo = usage_error_of(&["stagefs", "mount", "/s", "/m", "--max-siz", "1G"]);
+        assert!(
+            typo.starts_with("stagefs: unexpected argument '--max-siz' found\n  tip: a similar argument exists: '--max-size'\n"),
+            "{typo}"
+        );
+        assert_eq!(
+            usage_error_of(&["stagefs", "mount", "/s", "/m", "--on-full", "foo"]),
+            "stagefs: invalid value 'foo' for '--on-full <ON_FULL>'\n  [possible values: fail, read-source]\nFor more information, try '--help'."
+        );
+        let size = usage_error_of(&["stagefs", "mount", "/s", "/m", "--max-size", "lots"]);
+        assert_eq!(size.lines().count(), 1, "{size}");
+        let conflict = usage_error_of(&[
+            "stagefs",
+            "mount",
+            "--no-prefetch",
+            "--prefetch-parallel",
+            "2",
+        ]);
+        assert_eq!(
+            conflict,
+            "stagefs: the argument '--no-prefetch' cannot be used with '--prefetch-parallel <PREFETCH_PARALLEL>'"
+        );
+    }
 
     #[test]
     fn the_cli_adds_the_flag_to_try_to_a_core_error() {

@@ -19,9 +19,26 @@ use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
 use crate::config::Config;
 use crate::units::{count, format_bytes};
 
+/// What `--on-full read-source` means, where the user sees it (the mount line,
+/// status): the daemon's log alone says it only once a file is read that way.
+pub(crate) const READS_SOURCE_WHEN_FULL: &str =
+    "a file the cache cannot hold is read from the source, at its speed";
+
 /// `stagefs status`.
 pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
     let dir = config.cache_dir_for(&args.cache, &[])?;
+    // A fresh account: no mount has made the cache yet, which is no error.
+    if !dir.exists() {
+        let line = format!(
+            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
+            dir.display()
+        );
+        match args.json {
+            true => bail!("{line}"),
+            false => println!("{line}"),
+        }
+        return Ok(());
+    }
     let mut report = match ask(&dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
@@ -63,10 +80,16 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow:
 
 /// `stagefs verify`.
 pub(crate) fn verify(args: &VerifyArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
-    let targets: Vec<&str> = args.model.as_deref().into_iter().collect();
+    let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
     let dir = config.cache_dir_for(&args.cache, &targets)?;
+    let (model, path) = match args.target.as_deref().map(|t| named(t, &dir)).transpose()? {
+        Some(EvictSelector::Path { path }) => (None, Some(path)),
+        Some(EvictSelector::Model { id }) => (Some(id), None),
+        _ => (None, None),
+    };
     let request = Request::Verify {
-        model: args.model.clone(),
+        model,
+        path,
         repair: args.repair,
     };
     let report = match ask(&dir, request)? {
@@ -202,7 +225,12 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
     if let Some(bytes) = args.to_size {
         return Ok(EvictSelector::ToSize { bytes });
     }
-    let target = args.target.as_deref().context("name what to evict")?;
+    named(args.target.as_deref().context("name what to evict")?, dir)
+}
+
+/// What `evict` and `verify` take as a target: a path inside the mount or the source,
+/// turned into a source path, or a model id.
+fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
     if names_a_path(target) {
         return Ok(EvictSelector::Path {
             path: cache_dir::source_relative(Path::new(target), dir)?,
@@ -230,7 +258,12 @@ fn render_status(r: &StatusReport) -> String {
     match (&r.mountpoint, &r.export) {
         (Some(mnt), _) if !mnt.as_os_str().is_empty() => {
             let backend = r.backend.map(|b| format!(", {b}")).unwrap_or_default();
-            let _ = writeln!(out, "mount     {} (running{backend})", mnt.display());
+            let read_only = if r.read_only { ", read-only" } else { "" };
+            let _ = writeln!(
+                out,
+                "mount     {} (running{backend}{read_only})",
+                mnt.display()
+            );
         }
         // `stagefs serve`: an export, mounted by no one here.
         (Some(_), Some(export)) => {
@@ -268,6 +301,12 @@ fn render_status(r: &StatusReport) -> String {
     );
     if let Some(how) = &r.read_path {
         let _ = writeln!(out, "serving   {how}");
+    }
+    if r.reads_source_when_full {
+        let _ = writeln!(
+            out,
+            "on full   {READS_SOURCE_WHEN_FULL} (--on-full read-source)"
+        );
     }
     if let Some(m) = &r.metrics {
         let _ = writeln!(

@@ -79,7 +79,7 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let asked = config.mount_spec(
         args.source.as_deref(),
         args.mountpoint.as_deref(),
-        &args.options,
+        &args.options(),
     );
     let Err(missing) = asked else {
         return asked;
@@ -89,7 +89,7 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
         Some(live) => Some(live),
         None => crate::mounts::recorded(&cache_dir).map(|r| (r.source, r.mountpoint)),
     };
-    let mut options = args.options.clone();
+    let mut options = args.options();
     options.cache_dir = Some(cache_dir);
     match known {
         Some((source, mountpoint)) => config.mount_spec(

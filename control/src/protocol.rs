@@ -144,6 +144,10 @@ pub enum Request {
     Verify {
         /// Only this model (`org/name`, or a folder's or file's path).
         model: Option<String>,
+        /// Only the copies under this path (relative to the source root), as for
+        /// [`EvictSelector::Path`]; absent from older clients' requests.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<PathBuf>,
         /// Drop mismatches.
         repair: bool,
     },

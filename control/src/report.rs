@@ -38,6 +38,13 @@ pub struct StatusReport {
     /// How the running mount serves staged files, as its log said at mount time.
     #[serde(default)]
     pub read_path: Option<String>,
+    /// The running mount refuses every change (`--read-only`).
+    #[serde(default)]
+    pub read_only: bool,
+    /// The running mount reads a file the cache cannot hold from the source
+    /// (`--on-full read-source`) instead of failing its open.
+    #[serde(default)]
+    pub reads_source_when_full: bool,
     /// Where a mount of this cache died and left a dead mount behind (filled in by
     /// the front end, which reads the mount table).
     #[serde(default)]

@@ -32,6 +32,8 @@ pub(crate) struct ControlServer {
     backend: (Backend, Option<String>),
     /// How staged files are served, as `status` says it.
     pub(crate) read_path: String,
+    read_only: bool,
+    reads_source_when_full: bool,
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -57,6 +59,8 @@ pub(crate) async fn bind(
         backend: (spec.backend, export),
         // Set by the caller, which decided it before mounting.
         read_path: String::new(),
+        read_only: spec.fs.read_only,
+        reads_source_when_full: spec.fs.on_full == stagefs_policy::OnFull::ReadSource,
     })
 }
 
@@ -293,6 +297,8 @@ impl ControlServer {
             source_health: Some(self.stager.source_pool().health()),
             backend: Some(self.backend.clone()),
             read_path: Some(self.read_path.clone()),
+            read_only: self.read_only,
+            reads_source_when_full: self.reads_source_when_full,
         }
     }
 

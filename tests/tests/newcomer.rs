@@ -431,3 +431,200 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
         assert!(ok, "{err}");
     }
 }
+
+// A newcomer's second hour (issue 36).
+
+#[test]
+fn usage_errors_say_what_is_missing_the_similar_flag_and_the_values() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let more = "For more information, try '--help'.\n";
+    let cases: [(&[&str], String); 5] = [
+        (
+            &["run"],
+            format!(
+                "stagefs: the following required arguments were not provided:\n  <COMMAND>...\nUsage: stagefs run -- <COMMAND>...\n{more}"
+            ),
+        ),
+        (
+            &["evict"],
+            format!(
+                "stagefs: the following required arguments were not provided:\n  <TARGET|--all|--older-than <OLDER_THAN>|--to-size <TO_SIZE>>\nUsage: stagefs evict <TARGET|--all|--older-than <OLDER_THAN>|--to-size <TO_SIZE>>\n{more}"
+            ),
+        ),
+        (
+            &["prefetch"],
+            format!(
+                "stagefs: the following required arguments were not provided:\n  <TARGETS>...\nUsage: stagefs prefetch <TARGETS>...\n{more}"
+            ),
+        ),
+        (
+            &["mount", "/s", "/m", "--max-siz", "1G"],
+            format!(
+                "stagefs: unexpected argument '--max-siz' found\n  tip: a similar argument exists: '--max-size'\nUsage: stagefs mount --max-size <MAX_SIZE> <SOURCE> <MOUNTPOINT>\n{more}"
+            ),
+        ),
+        (
+            &["mount", "/s", "/m", "--on-full", "foo"],
+            format!(
+                "stagefs: invalid value 'foo' for '--on-full <ON_FULL>'\n  [possible values: fail, read-source]\n{more}"
+            ),
+        ),
+    ];
+    for (words, expected) in cases {
+        let args: Vec<&dyn AsRef<std::ffi::OsStr>> = words
+            .iter()
+            .map(|a| a as &dyn AsRef<std::ffi::OsStr>)
+            .collect();
+        let out = user.command(&args).output().expect("running stagefs");
+        assert_eq!(out.status.code(), Some(2), "{words:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), expected);
+    }
+}
+
+#[test]
+fn evict_and_verify_refuse_a_model_named_nowhere_and_take_the_same_paths() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/real", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let no_such = "stagefs: acme/nonexistent: no such model in the source (no HF repository acme/nonexistent, and no model folder or GGUF file whose path ends with acme/nonexistent, within 4 levels of the root, hub/ and model_dirs)\n";
+    for command in ["prefetch", "evict", "verify"] {
+        let out = user
+            .command(&[&command, &"acme/nonexistent"])
+            .output()
+            .expect("running stagefs");
+        assert_eq!(out.status.code(), Some(1), "{command}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), no_such, "{command}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "", "{command}");
+    }
+    // A model in the source with nothing staged is no typo.
+    let (ok, out, err) = user.run(&[&"evict", &model.repo]);
+    assert!(ok && out == "evicted 0 files, 0 B\n", "{out}{err}");
+    let (ok, out, err) = user.run(&[&"prefetch", &model.repo]);
+    assert!(ok, "{out}{err}");
+    let shard = model.shards().remove(0);
+    for path in [s.mnt.join(&shard), s.hub.join(&shard)] {
+        let (ok, out, err) = user.run(&[&"verify", &path]);
+        assert!(ok, "{}: {err}", path.display());
+        assert_eq!(out, "checked 1 staged file (2.0 MiB): 0 mismatches\n");
+    }
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn help_and_readme_say_what_the_commands_do() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let (_, top, _) = user.run(&[&"--help"]);
+    let run = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("run "))
+        .unwrap_or_default();
+    assert!(!run.contains("then run it offline"), "{run}");
+    assert!(
+        run.ends_with("; --offline (and a --read-only mount) also sets HF_HUB_OFFLINE=1"),
+        "{run}"
+    );
+    let (_, serve, _) = user.run(&[&"serve", &"--help"]);
+    assert!(!serve.contains("--backend"), "{serve}");
+    let out = user
+        .command(&[&"serve", &s.hub, &"--backend", &"fuse"])
+        .output()
+        .expect("running stagefs");
+    assert_eq!(out.status.code(), Some(2));
+    let (_, mount, _) = user.run(&[&"mount", &"--help"]);
+    assert!(mount.contains("0 counts as 1s, the shortest"), "{mount}");
+    let readme =
+        fs::read_to_string(stagefs_tests::workspace_root().join("README.md")).expect("README.md");
+    for said in [
+        "cargo install --path cli",
+        "a child process with a 15 s deadline",
+        "a file at the export's root needs `//`",
+        "`0` counts as `1s`, the shortest",
+        "Every option\nof `mount` applies but `--backend`",
+    ] {
+        assert!(readme.contains(said), "README: {said}");
+    }
+    assert!(!readme.contains("a file at any depth"));
+}
+
+#[test]
+fn serve_listens_on_a_host_name() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/served", 1, "2M");
+    let served = stagefs_tests::Served::try_start(&s.hub, &s.cache, &["--listen", "localhost:0"])
+        .expect("serve --listen localhost:0");
+    assert!(
+        served.url.starts_with("nfs://127.0.0.1/?nfsport="),
+        "{}",
+        served.url
+    );
+    served.stop();
+}
+
+#[test]
+fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`\n",
+            user.home.join(".cache/stagefs").display()
+        )
+    );
+    let model = generate(&s.hub, "acme/counted", 2, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, out, err) = user.run(&[
+        &"mount",
+        &s.hub,
+        &s.mnt,
+        &"--cache-dir",
+        &s.cache,
+        &"--min-free",
+        &reserve,
+        &"--min-stage-size",
+        &"0",
+        &"--read-only",
+        &"--on-full",
+        &"read-source",
+    ]);
+    assert!(ok, "{err}");
+    let modes = "(read-only; --on-full read-source: a file the cache cannot hold is read from the source, at its speed; cache ";
+    assert!(
+        out.starts_with(&format!(
+            "mounted {} at {} {modes}",
+            s.hub.display(),
+            s.mnt.display()
+        )),
+        "{out}"
+    );
+    // refs/main is read too, and (with --min-stage-size 0) kept, as a loader does.
+    let repo_dir = model.snapshot_rel.parent().and_then(Path::parent);
+    let refs_main = repo_dir.expect("repo dir").join("refs/main");
+    fs::read(s.mnt.join(refs_main)).expect("read refs/main");
+    for file in &model.files {
+        fs::read(s.mnt.join(&model.snapshot_rel).join(&file.name)).expect("read");
+    }
+    let entries = || stagefs_tests::status_json(&s.cache)["usage"]["entries"].as_u64();
+    wait_for("refs/main and the 4 files kept", || entries() == Some(5));
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
+    for line in [
+        format!("mount     {} (running, fuse, read-only)\n", s.mnt.display()),
+        "on full   a file the cache cannot hold is read from the source, at its speed (--on-full read-source)\n".into(),
+        "model     acme/counted: 4 staged files, 4.0 MiB\n".into(),
+        ": 4/4 files, 4.0 MiB of 4.0 MiB\n".into(),
+    ] {
+        assert!(out.contains(&line), "{line} in {out}");
+    }
+    let (ok, out, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("unmounted {}\n", s.mnt.display()));
+}
