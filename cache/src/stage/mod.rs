@@ -849,14 +849,15 @@ impl Inner {
 
 /// Whether a stored copy may serve source file `rel` at version `stamp`: the same
 /// version of the same file, or, for an LFS blob (named by its sha256, so its
-/// content), any copy of that blob of the right size, whatever path it was staged
-/// from and whatever inode or times the source gives it now (an sshfs remount
-/// numbers its inodes anew; `hf download` may fetch a blob again).
+/// content), a copy of that blob of the right size: from the same path with the
+/// same mtime whatever its inode and change time (an sshfs remount numbers inodes
+/// anew, a chmod on the NAS changes the change time: neither is worth copying every
+/// model again), or from another repository's path.
 fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
-    if key.content_sha256().is_some() {
-        entry.stamp.size == stamp.size
-    } else {
-        entry.source == rel && entry.stamp == stamp
+    match (key.content_sha256().is_some(), entry.source == rel) {
+        (true, true) => (entry.stamp.size, entry.stamp.mtime_ns) == (stamp.size, stamp.mtime_ns),
+        (true, false) => entry.stamp.size == stamp.size,
+        (false, same_path) => same_path && entry.stamp == stamp,
     }
 }
 
