@@ -502,6 +502,30 @@ def a_same_size_rewrite_at_the_source_is_seen():
 
 
 @check("write")
+def a_file_replaced_at_the_source_with_its_size_and_mtime_is_seen():
+    # `cp -p`, `rsync -t`, a temp file renamed over the old one at the NAS: a new
+    # inode and change time, the old size and mtime. The server's stamp has both.
+    path = os.path.join(W_MNT, "replaced-at-source.bin")
+    src = os.path.join(W_SRC, "replaced-at-source.bin")
+    old, new = b"o" * (2 << 20), b"r" * (2 << 20)
+    write(src, old)
+    assert read(path) == old
+    mtime = os.stat(src).st_mtime_ns
+    tmp = os.path.join(W_SRC, ".replaced-at-source.bin.tmp")
+    write(tmp, new)
+    os.utime(tmp, ns=(mtime, mtime))
+    os.rename(tmp, src)
+    deadline = time.monotonic() + 10
+    while True:
+        got = read(path)
+        if got == new:
+            return f"seen after {round(10 - (deadline - time.monotonic()), 1)} s"
+        assert got == old, "neither the old bytes nor the new"
+        assert time.monotonic() < deadline, "10 s after the replacement, the mount still reads the old bytes"
+        time.sleep(0.5)
+
+
+@check("write")
 def rename_over_an_existing_file():
     a, b = os.path.join(W_MNT, "new.txt"), os.path.join(W_MNT, "old.txt")
     write(b, b"old contents")
@@ -884,6 +908,26 @@ def a_model_on_an_sshfs_nas_reads_right_and_is_staged():
     listed = sorted(os.listdir(os.path.dirname(nas_shards()[0][0])))
     assert listed, "the snapshot lists"
     os.listdir(NAS["mnt"])
+
+
+@check("nas")
+def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
+    signal_host("nas-cut")
+    await_host("nas-cut")
+    time.sleep(1.5)
+    # The first name nobody has seen waits out the source timeout (the server
+    # answers JUKEBOX meanwhile): that is how the server learns the NAS is away.
+    started = time.monotonic()
+    expect_errno(errno.EIO, os.stat, os.path.join(NAS["mnt"], "never-seen-first.json"))
+    first = time.monotonic() - started
+    started = time.monotonic()
+    nas_shards_read_right("link cut")
+    staged = time.monotonic() - started - 1.5
+    assert staged < NAS["timeout"], f"the staged model took {staged:.1f} s with the link cut"
+    took = nas_unseen_name_fails_at_once("cut")
+    signal_host("nas-restore")
+    await_host("nas-restore")
+    return f"first unseen name {first:.1f} s; then the staged model {staged:.2f} s, an unseen name {took:.3f} s"
 
 
 @check("nas")

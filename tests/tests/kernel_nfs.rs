@@ -268,7 +268,14 @@ fn boot() -> Result<Run, String> {
             ));
             fs::write(&done, &what).expect("answer the guest");
         }
-        for step in ["nas-drop", "nas-underneath", "nas-kill", "nas-back"] {
+        for step in [
+            "nas-cut",
+            "nas-restore",
+            "nas-drop",
+            "nas-underneath",
+            "nas-kill",
+            "nas-back",
+        ] {
             let asked = scratch.join(format!("fault-{step}"));
             let done = scratch.join(format!("fault-{step}-done"));
             if !asked.exists() || done.exists() {
@@ -327,6 +334,8 @@ fn boot() -> Result<Run, String> {
 /// What the host does for a step of the nas group; the answer the guest reads.
 fn nas_step(step: &str, nas: &NetFs, export: &Path) -> String {
     match step {
+        "nas-cut" => nas.cut(),
+        "nas-restore" => nas.restore(),
         "nas-drop" => nas.drop_connection(),
         // What is under the NAS's mount point, as JSON: nothing may have been written.
         "nas-underneath" => {
