@@ -454,3 +454,31 @@ fn a_model_id_is_resolved_in_the_configured_source() {
         unconfigured.stderr
     );
 }
+
+/// Issue 36: under a stock sshfs (`contain_symlinks`) every snapshot link is refused,
+/// and doctor said "ok model acme/big-llm: 0 files, 0 B" and exited 0.
+#[test]
+fn a_share_that_refuses_snapshot_links_fails_the_model_and_names_the_option() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/big-llm", 1, "2M");
+    let nas = s.dir.path().join("nas");
+    let remote = NetFs::up_with(&s.hub, &nas, "1gbit", "contain_symlinks");
+    let repo = remote.mnt.join("models--acme--big-llm");
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &repo, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines = [
+        "fail  model        acme/big-llm: 3 links cannot be followed (0 of its files can be read); config.json: the source refuses to read the link (sshfs does unless mounted with `-o no_contain_symlinks`)",
+        "                   mount the share again with `-o no_contain_symlinks`: sshfs refuses links with `..` by default, and every snapshot file links to ../../blobs/",
+    ];
+    for line in lines {
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+    drop(remote);
+}

@@ -36,6 +36,29 @@ pub(crate) struct Model {
     /// Seconds to stage it at the measured rate (one stream; a mount copies with
     /// several, so this is an upper estimate).
     pub(crate) staging_seconds: Option<f64>,
+    /// Links of the model that lead to no file (left out of `files`).
+    #[serde(default)]
+    pub(crate) unfollowable: Vec<BrokenLink>,
+}
+
+/// A link of a model that leads to no file, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BrokenLink {
+    /// The link (absolute).
+    pub(crate) path: PathBuf,
+    pub(crate) why: String,
+    /// The source refused to read it: sshfs's `contain_symlinks`.
+    pub(crate) refused: bool,
+}
+
+impl BrokenLink {
+    fn of(root: &Path, (rel, why): (PathBuf, hf::LinkError)) -> BrokenLink {
+        BrokenLink {
+            path: root.join(rel),
+            refused: why == hf::LinkError::Refused,
+            why: why.to_string(),
+        }
+    }
 }
 
 /// The model `id` in the source `root`: a repository at `refs/main` or else its
@@ -87,20 +110,23 @@ pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
 /// Counts a model's files and finds its largest weight; None for a repository
 /// without a snapshot.
 fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> Option<Model> {
-    let (snapshot, files, weights) = match model.kind {
+    let (snapshot, files, weights, links) = match model.kind {
         ModelKind::HfRepo => {
             let main = || hf::snapshot_of(tree, &model.path, "main");
             let newest = || hf::newest_snapshot(tree, &model.path);
             let snapshot = snapshot.or_else(main).or_else(newest)?;
             let files = hf::all_files(tree, &snapshot);
             let weights = hf::weight_files(tree, &snapshot);
-            (Some(tree.root().join(&snapshot)), files, weights)
+            let links = hf::unfollowable_links(tree, &snapshot);
+            (Some(tree.root().join(&snapshot)), files, weights, links)
         }
         ModelKind::Folder | ModelKind::File => {
             let files = models::files(tree, model, None).ok()?;
-            (None, files, models::weights(tree, model, None).ok()?)
+            let links = models::unfollowable(tree, model, None).unwrap_or_default();
+            (None, files, models::weights(tree, model, None).ok()?, links)
         }
     };
+    let unfollowable = links.into_iter().map(|l| BrokenLink::of(tree.root(), l));
     let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
     let largest = weights.into_iter().max_by_key(|rel| size_of(rel));
     Some(Model {
@@ -112,6 +138,7 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
         largest_weight: largest.map(|rel| tree.root().join(rel)),
         staging_seconds: None,
+        unfollowable: unfollowable.collect(),
     })
 }
 

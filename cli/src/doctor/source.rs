@@ -514,6 +514,9 @@ fn stagefs_check(report: &SourceReport) -> Check {
 }
 
 fn model_check(model: &Model) -> Check {
+    if let Some(check) = links_check(model) {
+        return check;
+    }
     let place = match (model.kind, &model.snapshot) {
         (ModelKind::HfRepo, Some(snapshot)) => {
             let name = snapshot.file_name().unwrap_or_default().to_string_lossy();
@@ -524,6 +527,31 @@ fn model_check(model: &Model) -> Check {
     let (id, size) = (&model.id, format_bytes(model.size_bytes));
     let files = count(model.files, "file", "files");
     Check::ok("model", format!("{id}: {files}, {size} ({place})"))
+}
+
+/// The failed model check for a model with links that lead to no file, naming the
+/// first; None when every link leads to a file.
+fn links_check(model: &Model) -> Option<Check> {
+    let first = model.unfollowable.first()?;
+    let base = model.snapshot.as_deref().unwrap_or(&model.path);
+    let name = first.path.strip_prefix(base).unwrap_or(&first.path);
+    let links = count(model.unfollowable.len(), "link", "links");
+    let summary = format!(
+        "{}: {links} cannot be followed ({} of its files can be read); {}: {}",
+        model.id,
+        model.files,
+        name.display(),
+        first.why
+    );
+    let advice = match first.refused {
+        true => {
+            "mount the share again with `-o no_contain_symlinks`: sshfs refuses links with `..` by default, and every snapshot file links to ../../blobs/"
+        }
+        false => {
+            "make each link lead to a file in the source (a snapshot's to its repository's blobs/): stagefs cannot stage the others"
+        }
+    };
+    Some(Check::fail("model", summary).advise(advice))
 }
 
 /// Seconds to stage `model` at the measured rate (one stream; a mount copies with
