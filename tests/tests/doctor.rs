@@ -482,3 +482,92 @@ fn a_share_that_refuses_snapshot_links_fails_the_model_and_names_the_option() {
     }
     drop(remote);
 }
+
+/// A plain model folder `Llama-Fake-4bit` in `dir` (2 files, 1.9 MiB).
+fn plain_folder(dir: &Path) -> PathBuf {
+    let folder = dir.join("Llama-Fake-4bit");
+    fs::create_dir_all(&folder).expect("model folder");
+    fs::write(folder.join("config.json"), "{}\n").expect("config");
+    fs::write(folder.join("model.safetensors"), vec![7u8; 2_000_000]).expect("weights");
+    folder
+}
+
+/// Issue 36: with plain folders mounted, doctor advised `export HF_HUB_CACHE=…`,
+/// ignored the mount's `--max-size`, and took a short name prefetch accepts for a
+/// path under the current directory ("CWD/Llama-Fake-4bit does not exist").
+#[test]
+fn a_mount_of_plain_folders_gets_their_advice_its_size_limit_and_short_names() {
+    let s = Scratch::new();
+    let folder = plain_folder(&s.hub);
+    let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &["--max-size", "1M"]);
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let folders = format!(
+        "note  hub-cache    the source holds plain model folders, loaded by path under {}; ",
+        s.mnt.display()
+    );
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with(&folders)),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("HF_HUB_CACHE="), "{}", run.stdout);
+    let space = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("ok    space "))
+        .unwrap_or_default();
+    let limited = "; staged copies are limited to 1.0 MiB (max_size)";
+    assert!(space.ends_with(limited), "{}", run.stdout);
+
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &"Llama-Fake-4bit",
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines = [
+        format!(
+            "ok    model        Llama-Fake-4bit: 2 files, 1.9 MiB (plain model folder {})",
+            folder.display()
+        ),
+        "fail  space        Llama-Fake-4bit needs 1.9 MiB, more than max_size (1.0 MiB)".into(),
+    ];
+    for line in lines {
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+    drop(mount);
+}
+
+/// Issue 36: a source whose only file is empty gave "fail speed … the file is empty".
+#[test]
+fn an_empty_file_is_nothing_to_measure_not_a_failure() {
+    let s = Scratch::new();
+    fs::write(s.hub.join("empty.bin"), b"").expect("empty file");
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let line = format!(
+        "note  speed        no non-empty file to measure in {}",
+        s.hub.display()
+    );
+    assert!(
+        run.stdout.lines().any(|l| l == line),
+        "{line}\n{}",
+        run.stdout
+    );
+}

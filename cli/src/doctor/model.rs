@@ -208,12 +208,13 @@ pub(crate) struct Probe {
     pub(crate) seconds: f64,
 }
 
-/// Measures `file`.
-pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
+/// Measures `file`; None for an empty one, which has nothing to measure (and says
+/// nothing about the source).
+pub(crate) fn measure(path: &Path) -> io::Result<Option<Probe>> {
     let mut file = File::open(path)?;
     let file_size = file.metadata()?.len();
     if file_size == 0 {
-        return Err(io::Error::other("the file is empty"));
+        return Ok(None);
     }
     forget_cached(&file, Access::Random);
     let mut buf = vec![0u8; 1 << 20];
@@ -236,14 +237,14 @@ pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
     }
     // A tiny local file can read in less than a clock tick; never divide by zero.
     let seconds = start.elapsed().as_secs_f64().max(1e-6);
-    Ok(Probe {
+    Ok(Some(Probe {
         file: path.to_path_buf(),
         file_size,
         latency_ms: times[times.len() / 2].as_secs_f64() * 1000.0,
         throughput_bytes_per_sec: bytes_read as f64 / seconds,
         bytes_read,
         seconds,
-    })
+    }))
 }
 
 /// How the file is about to be read.
@@ -321,9 +322,10 @@ mod tests {
         fs::create_dir_all(plain.path().join("a/b"))?;
         fs::write(plain.path().join("a/b/f"), [0u8; 5])?;
         assert_eq!(largest_file(plain.path()), Some(plain.path().join("a/b/f")));
-        assert_eq!(measure(&blobs.join("big"))?.bytes_read, 100);
+        let big = measure(&blobs.join("big"))?.map(|p| p.bytes_read);
+        assert_eq!(big, Some(100));
         fs::write(blobs.join("empty"), b"")?;
-        assert!(measure(&blobs.join("empty")).is_err(), "nothing to measure");
+        assert_eq!(measure(&blobs.join("empty"))?, None, "nothing to measure");
         Ok(())
     }
 }

@@ -41,8 +41,11 @@ pub(crate) enum Target {
 }
 
 impl Target {
-    /// What to look at: a model id (`org/name`, unless a relative path of that name
-    /// exists here) in the configured `source`, a path, or the configured source.
+    /// What to look at: a model id in the configured `source` (`org/name`, or a
+    /// short name such as a folder's, as prefetch takes them), unless a path of that
+    /// name exists here; a path; or the configured source. A path that is the
+    /// configured source (compared lexically: the source may not answer) counts as
+    /// configured, so its shape decides the advice.
     pub(crate) fn of(
         arg: Option<&str>,
         source: Option<&Path>,
@@ -52,9 +55,15 @@ impl Target {
         let Some(arg) = arg else {
             return Ok(source.map_or(Target::Nothing, |s| path(s.into(), true)));
         };
-        if hf::repo_dir_for(arg).is_none() || exists(Path::new(arg)) {
-            let absolute = std::path::absolute(arg).map_err(|e| e.to_string());
-            return absolute.map(|p| path(p, false));
+        let is_id = match source {
+            Some(_) => models::is_model_id(arg),
+            None => hf::repo_dir_for(arg).is_some(),
+        };
+        if !is_id || exists(Path::new(arg)) {
+            let absolute = std::path::absolute(arg).map_err(|e| e.to_string())?;
+            let same = |s: &Path| hf::normalize(&absolute) == hf::normalize(s);
+            let configured = source.is_some_and(same);
+            return Ok(path(absolute, configured));
         }
         let hub = source.ok_or_else(|| format!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine"))?;
         let (id, hub) = (arg.into(), hub.into());
@@ -182,6 +191,7 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
         None => model::largest_file(&readable),
     };
     let measured = file.map(|file| model::measure(&file)).transpose();
+    let measured = measured.map(Option::flatten);
     send(Line::Measured(measured.map_err(StepError::of)));
 }
 
@@ -307,7 +317,7 @@ impl Findings {
                 speed_check(probe, self.model.as_ref())
             }
             Ok(None) => {
-                let nothing = format!("no file to measure in {}", readable.display());
+                let nothing = format!("no non-empty file to measure in {}", readable.display());
                 Check::note("speed", nothing)
             }
             Err(e) => {
