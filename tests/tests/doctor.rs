@@ -571,3 +571,60 @@ fn an_empty_file_is_nothing_to_measure_not_a_failure() {
         run.stdout
     );
 }
+
+/// Issue 36: a configured mount point that `stagefs mount` would refuse (missing, not
+/// empty) or that lies inside the source was reported as merely "not mounted".
+#[test]
+fn a_mount_point_no_mount_can_use_fails_the_mount_check() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/mp", 1, "2M");
+    let hub = fs::canonicalize(&s.hub).expect("hub");
+    let (missing, full, inside) = (
+        s.dir.path().join("gone"),
+        s.dir.path().join("full"),
+        hub.join("m"),
+    );
+    fs::create_dir_all(&full).expect("full mount point");
+    fs::write(full.join("notes.txt"), "x").expect("an entry");
+    let cases = [
+        (
+            &missing,
+            format!(
+                "fail  mount        the mount point {} does not exist",
+                missing.display()
+            ),
+        ),
+        (
+            &full,
+            format!(
+                "fail  mount        the mount point {} is not empty",
+                full.display()
+            ),
+        ),
+        (
+            &inside,
+            format!(
+                "fail  mount        the mount point {} is inside the source {}",
+                inside.display(),
+                hub.display()
+            ),
+        ),
+    ];
+    for (mountpoint, line) in cases {
+        let config = s.dir.path().join("config.toml");
+        let text = format!(
+            "source = {:?}\nmountpoint = {:?}\ncache_dir = {:?}\n",
+            s.hub.display().to_string(),
+            mountpoint.display().to_string(),
+            s.cache.display().to_string()
+        );
+        fs::write(&config, text).expect("config file");
+        let run = stagefs(&[&"--config", &config, &"doctor"], &[]);
+        assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+}
