@@ -113,7 +113,7 @@ impl Config {
 
     /// This config with the source, mount point and `model_dirs` a cache recorded
     /// filled in where the file sets none (for commands that find the mount a cache
-    /// serves, or served last).
+    /// serves, or served last), and its budget where the file sets no budget key.
     pub(crate) fn filled_from(mut self, record: &stagefs_control::MountRecord) -> Config {
         let file = &mut self.file;
         if file.source.is_none() && file.mountpoint.is_none() {
@@ -122,6 +122,10 @@ impl Config {
             if file.model_dirs.is_none() {
                 file.model_dirs = Some(record.model_dirs.clone());
             }
+        }
+        // The mount's budget is what its copies get, whichever way it was given.
+        if file.max_size.is_none() && file.min_free.is_none() {
+            (file.max_size, file.min_free) = (record.budget.max_size, record.budget.min_free);
         }
         self
     }

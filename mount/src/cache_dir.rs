@@ -223,9 +223,10 @@ fn prefetch_locally(
     let Local {
         stager,
         files,
+        failed,
         runtime,
     } = local_files(dir, targets)?;
-    let job = Job::new(stager, files);
+    let job = Job::reporting(stager, files, failed);
     let running = runtime.spawn(Arc::clone(&job).run(parallel, true));
     while !running.is_finished() {
         progress(&job.progress());
@@ -239,6 +240,8 @@ fn prefetch_locally(
 struct Local {
     stager: Stager,
     files: Vec<(PathBuf, u64)>,
+    /// Links the targets hold that lead to no file (a prefetch reports them failed).
+    failed: Vec<FileProgress>,
     /// Where the stager's copies run.
     runtime: Runtime,
 }
@@ -262,10 +265,12 @@ fn local_files(dir: &Path, targets: &[Target]) -> Result<Local, CacheDirError> {
     };
     let files = prefetch::resolve(models, targets, record.min_stage_size)
         .map_err(CacheDirError::Resolve)?;
+    let failed = prefetch::unfollowable(models, targets);
     let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
     Ok(Local {
         stager,
         files,
+        failed,
         runtime,
     })
 }

@@ -126,17 +126,18 @@ impl ControlServer {
                         model_dirs: &model_dirs,
                     };
                     let files = prefetch::resolve(source, &targets, min_size);
-                    files.map(|files| (files, stager.prefetch_width(parallel)))
+                    let failed = prefetch::unfollowable(source, &targets);
+                    files.map(|files| (files, failed, stager.prefetch_width(parallel)))
                 })
                 .await
                 .map_err(|why| format!("the source did not answer ({why})"))
                 .and_then(|resolved| resolved.map_err(|e| e.to_string())),
         };
-        let (files, width) = match resolved {
+        let (files, failed, width) = match resolved {
             Ok(planned) => planned,
             Err(message) => return send(write, &Response::Error { message }).await,
         };
-        let job = Job::new(self.stager.clone(), files);
+        let job = Job::reporting(self.stager.clone(), files, failed);
         let running = tokio::spawn(Arc::clone(&job).run(width, true));
         while !running.is_finished() {
             send(

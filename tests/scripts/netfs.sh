@@ -4,7 +4,8 @@
 # on the host with sshfs. tbf caps each direction (netem is not available here).
 #
 #   netfs.sh up   ID EXPORT_DIR MOUNTPOINT RATE   # RATE as tc understands it: 200mbit, 1gbit
-#                                                 # SSHFS_EXTRA_OPTS=cache=no adds sshfs options
+#                                                 # SSHFS_EXTRA_OPTS=cache=no adds sshfs options;
+#                                                 # =contain_symlinks keeps sshfs's default
 #   netfs.sh down ID MOUNTPOINT
 #   netfs.sh cut ID        # the link goes dead: requests hang, as with a NAS gone away
 #   netfs.sh restore ID
@@ -91,8 +92,10 @@ CFG
     # (contain_symlinks). The server here is our own, so keep links verbatim.
     local links=""
     # (Not `sshfs -h | grep -q`: under pipefail, grep exiting early kills sshfs with
-    # SIGPIPE and the test fails now and then.)
-    if grep -q contain_symlinks <<<"$(sshfs -h 2>&1)"; then
+    # SIGPIPE and the test fails now and then.) SSHFS_EXTRA_OPTS=contain_symlinks
+    # keeps sshfs's default, to test what users of a stock sshfs see.
+    if grep -q contain_symlinks <<<"$(sshfs -h 2>&1)" &&
+        [[ ,${SSHFS_EXTRA_OPTS:-}, != *,contain_symlinks,* ]]; then
         links=",no_contain_symlinks"
     fi
     local tries=0

@@ -454,3 +454,177 @@ fn a_model_id_is_resolved_in_the_configured_source() {
         unconfigured.stderr
     );
 }
+
+/// Issue 36: under a stock sshfs (`contain_symlinks`) every snapshot link is refused,
+/// and doctor said "ok model acme/big-llm: 0 files, 0 B" and exited 0.
+#[test]
+fn a_share_that_refuses_snapshot_links_fails_the_model_and_names_the_option() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/big-llm", 1, "2M");
+    let nas = s.dir.path().join("nas");
+    let remote = NetFs::up_with(&s.hub, &nas, "1gbit", "contain_symlinks");
+    let repo = remote.mnt.join("models--acme--big-llm");
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &repo, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines = [
+        "fail  model        acme/big-llm: 3 links cannot be followed (0 of its files can be read); config.json: the source refuses to read the link (sshfs does unless mounted with `-o no_contain_symlinks`)",
+        "                   mount the share again with `-o no_contain_symlinks`: sshfs refuses links with `..` by default, and every snapshot file links to ../../blobs/",
+    ];
+    for line in lines {
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+    drop(remote);
+}
+
+/// A plain model folder `Llama-Fake-4bit` in `dir` (2 files, 1.9 MiB).
+fn plain_folder(dir: &Path) -> PathBuf {
+    let folder = dir.join("Llama-Fake-4bit");
+    fs::create_dir_all(&folder).expect("model folder");
+    fs::write(folder.join("config.json"), "{}\n").expect("config");
+    fs::write(folder.join("model.safetensors"), vec![7u8; 2_000_000]).expect("weights");
+    folder
+}
+
+/// Issue 36: with plain folders mounted, doctor advised `export HF_HUB_CACHE=…`,
+/// ignored the mount's `--max-size`, and took a short name prefetch accepts for a
+/// path under the current directory ("CWD/Llama-Fake-4bit does not exist").
+#[test]
+fn a_mount_of_plain_folders_gets_their_advice_its_size_limit_and_short_names() {
+    let s = Scratch::new();
+    let folder = plain_folder(&s.hub);
+    let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &["--max-size", "1M"]);
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let folders = format!(
+        "note  hub-cache    the source holds plain model folders, loaded by path under {}; ",
+        s.mnt.display()
+    );
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with(&folders)),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("HF_HUB_CACHE="), "{}", run.stdout);
+    let space = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("ok    space "))
+        .unwrap_or_default();
+    let limited = "; staged copies are limited to 1.0 MiB (max_size)";
+    assert!(space.ends_with(limited), "{}", run.stdout);
+
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &"Llama-Fake-4bit",
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines = [
+        format!(
+            "ok    model        Llama-Fake-4bit: 2 files, 1.9 MiB (plain model folder {})",
+            folder.display()
+        ),
+        "fail  space        Llama-Fake-4bit needs 1.9 MiB, more than max_size (1.0 MiB)".into(),
+    ];
+    for line in lines {
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+    drop(mount);
+}
+
+/// Issue 36: a source whose only file is empty gave "fail speed … the file is empty".
+#[test]
+fn an_empty_file_is_nothing_to_measure_not_a_failure() {
+    let s = Scratch::new();
+    fs::write(s.hub.join("empty.bin"), b"").expect("empty file");
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let line = format!(
+        "note  speed        no non-empty file to measure in {}",
+        s.hub.display()
+    );
+    assert!(
+        run.stdout.lines().any(|l| l == line),
+        "{line}\n{}",
+        run.stdout
+    );
+}
+
+/// Issue 36: a configured mount point that `stagefs mount` would refuse (missing, not
+/// empty) or that lies inside the source was reported as merely "not mounted".
+#[test]
+fn a_mount_point_no_mount_can_use_fails_the_mount_check() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/mp", 1, "2M");
+    let hub = fs::canonicalize(&s.hub).expect("hub");
+    let (missing, full, inside) = (
+        s.dir.path().join("gone"),
+        s.dir.path().join("full"),
+        hub.join("m"),
+    );
+    fs::create_dir_all(&full).expect("full mount point");
+    fs::write(full.join("notes.txt"), "x").expect("an entry");
+    let cases = [
+        (
+            &missing,
+            format!(
+                "fail  mount        the mount point {} does not exist",
+                missing.display()
+            ),
+        ),
+        (
+            &full,
+            format!(
+                "fail  mount        the mount point {} is not empty",
+                full.display()
+            ),
+        ),
+        (
+            &inside,
+            format!(
+                "fail  mount        the mount point {} is inside the source {}",
+                inside.display(),
+                hub.display()
+            ),
+        ),
+    ];
+    for (mountpoint, line) in cases {
+        let config = s.dir.path().join("config.toml");
+        let text = format!(
+            "source = {:?}\nmountpoint = {:?}\ncache_dir = {:?}\n",
+            s.hub.display().to_string(),
+            mountpoint.display().to_string(),
+            s.cache.display().to_string()
+        );
+        fs::write(&config, text).expect("config file");
+        let run = stagefs(&[&"--config", &config, &"doctor"], &[]);
+        assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+}

@@ -281,3 +281,55 @@ fn staging_a_file_much_larger_than_any_buffer_keeps_memory_bounded() {
         "daemon peak RSS {peak_kib} KiB while staging 512 MiB"
     );
 }
+
+/// Issue 36: a stock sshfs (`contain_symlinks`) refuses to read every snapshot link
+/// (`../../blobs/...`), so the model looked empty: "0 staged, 0 already staged,
+/// 0 failed (0 B)", exit 0. Each link is now a failed file that says why.
+#[test]
+fn a_prefetch_through_sshfs_that_refuses_links_names_them_and_fails() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/big-llm", 1, "1M");
+    let nas = s.dir.path().join("nas");
+    let remote = NetFs::up_with(&s.hub, &nas, "1gbit", "contain_symlinks");
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let (ok, out, err) = run_stagefs(&[&"prefetch", &"acme/big-llm", &"--cache-dir", cache]);
+    assert!(!ok, "{out}{err}");
+    let refused = "the source refuses to read the link (sshfs does unless mounted with `-o no_contain_symlinks`)";
+    let line = format!("FAILED acme/big-llm: model-00001-of-00001.safetensors: {refused}");
+    assert!(err.lines().any(|l| l == line), "{err}");
+    let summary =
+        "stagefs: 0 staged, 0 already staged, 3 failed (0 B): 3 files could not be staged";
+    assert!(err.lines().any(|l| l == summary), "{err}");
+    drop(mount);
+    drop(remote);
+}
+
+/// Issue 36: a link that loops, or leaves the source, was left out silently.
+#[test]
+fn a_prefetch_names_links_that_loop_or_leave_the_source() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/links", 1, "2M");
+    let snapshot = s.hub.join(&model.snapshot_rel);
+    let blob_rel = model.blob_of(&s.hub, "config.json");
+    let blob = s.hub.join(&blob_rel);
+    // The blob links back to the snapshot's link: a loop.
+    fs::remove_file(&blob).expect("remove blob");
+    std::os::unix::fs::symlink(snapshot.join("config.json"), &blob).expect("loop");
+    let outside = snapshot.join("model.safetensors.index.json");
+    fs::remove_file(&outside).ok();
+    std::os::unix::fs::symlink("/etc/hostname", &outside).expect("outside link");
+    let _mount = s.mount(&["--no-prefetch"]);
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let (ok, out, err) = run_stagefs(&[&"prefetch", &"acme/links", &"--cache-dir", cache]);
+    assert!(!ok, "{out}{err}");
+    let blob_rel = blob_rel.display();
+    let lines = [
+        format!("FAILED acme/links: config.json: it links to {blob_rel}, which is a link again (a loop or a chain of links)"),
+        "FAILED acme/links: model.safetensors.index.json: it links to /etc/hostname, outside the source".into(),
+        "stagefs: 1 staged, 0 already staged, 2 failed (2.0 MiB): 2 files could not be staged".into(),
+    ];
+    for line in lines {
+        assert!(err.lines().any(|l| l == line), "{line}\n{out}{err}");
+    }
+}

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
+use crate::error::SourceError;
 use crate::source::SourceTree;
 
 /// Files whose presence in a snapshot means "model weights".
@@ -176,6 +177,88 @@ pub fn entries(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, Option<PathBuf>
             }
         })
         .collect()
+}
+
+/// Why a link in a snapshot (or model folder) leads to nothing stagefs can stage.
+/// The layout functions above leave such links out; these say why, so that a model
+/// whose links all fail is reported as broken instead of as empty.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LinkError {
+    /// The source refuses to read the link at all (EPERM). sshfs does this for every
+    /// link with `..` or an absolute target unless mounted with `no_contain_symlinks`,
+    /// and every snapshot link is `../../blobs/<hash>`.
+    #[error(
+        "the source refuses to read the link (sshfs does unless mounted with `-o no_contain_symlinks`)"
+    )]
+    Refused,
+    /// Reading the link failed otherwise.
+    #[error("its link cannot be read: {0}")]
+    Unreadable(String),
+    /// The target leaves the source (absolute, or too many `..`).
+    #[error("it links to {}, outside the source", .0.display())]
+    Outside(PathBuf),
+    /// The target is itself a link: stagefs follows one link, so a chain or a loop
+    /// ends here.
+    #[error("it links to {}, which is a link again (a loop or a chain of links)", .0.display())]
+    LinkToLink(PathBuf),
+    /// The target is missing or unreadable.
+    #[error("it links to {}, which {why}", target.display())]
+    Target {
+        /// The target, relative to the source root.
+        target: PathBuf,
+        /// What stat-ing it said.
+        why: String,
+    },
+}
+
+/// The links under `dir` (recursively) that lead to no file, with why: what
+/// [`snapshot_files`] and [`all_files`] leave out.
+pub fn unfollowable_links(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, LinkError)> {
+    let mut out = Vec::new();
+    for (name, meta) in source.read_dir(dir).unwrap_or_default() {
+        let path = dir.join(&name);
+        if meta.is_dir() {
+            out.extend(unfollowable_links(source, &path));
+        } else if meta.is_symlink()
+            && let Err(why) = follow(source, dir, &path)
+        {
+            out.push((path, why));
+        }
+    }
+    out
+}
+
+/// Where the link at `path` (in `dir`) leads, if to something that is no link.
+fn follow(source: &SourceTree, dir: &Path, path: &Path) -> Result<PathBuf, LinkError> {
+    let target = source.read_link(path).map_err(|e| match io_of(&e) {
+        Some(io) if io.raw_os_error() == Some(libc::EPERM) => LinkError::Refused,
+        _ => LinkError::Unreadable(plain(&e)),
+    })?;
+    let inside = link_inside(dir, &target).ok_or_else(|| LinkError::Outside(target.clone()))?;
+    match source.stat(&inside) {
+        Ok(meta) if meta.is_symlink() => Err(LinkError::LinkToLink(inside)),
+        Ok(_) => Ok(inside),
+        Err(e) => Err(LinkError::Target {
+            target: inside,
+            why: match e {
+                SourceError::NotFound { .. } => "does not exist".into(),
+                e => format!("cannot be read: {}", plain(&e)),
+            },
+        }),
+    }
+}
+
+/// The OS error under a source error, if it carries one.
+fn io_of(e: &SourceError) -> Option<&std::io::Error> {
+    match e {
+        SourceError::Io { source, .. } | SourceError::Away { source, .. } => Some(source),
+        _ => None,
+    }
+}
+
+/// What went wrong without the path (the caller names the file already).
+fn plain(e: &SourceError) -> String {
+    io_of(e).map_or_else(|| e.to_string(), ToString::to_string)
 }
 
 /// The weight files of a snapshot, resolved to the files they link to, in the order a

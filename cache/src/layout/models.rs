@@ -606,6 +606,18 @@ pub fn files(
     Ok(weights_then(weights, rest))
 }
 
+/// The links of `model` that lead to no file, with why: what [`files`] leaves out.
+pub fn unfollowable(
+    source: &SourceTree,
+    model: &ModelRef,
+    revision: Option<&str>,
+) -> Result<Vec<(PathBuf, hf::LinkError)>, ModelError> {
+    Ok(match model_dir(source, model, revision)? {
+        Some(dir) => hf::unfollowable_links(source, &dir),
+        None => Vec::new(),
+    })
+}
+
 /// The files under a directory that is no model of its own (a snapshot, say): its
 /// weights in load order, then the rest.
 pub fn files_under(source: &SourceTree, dir: &Path) -> Vec<PathBuf> {

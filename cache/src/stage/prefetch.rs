@@ -44,6 +44,39 @@ pub fn resolve(
     Ok(files)
 }
 
+/// The links the targets hold that lead to no file, as failed files: [`resolve`]
+/// leaves them out, and a model whose links all fail would otherwise look empty.
+/// Targets that name nothing are [`resolve`]'s to refuse.
+pub fn unfollowable(source: ModelSource<'_>, targets: &[Target]) -> Vec<FileProgress> {
+    let tree = source.tree;
+    let links = |target: &Target| match target {
+        Target::Model { id, revision } => models::find(tree, id, source.model_dirs)
+            .and_then(|model| models::unfollowable(tree, &model, revision.as_deref()))
+            .unwrap_or_default(),
+        Target::Path { path } => match models::model_at(tree, path) {
+            Some(model) => models::unfollowable(tree, &model, None).unwrap_or_default(),
+            None if tree.stat(path).is_ok_and(|m| m.is_dir()) => hf::unfollowable_links(tree, path),
+            None => Vec::new(),
+        },
+    };
+    let mut seen = HashSet::new();
+    let failed = |(path, why): (PathBuf, hf::LinkError)| FileProgress {
+        path,
+        total: 0,
+        copied: 0,
+        state: FileState::Failed {
+            error: why.to_string(),
+            remedy: None,
+        },
+    };
+    targets
+        .iter()
+        .flat_map(links)
+        .filter(|(path, _)| seen.insert(path.clone()))
+        .map(failed)
+        .collect()
+}
+
 fn target_files(source: ModelSource<'_>, target: &Target) -> Result<Vec<PathBuf>, AdminError> {
     match target {
         Target::Model { id, revision } => {
@@ -130,16 +163,28 @@ pub struct Job {
     stager: Stager,
     files: Vec<(PathBuf, u64)>,
     states: Mutex<Vec<FileState>>,
+    /// Files that failed before the job began (links that lead nowhere).
+    failed: Vec<FileProgress>,
 }
 
 impl Job {
     /// A job staging `files` (path, size) in order.
     pub fn new(stager: Stager, files: Vec<(PathBuf, u64)>) -> Arc<Job> {
+        Job::reporting(stager, files, Vec::new())
+    }
+
+    /// A job staging `files` that also reports `failed` (from [`unfollowable`]).
+    pub fn reporting(
+        stager: Stager,
+        files: Vec<(PathBuf, u64)>,
+        failed: Vec<FileProgress>,
+    ) -> Arc<Job> {
         let states = Mutex::new(vec![FileState::Waiting; files.len()]);
         Arc::new(Job {
             stager,
             files,
             states,
+            failed,
         })
     }
 
@@ -264,6 +309,7 @@ impl Job {
                     state,
                 }
             })
+            .chain(self.failed.iter().cloned())
             .collect()
     }
 }

@@ -12,7 +12,7 @@ use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_control as control;
 
 use super::Check;
-use super::worker::{Gathered, Line, Tx, reply};
+use super::worker::{Gathered, Line, StepError, Tx, reply};
 
 const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 
@@ -264,7 +264,12 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
             let resolved = std::fs::canonicalize(&serving).ok();
             resolved.map(|resolved| Line::Resolved(serving, resolved))
         }
-        Ok(None) => filesystem_of(mountpoint).ok().map(Line::MountFs),
+        Ok(None) => {
+            // `stagefs mount` refuses anything but an empty directory.
+            let listed = std::fs::read_dir(mountpoint).map(|mut e| e.next().is_none());
+            reply(tx, Line::MountEmpty(listed.map_err(StepError::of)));
+            filesystem_of(mountpoint).ok().map(Line::MountFs)
+        }
         Err(_) => None,
     };
     if let Some(line) = line {
@@ -272,13 +277,54 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     }
 }
 
+/// The failed `mount` check for a mount point no mount can use, if it is one: inside
+/// the source (the mount would hold itself, endlessly), missing, not a directory,
+/// or not empty (`stagefs mount` refuses the last three).
+fn unusable_mountpoint(gathered: &Gathered, mount: &Path, sources: &[PathBuf]) -> Option<Check> {
+    let shown = mount.display();
+    let resolved = gathered.resolved(mount);
+    if let Some(source) = sources.iter().find(|s| resolved.starts_with(s)) {
+        let summary = format!(
+            "the mount point {shown} is inside the source {}",
+            source.display()
+        );
+        let advice = "choose a mount point outside the source: a mount inside it would show itself inside itself, endlessly";
+        return Some(Check::fail("mount", summary).advise(advice));
+    }
+    let check = match got!(gathered, MountEmpty)? {
+        Ok(true) => return None,
+        Ok(false) => Check::fail("mount", format!("the mount point {shown} is not empty")).advise(
+            "mount on an empty directory: a mount would hide what is there, so stagefs refuses",
+        ),
+        // A dead mount there is the dead-mount check's to name.
+        Err(e) if e.dead_mount() => return None,
+        Err(e) if e.not_found => {
+            Check::fail("mount", format!("the mount point {shown} does not exist")).advise(format!(
+                "create it (`mkdir -p {shown}`) or fix `mountpoint` in the config file"
+            ))
+        }
+        Err(e) => Check::fail(
+            "mount",
+            format!("the mount point {shown} cannot be used: {e}"),
+        ),
+    };
+    Some(check)
+}
+
 /// The `mount` check: does a daemon serve the configured mount point from this cache
-/// directory.
-pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (Check, MountState) {
+/// directory, and if none does, could one (`sources`: the source, resolved and as
+/// configured).
+pub(crate) fn mount_check(
+    gathered: &Gathered,
+    mount: &Path,
+    cache: &Path,
+    sources: &[PathBuf],
+) -> (Check, MountState) {
     let (socket, shown) = (control::socket_path(cache), mount.display());
     let same = |serving| serving == mount || gathered.resolved(serving) == gathered.resolved(mount);
     let stagefs = |fs: &FsInfo| fs.kind == FsKind::Stagefs && fs.mount_point == mount;
     let mut source = None;
+    let unusable = || unusable_mountpoint(gathered, mount, sources);
     let check = match got!(gathered, Daemon) {
         Some(Ok(Some((mirrored, serving)))) if same(serving) => {
             source = Some(mirrored.clone());
@@ -294,6 +340,7 @@ pub(crate) fn mount_check(gathered: &Gathered, mount: &Path, cache: &Path) -> (C
         }
         Some(Ok(None)) if got!(gathered, MountFs).is_some_and(stagefs) => Check::warn("mount", format!("{shown} is a stagefs mount, but nothing answers on {}", socket.display()))
             .advise(format!("it uses another --cache-dir, or its daemon died: then `stagefs unmount --lazy {shown}` and mount again")),
+        Some(Ok(None)) if let Some(check) = unusable() => check,
         Some(Ok(None)) => Check::note("mount", format!("{shown} is not mounted"))
             .advise("`stagefs mount` mounts it, `stagefs run -- COMMAND` mounts it when needed, `stagefs service install` at login"),
         Some(Err(e)) => Check::warn("mount", format!("cannot ask {}: {e}", socket.display())),
@@ -342,7 +389,11 @@ mod tests {
 
     #[test]
     fn the_mount_check_reads_the_daemons_answer() {
-        let check = |lines| mount_check(&Gathered::late(lines), Path::new("/m"), Path::new("/c"));
+        let sources = [PathBuf::from("/src")];
+        let check = |lines| {
+            let gathered = Gathered::late(lines);
+            mount_check(&gathered, Path::new("/m"), Path::new("/c"), &sources)
+        };
         let served = |at: &str| vec![Line::Daemon(Ok(Some(("/src".into(), at.into()))))];
         let (elsewhere, _) = check(served("/other"));
         assert_eq!(elsewhere.summary, "/c serves another mount: /src at /other");
@@ -350,6 +401,28 @@ mod tests {
         assert_eq!(late.summary, "the mount's daemon did not answer within 15s");
         let (absent, _) = check(vec![Line::Daemon(Ok(None))]);
         assert_eq!(absent.summary, "/m is not mounted");
+        let listed = |empty| vec![Line::Daemon(Ok(None)), Line::MountEmpty(empty)];
+        let (full, _) = check(listed(Ok(false)));
+        assert_eq!(full.summary, "the mount point /m is not empty");
+        let gone = StepError::of(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let (missing, _) = check(listed(Err(gone)));
+        assert_eq!(missing.summary, "the mount point /m does not exist");
+        let dead = StepError::of(std::io::Error::from_raw_os_error(libc::ENOTCONN));
+        let (dead, _) = check(listed(Err(dead)));
+        assert_eq!(
+            dead.summary, "/m is not mounted",
+            "the dead-mount check's to name"
+        );
+        let inside = mount_check(
+            &Gathered::late(listed(Ok(true))),
+            Path::new("/src/m"),
+            Path::new("/c"),
+            &sources,
+        );
+        assert_eq!(
+            inside.0.summary,
+            "the mount point /src/m is inside the source /src"
+        );
     }
 
     /// Each shape's summary in a mount is checked through the binary (shapes.rs);

@@ -185,8 +185,9 @@ fn judge(
     let (hub_check, hub_cache) = hub::hub_cache_check(gathered, mount.as_deref(), shape);
     // The worker asks the control socket in the cache directory only once that answered.
     let answered = mountpoint.filter(|_| cache.fs.is_some());
+    let sources = configured_sources(&found, config.source());
     let (mount_check, mount) = answered
-        .map(|m| hub::mount_check(gathered, m, cache_dir))
+        .map(|m| hub::mount_check(gathered, m, cache_dir, &sources))
         .unzip();
     let backend = config
         .backend()
@@ -210,6 +211,15 @@ fn judge(
         hub_cache,
         mount,
     })
+}
+
+/// The configured source as written (absolute) and, when it was examined, resolved:
+/// where the mount point must not be.
+fn configured_sources(found: &Findings, source: Option<&Path>) -> Vec<PathBuf> {
+    let report = found.report.as_ref().filter(|r| r.configured);
+    let resolved = report.and_then(|r| r.canonical.clone());
+    let written = source.and_then(|s| std::path::absolute(s).ok());
+    resolved.into_iter().chain(written).collect()
 }
 
 /// The mount whose use the environment is judged against, and its source's shape: the

@@ -36,6 +36,29 @@ pub(crate) struct Model {
     /// Seconds to stage it at the measured rate (one stream; a mount copies with
     /// several, so this is an upper estimate).
     pub(crate) staging_seconds: Option<f64>,
+    /// Links of the model that lead to no file (left out of `files`).
+    #[serde(default)]
+    pub(crate) unfollowable: Vec<BrokenLink>,
+}
+
+/// A link of a model that leads to no file, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BrokenLink {
+    /// The link (absolute).
+    pub(crate) path: PathBuf,
+    pub(crate) why: String,
+    /// The source refused to read it: sshfs's `contain_symlinks`.
+    pub(crate) refused: bool,
+}
+
+impl BrokenLink {
+    fn of(root: &Path, (rel, why): (PathBuf, hf::LinkError)) -> BrokenLink {
+        BrokenLink {
+            path: root.join(rel),
+            refused: why == hf::LinkError::Refused,
+            why: why.to_string(),
+        }
+    }
 }
 
 /// The model `id` in the source `root`: a repository at `refs/main` or else its
@@ -87,20 +110,23 @@ pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
 /// Counts a model's files and finds its largest weight; None for a repository
 /// without a snapshot.
 fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> Option<Model> {
-    let (snapshot, files, weights) = match model.kind {
+    let (snapshot, files, weights, links) = match model.kind {
         ModelKind::HfRepo => {
             let main = || hf::snapshot_of(tree, &model.path, "main");
             let newest = || hf::newest_snapshot(tree, &model.path);
             let snapshot = snapshot.or_else(main).or_else(newest)?;
             let files = hf::all_files(tree, &snapshot);
             let weights = hf::weight_files(tree, &snapshot);
-            (Some(tree.root().join(&snapshot)), files, weights)
+            let links = hf::unfollowable_links(tree, &snapshot);
+            (Some(tree.root().join(&snapshot)), files, weights, links)
         }
         ModelKind::Folder | ModelKind::File => {
             let files = models::files(tree, model, None).ok()?;
-            (None, files, models::weights(tree, model, None).ok()?)
+            let links = models::unfollowable(tree, model, None).unwrap_or_default();
+            (None, files, models::weights(tree, model, None).ok()?, links)
         }
     };
+    let unfollowable = links.into_iter().map(|l| BrokenLink::of(tree.root(), l));
     let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
     let largest = weights.into_iter().max_by_key(|rel| size_of(rel));
     Some(Model {
@@ -112,6 +138,7 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         size_bytes: files.iter().map(|rel| size_of(rel)).sum(),
         largest_weight: largest.map(|rel| tree.root().join(rel)),
         staging_seconds: None,
+        unfollowable: unfollowable.collect(),
     })
 }
 
@@ -181,12 +208,13 @@ pub(crate) struct Probe {
     pub(crate) seconds: f64,
 }
 
-/// Measures `file`.
-pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
+/// Measures `file`; None for an empty one, which has nothing to measure (and says
+/// nothing about the source).
+pub(crate) fn measure(path: &Path) -> io::Result<Option<Probe>> {
     let mut file = File::open(path)?;
     let file_size = file.metadata()?.len();
     if file_size == 0 {
-        return Err(io::Error::other("the file is empty"));
+        return Ok(None);
     }
     forget_cached(&file, Access::Random);
     let mut buf = vec![0u8; 1 << 20];
@@ -209,14 +237,14 @@ pub(crate) fn measure(path: &Path) -> io::Result<Probe> {
     }
     // A tiny local file can read in less than a clock tick; never divide by zero.
     let seconds = start.elapsed().as_secs_f64().max(1e-6);
-    Ok(Probe {
+    Ok(Some(Probe {
         file: path.to_path_buf(),
         file_size,
         latency_ms: times[times.len() / 2].as_secs_f64() * 1000.0,
         throughput_bytes_per_sec: bytes_read as f64 / seconds,
         bytes_read,
         seconds,
-    })
+    }))
 }
 
 /// How the file is about to be read.
@@ -294,9 +322,10 @@ mod tests {
         fs::create_dir_all(plain.path().join("a/b"))?;
         fs::write(plain.path().join("a/b/f"), [0u8; 5])?;
         assert_eq!(largest_file(plain.path()), Some(plain.path().join("a/b/f")));
-        assert_eq!(measure(&blobs.join("big"))?.bytes_read, 100);
+        let big = measure(&blobs.join("big"))?.map(|p| p.bytes_read);
+        assert_eq!(big, Some(100));
         fs::write(blobs.join("empty"), b"")?;
-        assert!(measure(&blobs.join("empty")).is_err(), "nothing to measure");
+        assert_eq!(measure(&blobs.join("empty"))?, None, "nothing to measure");
         Ok(())
     }
 }

@@ -41,8 +41,11 @@ pub(crate) enum Target {
 }
 
 impl Target {
-    /// What to look at: a model id (`org/name`, unless a relative path of that name
-    /// exists here) in the configured `source`, a path, or the configured source.
+    /// What to look at: a model id in the configured `source` (`org/name`, or a
+    /// short name such as a folder's, as prefetch takes them), unless a path of that
+    /// name exists here; a path; or the configured source. A path that is the
+    /// configured source (compared lexically: the source may not answer) counts as
+    /// configured, so its shape decides the advice.
     pub(crate) fn of(
         arg: Option<&str>,
         source: Option<&Path>,
@@ -52,9 +55,15 @@ impl Target {
         let Some(arg) = arg else {
             return Ok(source.map_or(Target::Nothing, |s| path(s.into(), true)));
         };
-        if hf::repo_dir_for(arg).is_none() || exists(Path::new(arg)) {
-            let absolute = std::path::absolute(arg).map_err(|e| e.to_string());
-            return absolute.map(|p| path(p, false));
+        let is_id = match source {
+            Some(_) => models::is_model_id(arg),
+            None => hf::repo_dir_for(arg).is_some(),
+        };
+        if !is_id || exists(Path::new(arg)) {
+            let absolute = std::path::absolute(arg).map_err(|e| e.to_string())?;
+            let same = |s: &Path| hf::normalize(&absolute) == hf::normalize(s);
+            let configured = source.is_some_and(same);
+            return Ok(path(absolute, configured));
         }
         let hub = source.ok_or_else(|| format!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine"))?;
         let (id, hub) = (arg.into(), hub.into());
@@ -182,6 +191,7 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
         None => model::largest_file(&readable),
     };
     let measured = file.map(|file| model::measure(&file)).transpose();
+    let measured = measured.map(Option::flatten);
     send(Line::Measured(measured.map_err(StepError::of)));
 }
 
@@ -307,7 +317,7 @@ impl Findings {
                 speed_check(probe, self.model.as_ref())
             }
             Ok(None) => {
-                let nothing = format!("no file to measure in {}", readable.display());
+                let nothing = format!("no non-empty file to measure in {}", readable.display());
                 Check::note("speed", nothing)
             }
             Err(e) => {
@@ -514,6 +524,9 @@ fn stagefs_check(report: &SourceReport) -> Check {
 }
 
 fn model_check(model: &Model) -> Check {
+    if let Some(check) = links_check(model) {
+        return check;
+    }
     let place = match (model.kind, &model.snapshot) {
         (ModelKind::HfRepo, Some(snapshot)) => {
             let name = snapshot.file_name().unwrap_or_default().to_string_lossy();
@@ -524,6 +537,31 @@ fn model_check(model: &Model) -> Check {
     let (id, size) = (&model.id, format_bytes(model.size_bytes));
     let files = count(model.files, "file", "files");
     Check::ok("model", format!("{id}: {files}, {size} ({place})"))
+}
+
+/// The failed model check for a model with links that lead to no file, naming the
+/// first; None when every link leads to a file.
+fn links_check(model: &Model) -> Option<Check> {
+    let first = model.unfollowable.first()?;
+    let base = model.snapshot.as_deref().unwrap_or(&model.path);
+    let name = first.path.strip_prefix(base).unwrap_or(&first.path);
+    let links = count(model.unfollowable.len(), "link", "links");
+    let summary = format!(
+        "{}: {links} cannot be followed ({} of its files can be read); {}: {}",
+        model.id,
+        model.files,
+        name.display(),
+        first.why
+    );
+    let advice = match first.refused {
+        true => {
+            "mount the share again with `-o no_contain_symlinks`: sshfs refuses links with `..` by default, and every snapshot file links to ../../blobs/"
+        }
+        false => {
+            "make each link lead to a file in the source (a snapshot's to its repository's blobs/): stagefs cannot stage the others"
+        }
+    };
+    Some(Check::fail("model", summary).advise(advice))
 }
 
 /// Seconds to stage `model` at the measured rate (one stream; a mount copies with

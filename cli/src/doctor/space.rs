@@ -15,7 +15,8 @@ use crate::units::format_bytes;
 
 /// The cache as reported in JSON: `fs` is the filesystem of the directory (or of its
 /// nearest existing ancestor), `min_free_bytes` the free space the mount leaves
-/// alone, `usable_bytes` what staging may use (available minus that reserve).
+/// alone, `usable_bytes` what staging may use (available minus that reserve, and at
+/// most `max_size_bytes`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct CacheReport {
     pub(crate) dir: PathBuf,
@@ -74,7 +75,7 @@ pub(crate) fn inspect(
         }
     };
     let min_free = min_free.unwrap_or_else(|| default_min_free(*space));
-    let usable = space.available.saturating_sub(min_free);
+    let usable = usable_bytes(*space, min_free, max_size);
     (report.exists, report.fs) = (*exists, Some(fs.clone()));
     (report.total_bytes, report.available_bytes) = (Some(space.total), Some(space.available));
     (report.min_free_bytes, report.usable_bytes) = (Some(min_free), Some(usable));
@@ -108,6 +109,14 @@ fn location_check(
     }
 }
 
+/// What staging may use: the volume's free space less the reserve, and no more than
+/// the size limit (copies already staged count against it too, but doctor does not
+/// weigh them: the mount evicts them to make room).
+fn usable_bytes(space: VolumeSpace, min_free: u64, max_size: Option<u64>) -> u64 {
+    let free = space.available.saturating_sub(min_free);
+    max_size.map_or(free, |max| free.min(max))
+}
+
 /// The `space` check for a model of `need` = (id, bytes), if any.
 fn space_check(
     space: VolumeSpace,
@@ -115,12 +124,19 @@ fn space_check(
     max_size: Option<u64>,
     need: Option<(&str, u64)>,
 ) -> Check {
-    let usable = space.available.saturating_sub(min_free);
+    let usable = usable_bytes(space, min_free, max_size);
     let (available, reserve) = (format_bytes(space.available), format_bytes(min_free));
-    let usable_shown = format_bytes(usable);
-    let free = format!(
-        "{available} free on the cache volume, {usable_shown} usable after the {reserve} reserve"
+    let after_reserve = format_bytes(space.available.saturating_sub(min_free));
+    let mut free = format!(
+        "{available} free on the cache volume, {after_reserve} usable after the {reserve} reserve"
     );
+    if let Some(max) = max_size {
+        let limit = format!(
+            "; staged copies are limited to {} (max_size)",
+            format_bytes(max)
+        );
+        free.push_str(&limit);
+    }
     let Some((id, need)) = need else {
         return match usable {
             0 => Check::warn("space", free)
@@ -169,6 +185,10 @@ mod tests {
         assert_eq!(check(space, None, 95 * GIB).verdict, Verdict::Fail);
         let capped = check(space, Some(GIB), 2 * GIB);
         assert!(capped.verdict == Verdict::Fail && capped.summary.contains("max_size"));
+        let limited = space_check(space, reserve, Some(GIB), None).summary;
+        let expected = "30.0 GiB free on the cache volume, 20.0 GiB usable after the 10.0 GiB reserve; staged copies are limited to 1.0 GiB (max_size)";
+        assert_eq!(limited, expected);
+        assert_eq!(usable_bytes(space, reserve, Some(GIB)), GIB);
         let full = space_check(volume(100 * GIB, 5 * GIB), reserve, None, None);
         assert_eq!(full.verdict, Verdict::Warn);
         let (dir, fs) = (Path::new("/s/c"), FsInfo::default());

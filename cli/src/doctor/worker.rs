@@ -65,6 +65,9 @@ pub(crate) enum Line {
     Daemon(Result<Option<(PathBuf, PathBuf)>, String>),
     /// The filesystem the configured mount point lies on, when no daemon answered.
     MountFs(FsInfo),
+    /// Whether the configured mount point, when no daemon answered, is an empty
+    /// directory (`true`) or holds entries; an error when it cannot be listed.
+    MountEmpty(Result<bool, StepError>),
     /// A path and the same path with links resolved.
     Resolved(PathBuf, PathBuf),
 }
