@@ -628,3 +628,27 @@ fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
     assert!(ok, "{err}");
     assert_eq!(out, format!("unmounted {}\n", s.mnt.display()));
 }
+
+#[test]
+fn a_mount_point_inside_the_source_is_refused() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub, "acme/nested", 1, "2M");
+    let inner = s.hub.join("inner");
+    fs::create_dir(&inner).expect("mkdir");
+    let _cleanup = Cleanup(inner.clone());
+    let out = user
+        .command(&[&"mount", &s.hub, &inner, &"--cache-dir", &s.cache])
+        .output()
+        .expect("running stagefs");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "stagefs: mount point {} must not be inside the source {}: the mount would contain itself without end\n",
+            inner.display(),
+            s.hub.display()
+        )
+    );
+    assert!(!is_mounted(&inner));
+}
