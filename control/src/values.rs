@@ -84,6 +84,32 @@ pub struct MetricsSnapshot {
     pub bytes_written: u64,
 }
 
+/// One line for logs and `--foreground`'s stderr: what was served and copied, in
+/// words, the zeros left out.
+impl std::fmt::Display for MetricsSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let counts = [
+            (self.stage_hits, "opens of staged copies"),
+            (self.stage_copies, "copies"),
+            (self.bytes_copied, "bytes copied"),
+            (self.kept_copies, "small files kept"),
+            (self.passthrough_opens, "passthrough opens"),
+            (self.daemon_opens, "opens read through the daemon"),
+            (self.source_opens, "opens read from the source"),
+            (self.daemon_reads, "reads answered"),
+            (self.redirects, "links to local copies"),
+            (self.bytes_written, "bytes written through"),
+        ];
+        let said: Vec<String> = (counts.iter().filter(|(n, _)| *n > 0))
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
+        match said.is_empty() {
+            true => f.write_str("nothing served"),
+            false => f.write_str(&said.join(", ")),
+        }
+    }
+}
+
 /// A copy in progress, as reported by `stagefs_cache::Stager::in_flight`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InFlight {
@@ -146,4 +172,20 @@ pub enum Remedy {
     LongerSourceTimeout,
     /// Ask for the model without a revision: it has none.
     NoRevision,
+}
+
+#[cfg(test)]
+mod metrics_line {
+    use super::MetricsSnapshot;
+
+    #[test]
+    fn metrics_read_as_words_without_the_zeros() {
+        assert_eq!(MetricsSnapshot::default().to_string(), "nothing served");
+        let m = MetricsSnapshot {
+            stage_copies: 2,
+            bytes_copied: 4096,
+            ..MetricsSnapshot::default()
+        };
+        assert_eq!(m.to_string(), "2 copies, 4096 bytes copied");
+    }
 }
