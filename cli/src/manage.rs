@@ -24,11 +24,14 @@ use crate::units::{count, format_bytes};
 pub(crate) const READS_SOURCE_WHEN_FULL: &str =
     "a file the cache cannot hold is read from the source, at its speed";
 
-/// `stagefs status`.
+/// `stagefs status`: the named cache, else every running mount's (one block each),
+/// else the default cache.
 pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache, &[])?;
+    let dirs = crate::mounts::cache_dirs(config, args.cache.cache_dir.as_deref())?;
     // A fresh account: no mount has made the cache yet, which is no error.
-    if !dir.exists() {
+    if let [dir] = dirs.as_slice()
+        && !dir.exists()
+    {
         let line = format!(
             "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
             dir.display()
@@ -39,19 +42,34 @@ pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut report = match ask(&dir, Request::Status)? {
+    let reports = dirs
+        .iter()
+        .map(|dir| status_of(dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.json {
+        // One mount: its report, as ever; several: an array of them.
+        let json = match reports.as_slice() {
+            [one] => serde_json::to_string_pretty(one)?,
+            several => serde_json::to_string_pretty(several)?,
+        };
+        println!("{json}");
+        return Ok(());
+    }
+    let blocks: Vec<String> = reports.iter().map(render_status).collect();
+    print!("{}", blocks.join("\n"));
+    Ok(())
+}
+
+/// The status of the cache at `dir`, with the dead mount it left if any.
+fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
+    let mut report = match ask(dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
     };
     if report.mountpoint.is_none() {
-        report.dead_mount = stagefs_mount::registry::dead_mount_of(&dir);
+        report.dead_mount = stagefs_mount::registry::dead_mount_of(dir);
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render_status(&report));
-    }
-    Ok(())
+    Ok(*report)
 }
 
 /// `stagefs evict`.

@@ -74,7 +74,9 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
 /// The mount asked for; with none given or configured, the one the cache directory
 /// serves (so `stagefs mount SRC MNT` then `stagefs run -- ...` just works), else the
 /// one it recorded last (mounted again). The cache directory is the flag's, the
-/// config file's, or the running mount's (`mounts::cache_dir`).
+/// config file's, or the running mount's (`mounts::cache_dir`), picked among several
+/// by `--model`, `--mountpoint` or `--source` as the other commands pick by what
+/// they name.
 fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let asked = config.mount_spec(
         args.source.as_deref(),
@@ -84,7 +86,8 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let Err(missing) = asked else {
         return asked;
     };
-    let cache_dir = crate::mounts::cache_dir(config, args.options.cache_dir.as_deref(), &[])?;
+    let cache_dir =
+        crate::mounts::cache_dir(config, args.options.cache_dir.as_deref(), &targets(args))?;
     let known = match live_mount(&cache_dir)? {
         Some(live) => Some(live),
         None => crate::mounts::recorded(&cache_dir).map(|r| (r.source, r.mountpoint)),
@@ -99,6 +102,18 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
         ),
         None => Err(missing),
     }
+}
+
+/// What picks one of several running mounts: the models to stage (by the source
+/// that holds them), the mount point and the source given.
+fn targets(args: &RunArgs) -> Vec<&str> {
+    let paths = [&args.mountpoint, &args.source].into_iter().flatten();
+    let paths = paths.filter_map(|p| p.to_str());
+    args.models
+        .iter()
+        .map(String::as_str)
+        .chain(paths)
+        .collect()
 }
 
 /// Leaves a matching mount alone, starts one if none runs, and refuses when the

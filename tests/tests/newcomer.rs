@@ -401,11 +401,12 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
     ]);
     assert!(ok, "{err}");
 
-    let (ok, _, err) = user.run(&[&"status"]);
-    assert!(!ok && one_line(&err), "{err}");
+    // status lists every running mount (issue 36).
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
     assert!(
-        err.contains("2 stagefs mounts are running") && err.contains("name one with --cache-dir"),
-        "{err}"
+        out.contains(&format!("mount     {} (running, fuse)\n", mnt2.display())),
+        "{out}"
     );
     // A model only the second source holds picks the second mount, and says so.
     let (ok, out, err) = user.run(&[&"prefetch", &b.repo]);
@@ -651,4 +652,107 @@ fn a_mount_point_inside_the_source_is_refused() {
         )
     );
     assert!(!is_mounted(&inner));
+}
+
+/// A second source, mount point and cache beside a [`Scratch`]'s.
+fn second_mount(s: &Scratch, user: &Newcomer, repo: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let (hub, mnt, cache) = (
+        s.dir.path().join("hub2"),
+        s.dir.path().join("mnt2"),
+        s.dir.path().join("cache2"),
+    );
+    fs::create_dir_all(&mnt).expect("mkdir");
+    generate(&hub, repo, 1, "2M");
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[
+        &"mount",
+        &hub,
+        &mnt,
+        &"--cache-dir",
+        &cache,
+        &"--min-free",
+        &reserve,
+    ]);
+    assert!(ok, "second mount: {err}");
+    (hub, mnt, cache)
+}
+
+#[test]
+fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub, "acme/first", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let (_, mnt2, cache2) = second_mount(&s, &user, "acme/second");
+    let _cleanup2 = Cleanup(mnt2.clone());
+    let hub_cache = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let out = user.command(args).output().expect("running stagefs");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let echo: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--", &"sh", &"-c", &"echo $HF_HUB_CACHE"];
+    let using = format!(
+        "stagefs: using the mount at {} (cache {})\n",
+        mnt2.display(),
+        cache2.display()
+    );
+    let mut by_model: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"run", &"--model", &"acme/second"];
+    by_model.extend(echo);
+    let (out, err) = hub_cache(&by_model);
+    assert_eq!(out, format!("{}\n", mnt2.display()));
+    assert!(err.starts_with(&using), "{err}");
+    let mut by_mountpoint: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"run", &"--mountpoint", &mnt2];
+    by_mountpoint.extend(echo);
+    let (out, err) = hub_cache(&by_mountpoint);
+    assert_eq!(out, format!("{}\n", mnt2.display()));
+    assert!(err.starts_with(&using), "{err}");
+
+    // status lists both, one block each.
+    let (out, _) = hub_cache(&[&"status"]);
+    for line in [
+        format!("cache     {}\n", s.cache.display()),
+        format!("mount     {} (running, fuse)\n", s.mnt.display()),
+        format!("cache     {}\n", cache2.display()),
+        format!("mount     {} (running, fuse)\n", mnt2.display()),
+    ] {
+        assert!(out.contains(&line), "{line} in {out}");
+    }
+
+    // doctor of a source not mounted, and of a broken config file, runs.
+    let elsewhere = s.dir.path().join("hub3");
+    generate(&elsewhere, "acme/third", 1, "2M");
+    let out = user
+        .command(&[&"doctor", &elsewhere])
+        .output()
+        .expect("doctor");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("stagefs mounts are running"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("ok    source       {}", elsewhere.display())),
+        "{stdout}{err}"
+    );
+    let typo = s.dir.path().join("typo.toml");
+    fs::write(&typo, "mountpiont = \"/m\"\n").expect("write");
+    let out = user
+        .command(&[&"--config", &typo, &"doctor"])
+        .output()
+        .expect("doctor");
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("fail  config       "), "{stdout}");
+
+    for mnt in [&s.mnt, &mnt2] {
+        let (ok, _, err) = user.run(&[&"unmount", mnt]);
+        assert!(ok, "{err}");
+    }
 }

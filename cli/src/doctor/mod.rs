@@ -112,7 +112,8 @@ pub(crate) fn run(
         return worker::serve();
     }
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
-    let cache_dir = config.cache_dir_for(&args.cache, &targets)?;
+    let flag = args.cache.cache_dir.as_deref();
+    let cache_dir = crate::mounts::cache_dir_or_default(config, flag, &targets)?;
     // The mount this cache serves (or served last) stands in for a configured one.
     let record = crate::mounts::recorded(&cache_dir);
     let config = match &record {
