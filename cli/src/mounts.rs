@@ -181,6 +181,25 @@ pub(crate) fn recorded(cache_dir: &Path) -> Option<MountRecord> {
     MountRecord::read(cache_dir)
 }
 
+/// The mount a command takes for the configured one when the config file sets none:
+/// the one serving from `cache_dir` now (or left dead in the mount table by its
+/// daemon), or the last one it recorded if the user named that cache directory
+/// (`flag`, the config file). A record left in the
+/// default cache by an old mount is history, not a choice: `run` does not bring it
+/// back, and `doctor` does not advise its mount point (issue 36).
+pub(crate) fn standing(
+    config: &Config,
+    flag: Option<&Path>,
+    cache_dir: &Path,
+) -> Option<MountRecord> {
+    let serving = matches!(stagefs_mount::live_mount(cache_dir), Ok(Some(_)))
+        || registry::dead_mount_of(cache_dir).is_some();
+    match serving || names_cache_dir(config, flag) {
+        true => recorded(cache_dir),
+        false => None,
+    }
+}
+
 /// What `status` and `doctor` say of the dead mount at `mountpoint` (its daemon died
 /// and left it in the mount table), with the command that clears it.
 pub(crate) fn dead_line(mountpoint: &Path) -> String {

@@ -756,3 +756,42 @@ fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
         assert!(ok, "{err}");
     }
 }
+
+#[test]
+fn run_with_nothing_mounted_refuses_rather_than_bring_back_an_old_mount() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub, "acme/old", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    // An earlier session's mount, in the default cache, since unmounted.
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--min-free", &reserve]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+
+    let out = user
+        .command(&[&"run", &"--", &"true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "stagefs: no source given and no stagefs mount is running: mount one first (`stagefs mount SOURCE MOUNTPOINT`), pass --source and --mountpoint, or set `source` and `mountpoint` in {}\n",
+            user.home.join(".config/stagefs/config.toml").display()
+        )
+    );
+    assert!(!is_mounted(&s.mnt));
+    // doctor does not advise the old mount point either.
+    let out = user.command(&[&"doctor"]).output().expect("doctor");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains(&format!("export HF_HUB_CACHE={}", s.mnt.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("note  hub-cache    no mount point configured; the hub cache is "),
+        "{stdout}"
+    );
+}
