@@ -795,3 +795,70 @@ fn run_with_nothing_mounted_refuses_rather_than_bring_back_an_old_mount() {
         "{stdout}"
     );
 }
+
+#[test]
+fn status_names_a_copy_in_progress_by_its_file_and_v_adds_its_path() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/slow", 1, "24M");
+    let shard = model.shards().remove(0);
+    let file = shard
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let remote = stagefs_tests::NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mount = stagefs_tests::Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let reader = {
+        let path = mount.path(&shard);
+        std::thread::spawn(move || fs::read(path).map(drop))
+    };
+    wait_for("the copy to start", || !mount.in_flight().is_empty());
+    let blob = mount.in_flight()[0].path.display().to_string();
+    let staging = |verbose: bool| {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"status", &"--cache-dir", &s.cache];
+        if verbose {
+            args.push(&"-v");
+        }
+        let (ok, out, err) = stagefs_tests::run_stagefs(&args);
+        assert!(ok, "{err}");
+        let line = out.lines().find(|l| l.starts_with("staging   "));
+        line.map(str::to_string).unwrap_or_default()
+    };
+    // While a copy keeps the slow source busy, the daemon names files without
+    // asking it (status answers at once): by the model and the blob's short hash;
+    // by the file's name when the source answers (admin::names).
+    let hash = blob.rsplit('/').next().expect("hash");
+    let plain = staging(false);
+    let name = match plain.contains(&file) {
+        true => format!("{}: {file}", model.repo),
+        false => format!("{}: blob {}…", model.repo, &hash[..12]),
+    };
+    assert!(plain.starts_with(&format!("staging   {name} ")), "{plain}");
+    let verbose = staging(true);
+    let with_path = format!("staging   {name} [{blob}] ");
+    assert!(verbose.starts_with(&with_path), "{verbose}");
+    reader
+        .join()
+        .expect("reader")
+        .expect("read through the mount");
+    drop(mount);
+}
+
+#[test]
+fn a_file_name_with_a_newline_stays_on_one_line() {
+    let s = Scratch::new();
+    let folder = s.hub.join("models/odd");
+    fs::create_dir_all(&folder).expect("mkdir");
+    fs::write(folder.join("config.json"), "{}").expect("write");
+    fs::write(folder.join("a\nb.safetensors"), vec![7u8; 2 << 20]).expect("write");
+    let mount = s.mount(&[]);
+    fs::read(mount.path("models/odd/a\nb.safetensors")).expect("read through the mount");
+    let (ok, out, err) =
+        stagefs_tests::run_stagefs(&[&"evict", &"models/odd", &"--cache-dir", &s.cache]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "evicted models/odd/a\\nb.safetensors (2.0 MiB)\nevicted 1 file, 2.0 MiB\n"
+    );
+    drop(mount);
+}
