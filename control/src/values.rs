@@ -89,19 +89,43 @@ pub struct MetricsSnapshot {
 impl std::fmt::Display for MetricsSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let counts = [
-            (self.stage_hits, "opens of staged copies"),
-            (self.stage_copies, "copies"),
-            (self.bytes_copied, "bytes copied"),
-            (self.kept_copies, "small files kept"),
-            (self.passthrough_opens, "passthrough opens"),
-            (self.daemon_opens, "opens read through the daemon"),
-            (self.source_opens, "opens read from the source"),
-            (self.daemon_reads, "reads answered"),
-            (self.redirects, "links to local copies"),
-            (self.bytes_written, "bytes written through"),
+            (
+                self.stage_hits,
+                "open of a staged copy",
+                "opens of staged copies",
+            ),
+            (self.stage_copies, "copy", "copies"),
+            (self.bytes_copied, "byte copied", "bytes copied"),
+            (self.kept_copies, "small file kept", "small files kept"),
+            (
+                self.passthrough_opens,
+                "passthrough open",
+                "passthrough opens",
+            ),
+            (
+                self.daemon_opens,
+                "open read through the daemon",
+                "opens read through the daemon",
+            ),
+            (
+                self.source_opens,
+                "open read from the source",
+                "opens read from the source",
+            ),
+            (self.daemon_reads, "read answered", "reads answered"),
+            (
+                self.redirects,
+                "link to a local copy",
+                "links to local copies",
+            ),
+            (
+                self.bytes_written,
+                "byte written through",
+                "bytes written through",
+            ),
         ];
-        let said: Vec<String> = (counts.iter().filter(|(n, _)| *n > 0))
-            .map(|(n, what)| format!("{n} {what}"))
+        let said: Vec<String> = (counts.iter().filter(|(n, ..)| *n > 0))
+            .map(|(n, one, many)| format!("{n} {}", if *n == 1 { one } else { many }))
             .collect();
         match said.is_empty() {
             true => f.write_str("nothing served"),
@@ -182,10 +206,10 @@ mod metrics_line {
     fn metrics_read_as_words_without_the_zeros() {
         assert_eq!(MetricsSnapshot::default().to_string(), "nothing served");
         let m = MetricsSnapshot {
-            stage_copies: 2,
+            stage_copies: 1,
             bytes_copied: 4096,
             ..MetricsSnapshot::default()
         };
-        assert_eq!(m.to_string(), "2 copies, 4096 bytes copied");
+        assert_eq!(m.to_string(), "1 copy, 4096 bytes copied");
     }
 }

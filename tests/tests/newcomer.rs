@@ -864,3 +864,26 @@ fn a_file_name_with_a_newline_stays_on_one_line() {
     );
     drop(mount);
 }
+
+#[test]
+fn the_stopped_line_says_the_counters_in_words() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/counted-words", 1, "2M");
+    let mount = s.mount(&["--no-prefetch"]);
+    let shard = model.shards().remove(0);
+    let size = fs::read(mount.path(&shard))
+        .expect("read through the mount")
+        .len();
+    let log = mount.log.clone();
+    mount.unmount();
+    let text = fs::read_to_string(&log).expect("foreground stderr");
+    let stopped = text
+        .lines()
+        .find(|l| l.contains(" stopped"))
+        .unwrap_or_default();
+    assert!(!stopped.contains("MetricsSnapshot"), "{stopped}");
+    assert!(
+        stopped.contains(&format!("stopped metrics=1 copy, {size} bytes copied, ")),
+        "{stopped}"
+    );
+}
