@@ -276,16 +276,21 @@ impl Config {
         match arg.or(file) {
             // Absolute: the daemon may outlive the caller's working directory.
             Some(path) => Ok(std::path::absolute(path)?),
-            None => {
-                let file = match &self.path {
-                    Some(path) => path.display().to_string(),
-                    None => default_path().map_or_else(
-                        |_| "~/.config/stagefs/config.toml".into(),
-                        |p| p.display().to_string(),
-                    ),
-                };
-                bail!("no {key} given: pass it on the command line or set `{key}` in {file}")
-            }
+            None => bail!(
+                "no {key} given: pass it on the command line or set `{key}` in {}",
+                self.file_shown()
+            ),
+        }
+    }
+
+    /// The config file, as messages name it: the one read, else where it would be.
+    pub(crate) fn file_shown(&self) -> String {
+        match &self.path {
+            Some(path) => path.display().to_string(),
+            None => default_path().map_or_else(
+                |_| "~/.config/stagefs/config.toml".into(),
+                |p| p.display().to_string(),
+            ),
         }
     }
 }

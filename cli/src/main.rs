@@ -151,7 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
         }
         Command::Service(command) => service::run(command, &config()?),
-        Command::Status(args) => manage::status(args, &config()?),
+        Command::Status(args) => manage::status(args, &config()?, cli.verbose),
         Command::Evict(args) => manage::evict(args, &config()?, cli.verbose),
         Command::Verify(args) => manage::verify(args, &config()?, cli.verbose),
         Command::Prefetch(args) => prefetch::run(args, &config()?, cli.verbose),

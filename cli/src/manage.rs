@@ -24,11 +24,14 @@ use crate::units::{count, format_bytes};
 pub(crate) const READS_SOURCE_WHEN_FULL: &str =
     "a file the cache cannot hold is read from the source, at its speed";
 
-/// `stagefs status`.
-pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
-    let dir = config.cache_dir_for(&args.cache, &[])?;
+/// `stagefs status`: the named cache, else every running mount's (one block each),
+/// else the default cache.
+pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
+    let dirs = crate::mounts::cache_dirs(config, args.cache.cache_dir.as_deref())?;
     // A fresh account: no mount has made the cache yet, which is no error.
-    if !dir.exists() {
+    if let [dir] = dirs.as_slice()
+        && !dir.exists()
+    {
         let line = format!(
             "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
             dir.display()
@@ -39,19 +42,39 @@ pub(crate) fn status(args: &StatusArgs, config: &Config) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let mut report = match ask(&dir, Request::Status)? {
+    let reports = dirs
+        .iter()
+        .map(|dir| status_of(dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.json {
+        // One mount: its report, as ever; several: an array of them.
+        let json = match reports.as_slice() {
+            [one] => serde_json::to_string_pretty(one)?,
+            several => serde_json::to_string_pretty(several)?,
+        };
+        println!("{json}");
+        return Ok(());
+    }
+    let blocks: Vec<String> = (dirs.iter().zip(&reports))
+        .map(|(dir, report)| {
+            let paths = report.in_flight.iter().map(|f| f.path.clone()).collect();
+            render_status(report, &Names::of(dir, paths, verbose))
+        })
+        .collect();
+    print!("{}", blocks.join("\n"));
+    Ok(())
+}
+
+/// The status of the cache at `dir`, with the dead mount it left if any.
+fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
+    let mut report = match ask(dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
     };
     if report.mountpoint.is_none() {
-        report.dead_mount = stagefs_mount::registry::dead_mount_of(&dir);
+        report.dead_mount = stagefs_mount::registry::dead_mount_of(dir);
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", render_status(&report));
-    }
-    Ok(())
+    Ok(*report)
 }
 
 /// `stagefs evict`.
@@ -141,7 +164,7 @@ impl Names {
         }
     }
 
-    /// `path` as users know it.
+    /// `path` as users know it, on one line whatever its name holds.
     pub(crate) fn show(&self, path: &Path) -> String {
         let name = self
             .names
@@ -149,9 +172,24 @@ impl Names {
             .cloned()
             .unwrap_or_else(|| path.display().to_string());
         match self.verbose && name != path.display().to_string() {
-            true => format!("{name} [{}]", path.display()),
-            false => name,
+            true => escaped(&format!("{name} [{}]", path.display())),
+            false => escaped(&name),
         }
+    }
+}
+
+/// `text` with control characters (a newline in a file name) written as escapes, so
+/// that one file stays one line of output.
+pub(crate) fn escaped(text: &str) -> String {
+    match text.contains(char::is_control) {
+        false => text.to_string(),
+        true => text
+            .chars()
+            .map(|c| match c.is_control() {
+                true => c.escape_default().to_string(),
+                false => c.to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -251,7 +289,9 @@ pub(crate) fn names_a_path(text: &str) -> bool {
     std::fs::symlink_metadata(text).is_ok()
 }
 
-fn render_status(r: &StatusReport) -> String {
+/// The status report; `names` show the files being copied (with `-v`, their paths
+/// in the source too, and revisions in full).
+fn render_status(r: &StatusReport, names: &Names) -> String {
     let mut out = String::new();
     let u = &r.usage;
     let _ = writeln!(out, "cache     {}", r.cache_dir.display());
@@ -324,13 +364,14 @@ fn render_status(r: &StatusReport) -> String {
         let _ = writeln!(
             out,
             "staging   {} {}/{} ({pct}%)",
-            f.path.display(),
+            names.show(&f.path),
             format_bytes(f.copied),
             format_bytes(f.total)
         );
     }
+    let shown = if names.verbose { usize::MAX } else { 12 };
     for m in &r.models {
-        let _ = writeln!(out, "{}", model_line(m));
+        let _ = writeln!(out, "{}", escaped(&model_line(m)));
         for rev in &m.revisions {
             let refs = if rev.refs.is_empty() {
                 String::new()
@@ -340,7 +381,7 @@ fn render_status(r: &StatusReport) -> String {
             let _ = writeln!(
                 out,
                 "  {}{refs}: {}/{} files, {} of {}",
-                &rev.revision[..rev.revision.len().min(12)],
+                &rev.revision[..rev.revision.len().min(shown)],
                 rev.staged_files,
                 rev.total_files,
                 format_bytes(rev.staged_bytes),
@@ -491,6 +532,18 @@ mod tests {
         assert_eq!(
             line(status("q.gguf", ModelKind::File, "q.gguf", false)),
             "model     q.gguf (GGUF file): 2 staged files, 3.0 MiB"
+        );
+    }
+
+    #[test]
+    fn names_stay_on_one_line_and_verbose_adds_the_path() {
+        let path = PathBuf::from("hub/models--acme--big-llm/snapshots/abc/a\nb.safetensors");
+        let names = Names::offline(std::slice::from_ref(&path), false);
+        assert_eq!(names.show(&path), "acme/big-llm: a\\nb.safetensors");
+        let names = Names::offline(std::slice::from_ref(&path), true);
+        assert_eq!(
+            names.show(&path),
+            "acme/big-llm: a\\nb.safetensors [hub/models--acme--big-llm/snapshots/abc/a\\nb.safetensors]"
         );
     }
 }

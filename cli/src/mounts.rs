@@ -24,7 +24,7 @@ pub(crate) fn cache_dir(
     flag: Option<&Path>,
     targets: &[&str],
 ) -> anyhow::Result<PathBuf> {
-    if flag.is_some() || config.configured_cache_dir().is_some() {
+    if names_cache_dir(config, flag) {
         return config.cache_dir(flag);
     }
     let known = registry::known();
@@ -40,20 +40,65 @@ pub(crate) fn cache_dir(
             Ok(mount.cache_dir.clone())
         }
         Picked::None => config.cache_dir(None),
-        Picked::Several => bail!(
-            "{} stagefs mounts are running ({}); name one with --cache-dir",
-            known.len(),
-            known
-                .iter()
-                .map(|m| format!(
-                    "{} with cache {}",
-                    m.mountpoint.display(),
-                    m.cache_dir.display()
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        Picked::Several => Err(several(&known)),
     }
+}
+
+/// [`cache_dir`] for `doctor`, which checks a source whether or not it is mounted:
+/// with several mounts running and none picked, the default cache directory (the one
+/// `stagefs mount SRC MNT` would use) rather than a refusal, so that doctor still
+/// runs, and reports a broken config file.
+pub(crate) fn cache_dir_or_default(
+    config: &Config,
+    flag: Option<&Path>,
+    targets: &[&str],
+) -> anyhow::Result<PathBuf> {
+    match cache_dir(config, flag, targets) {
+        Ok(dir) => Ok(dir),
+        Err(e) if e.is::<Several>() => config.cache_dir(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The cache directories `status` reports on: the one named (flag, config file),
+/// else every running mount's, else the default one.
+pub(crate) fn cache_dirs(config: &Config, flag: Option<&Path>) -> anyhow::Result<Vec<PathBuf>> {
+    if names_cache_dir(config, flag) {
+        return Ok(vec![config.cache_dir(flag)?]);
+    }
+    let known = registry::known();
+    match known.is_empty() {
+        true => Ok(vec![config.cache_dir(None)?]),
+        false => Ok(known.into_iter().map(|m| m.cache_dir).collect()),
+    }
+}
+
+/// Whether the user named the cache directory (the flag, the config file's
+/// `cache_dir`) rather than leaving it to the running mounts or the default.
+fn names_cache_dir(config: &Config, flag: Option<&Path>) -> bool {
+    flag.is_some() || config.configured_cache_dir().is_some()
+}
+
+/// Several mounts run and nothing the command names picks one.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Several(String);
+
+fn several(known: &[KnownMount]) -> anyhow::Error {
+    Several(format!(
+        "{} stagefs mounts are running ({}); name one with --cache-dir",
+        known.len(),
+        known
+            .iter()
+            .map(|m| format!(
+                "{} with cache {}",
+                m.mountpoint.display(),
+                m.cache_dir.display()
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .into()
 }
 
 enum Picked<'a> {
@@ -134,6 +179,25 @@ pub(crate) fn mountpoint(config: &Config, arg: Option<&Path>) -> anyhow::Result<
 /// else the last one it recorded.
 pub(crate) fn recorded(cache_dir: &Path) -> Option<MountRecord> {
     MountRecord::read(cache_dir)
+}
+
+/// The mount a command takes for the configured one when the config file sets none:
+/// the one serving from `cache_dir` now (or left dead in the mount table by its
+/// daemon), or the last one it recorded if the user named that cache directory
+/// (`flag`, the config file). A record left in the
+/// default cache by an old mount is history, not a choice: `run` does not bring it
+/// back, and `doctor` does not advise its mount point (issue 36).
+pub(crate) fn standing(
+    config: &Config,
+    flag: Option<&Path>,
+    cache_dir: &Path,
+) -> Option<MountRecord> {
+    let serving = matches!(stagefs_mount::live_mount(cache_dir), Ok(Some(_)))
+        || registry::dead_mount_of(cache_dir).is_some();
+    match serving || names_cache_dir(config, flag) {
+        true => recorded(cache_dir),
+        false => None,
+    }
 }
 
 /// What `status` and `doctor` say of the dead mount at `mountpoint` (its daemon died

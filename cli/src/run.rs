@@ -72,9 +72,13 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
 }
 
 /// The mount asked for; with none given or configured, the one the cache directory
-/// serves (so `stagefs mount SRC MNT` then `stagefs run -- ...` just works), else the
-/// one it recorded last (mounted again). The cache directory is the flag's, the
-/// config file's, or the running mount's (`mounts::cache_dir`).
+/// serves (so `stagefs mount SRC MNT` then `stagefs run -- ...` just works), else,
+/// if the cache directory is named, the one it recorded last (mounted again). The
+/// cache directory is the flag's, the config file's, or the running mount's
+/// (`mounts::cache_dir`), picked among several by `--model`, `--mountpoint` or
+/// `--source` as the other commands pick by what they name. With nothing mounted
+/// and nothing given, refuses: a mount recorded in the default cache by some
+/// earlier session is not brought back (issue 36).
 fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let asked = config.mount_spec(
         args.source.as_deref(),
@@ -84,10 +88,11 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let Err(missing) = asked else {
         return asked;
     };
-    let cache_dir = crate::mounts::cache_dir(config, args.options.cache_dir.as_deref(), &[])?;
+    let flag = args.options.cache_dir.as_deref();
+    let cache_dir = crate::mounts::cache_dir(config, flag, &targets(args))?;
     let known = match live_mount(&cache_dir)? {
         Some(live) => Some(live),
-        None => crate::mounts::recorded(&cache_dir).map(|r| (r.source, r.mountpoint)),
+        None => crate::mounts::standing(config, flag, &cache_dir).map(|r| (r.source, r.mountpoint)),
     };
     let mut options = args.options();
     options.cache_dir = Some(cache_dir);
@@ -97,8 +102,24 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
             Some(args.mountpoint.as_deref().unwrap_or(&mountpoint)),
             &options,
         ),
+        None if args.source.is_none() && args.mountpoint.is_none() => bail!(
+            "no source given and no stagefs mount is running: mount one first (`stagefs mount SOURCE MOUNTPOINT`), pass --source and --mountpoint, or set `source` and `mountpoint` in {}",
+            config.file_shown()
+        ),
         None => Err(missing),
     }
+}
+
+/// What picks one of several running mounts: the models to stage (by the source
+/// that holds them), the mount point and the source given.
+fn targets(args: &RunArgs) -> Vec<&str> {
+    let paths = [&args.mountpoint, &args.source].into_iter().flatten();
+    let paths = paths.filter_map(|p| p.to_str());
+    args.models
+        .iter()
+        .map(String::as_str)
+        .chain(paths)
+        .collect()
 }
 
 /// Leaves a matching mount alone, starts one if none runs, and refuses when the

@@ -84,6 +84,56 @@ pub struct MetricsSnapshot {
     pub bytes_written: u64,
 }
 
+/// One line for logs and `--foreground`'s stderr: what was served and copied, in
+/// words, the zeros left out.
+impl std::fmt::Display for MetricsSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let counts = [
+            (
+                self.stage_hits,
+                "open of a staged copy",
+                "opens of staged copies",
+            ),
+            (self.stage_copies, "copy", "copies"),
+            (self.bytes_copied, "byte copied", "bytes copied"),
+            (self.kept_copies, "small file kept", "small files kept"),
+            (
+                self.passthrough_opens,
+                "passthrough open",
+                "passthrough opens",
+            ),
+            (
+                self.daemon_opens,
+                "open read through the daemon",
+                "opens read through the daemon",
+            ),
+            (
+                self.source_opens,
+                "open read from the source",
+                "opens read from the source",
+            ),
+            (self.daemon_reads, "read answered", "reads answered"),
+            (
+                self.redirects,
+                "link to a local copy",
+                "links to local copies",
+            ),
+            (
+                self.bytes_written,
+                "byte written through",
+                "bytes written through",
+            ),
+        ];
+        let said: Vec<String> = (counts.iter().filter(|(n, ..)| *n > 0))
+            .map(|(n, one, many)| format!("{n} {}", if *n == 1 { one } else { many }))
+            .collect();
+        match said.is_empty() {
+            true => f.write_str("nothing served"),
+            false => f.write_str(&said.join(", ")),
+        }
+    }
+}
+
 /// A copy in progress, as reported by `stagefs_cache::Stager::in_flight`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InFlight {
@@ -146,4 +196,20 @@ pub enum Remedy {
     LongerSourceTimeout,
     /// Ask for the model without a revision: it has none.
     NoRevision,
+}
+
+#[cfg(test)]
+mod metrics_line {
+    use super::MetricsSnapshot;
+
+    #[test]
+    fn metrics_read_as_words_without_the_zeros() {
+        assert_eq!(MetricsSnapshot::default().to_string(), "nothing served");
+        let m = MetricsSnapshot {
+            stage_copies: 1,
+            bytes_copied: 4096,
+            ..MetricsSnapshot::default()
+        };
+        assert_eq!(m.to_string(), "1 copy, 4096 bytes copied");
+    }
 }

@@ -24,15 +24,22 @@ impl MountSpec {
     /// Refuses a mount that cannot work, before anything is created or mounted: the
     /// source must answer a `stat` within `fs.source_timeout` (asked by a child
     /// process, so a dead share cannot hang the caller) and be a directory; the mount
-    /// point an empty directory that is not a mount already; the cache directory
-    /// outside both; the size limit no smaller than the smallest staged file. A mount
-    /// point left dead by a crashed daemon is unmounted first.
+    /// point an empty directory that is not a mount already, outside the source; the
+    /// cache directory outside both; the size limit no smaller than the smallest
+    /// staged file. A mount point left dead by a crashed daemon is unmounted first.
     pub fn check(&self) -> Result<Checked, MountError> {
-        let cache = self.check_source_and_cache()?;
+        let (source, cache) = self.resolved_source_and_cache()?;
         let checked = Checked {
             cleared_stale_mount: recover_stale_mount(&self.mountpoint)?,
         };
         let mountpoint = existing_dir(&self.mountpoint, "mount point")?;
+        // The mount would list itself inside itself, without end (issue 36).
+        if mountpoint.starts_with(&source) {
+            return Err(MountError::MountpointInside {
+                mountpoint: self.mountpoint.clone(),
+                source_dir: self.source.clone(),
+            });
+        }
         if is_mount_point(&mountpoint).map_err(inaccessible("mount point", &mountpoint))? {
             return Err(MountError::AlreadyMounted {
                 mountpoint: self.mountpoint.clone(),
@@ -57,6 +64,11 @@ impl MountSpec {
     /// source answers and is a directory, the cache directory lies outside it, and
     /// the size limit can hold a staged file. Returns the resolved cache directory.
     pub fn check_source_and_cache(&self) -> Result<PathBuf, MountError> {
+        self.resolved_source_and_cache().map(|(_, cache)| cache)
+    }
+
+    /// [`Self::check_source_and_cache`], returning the resolved source too.
+    fn resolved_source_and_cache(&self) -> Result<(PathBuf, PathBuf), MountError> {
         let source = answering_dir(&self.source, self.fs.source_timeout)?;
         let cache = canonical_prefix(&self.cache_dir)?;
         if cache.starts_with(&source) {
@@ -72,7 +84,7 @@ impl MountSpec {
                 min_stage_size: self.fs.min_stage_size,
             });
         }
-        Ok(cache)
+        Ok((source, cache))
     }
 
     /// Creates the cache directory (private to its owner) if missing and makes sure

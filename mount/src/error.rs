@@ -74,6 +74,14 @@ pub enum MountError {
         /// As given.
         cache_dir: PathBuf,
     },
+    /// The mount point lies inside the source, so the mount would contain itself.
+    #[error("mount point {} must not be inside the source {}: the mount would contain itself without end", mountpoint.display(), source_dir.display())]
+    MountpointInside {
+        /// As given.
+        mountpoint: PathBuf,
+        /// As given.
+        source_dir: PathBuf,
+    },
     /// The cache size limit is below the smallest file that is staged.
     #[error(
         "the cache size limit ({max_size} bytes) is smaller than the smallest staged file ({min_stage_size} bytes): no file could ever be staged"

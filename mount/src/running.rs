@@ -315,7 +315,7 @@ impl Running {
         if !self.mountpoint.as_os_str().is_empty() {
             crate::registry::remove(&self.mountpoint, &self.cache_dir);
         }
-        info!(metrics = ?self.metrics(), "stopped");
+        info!(metrics = %self.metrics(), "stopped");
         if let Session::Nfs { serving, .. } = self.session {
             let _guard = self.runtime.enter();
             serving.stop();

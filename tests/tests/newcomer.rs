@@ -401,11 +401,12 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
     ]);
     assert!(ok, "{err}");
 
-    let (ok, _, err) = user.run(&[&"status"]);
-    assert!(!ok && one_line(&err), "{err}");
+    // status lists every running mount (issue 36).
+    let (ok, out, err) = user.run(&[&"status"]);
+    assert!(ok, "{err}");
     assert!(
-        err.contains("2 stagefs mounts are running") && err.contains("name one with --cache-dir"),
-        "{err}"
+        out.contains(&format!("mount     {} (running, fuse)\n", mnt2.display())),
+        "{out}"
     );
     // A model only the second source holds picks the second mount, and says so.
     let (ok, out, err) = user.run(&[&"prefetch", &b.repo]);
@@ -627,4 +628,262 @@ fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
     let (ok, out, err) = user.run(&[&"unmount", &s.mnt]);
     assert!(ok, "{err}");
     assert_eq!(out, format!("unmounted {}\n", s.mnt.display()));
+}
+
+#[test]
+fn a_mount_point_inside_the_source_is_refused() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub, "acme/nested", 1, "2M");
+    let inner = s.hub.join("inner");
+    fs::create_dir(&inner).expect("mkdir");
+    let _cleanup = Cleanup(inner.clone());
+    let out = user
+        .command(&[&"mount", &s.hub, &inner, &"--cache-dir", &s.cache])
+        .output()
+        .expect("running stagefs");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "stagefs: mount point {} must not be inside the source {}: the mount would contain itself without end\n",
+            inner.display(),
+            s.hub.display()
+        )
+    );
+    assert!(!is_mounted(&inner));
+}
+
+/// A second source, mount point and cache beside a [`Scratch`]'s.
+fn second_mount(s: &Scratch, user: &Newcomer, repo: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let (hub, mnt, cache) = (
+        s.dir.path().join("hub2"),
+        s.dir.path().join("mnt2"),
+        s.dir.path().join("cache2"),
+    );
+    fs::create_dir_all(&mnt).expect("mkdir");
+    generate(&hub, repo, 1, "2M");
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[
+        &"mount",
+        &hub,
+        &mnt,
+        &"--cache-dir",
+        &cache,
+        &"--min-free",
+        &reserve,
+    ]);
+    assert!(ok, "second mount: {err}");
+    (hub, mnt, cache)
+}
+
+#[test]
+fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub, "acme/first", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let (_, mnt2, cache2) = second_mount(&s, &user, "acme/second");
+    let _cleanup2 = Cleanup(mnt2.clone());
+    let hub_cache = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let out = user.command(args).output().expect("running stagefs");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let echo: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--", &"sh", &"-c", &"echo $HF_HUB_CACHE"];
+    let using = format!(
+        "stagefs: using the mount at {} (cache {})\n",
+        mnt2.display(),
+        cache2.display()
+    );
+    let mut by_model: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"run", &"--model", &"acme/second"];
+    by_model.extend(echo);
+    let (out, err) = hub_cache(&by_model);
+    assert_eq!(out, format!("{}\n", mnt2.display()));
+    assert!(err.starts_with(&using), "{err}");
+    let mut by_mountpoint: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"run", &"--mountpoint", &mnt2];
+    by_mountpoint.extend(echo);
+    let (out, err) = hub_cache(&by_mountpoint);
+    assert_eq!(out, format!("{}\n", mnt2.display()));
+    assert!(err.starts_with(&using), "{err}");
+
+    // status lists both, one block each.
+    let (out, _) = hub_cache(&[&"status"]);
+    for line in [
+        format!("cache     {}\n", s.cache.display()),
+        format!("mount     {} (running, fuse)\n", s.mnt.display()),
+        format!("cache     {}\n", cache2.display()),
+        format!("mount     {} (running, fuse)\n", mnt2.display()),
+    ] {
+        assert!(out.contains(&line), "{line} in {out}");
+    }
+
+    // doctor of a source not mounted, and of a broken config file, runs.
+    let elsewhere = s.dir.path().join("hub3");
+    generate(&elsewhere, "acme/third", 1, "2M");
+    let out = user
+        .command(&[&"doctor", &elsewhere])
+        .output()
+        .expect("doctor");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("stagefs mounts are running"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("ok    source       {}", elsewhere.display())),
+        "{stdout}{err}"
+    );
+    let typo = s.dir.path().join("typo.toml");
+    fs::write(&typo, "mountpiont = \"/m\"\n").expect("write");
+    let out = user
+        .command(&[&"--config", &typo, &"doctor"])
+        .output()
+        .expect("doctor");
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("fail  config       "), "{stdout}");
+
+    for mnt in [&s.mnt, &mnt2] {
+        let (ok, _, err) = user.run(&[&"unmount", mnt]);
+        assert!(ok, "{err}");
+    }
+}
+
+#[test]
+fn run_with_nothing_mounted_refuses_rather_than_bring_back_an_old_mount() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub, "acme/old", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    // An earlier session's mount, in the default cache, since unmounted.
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--min-free", &reserve]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+
+    let out = user
+        .command(&[&"run", &"--", &"true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "stagefs: no source given and no stagefs mount is running: mount one first (`stagefs mount SOURCE MOUNTPOINT`), pass --source and --mountpoint, or set `source` and `mountpoint` in {}\n",
+            user.home.join(".config/stagefs/config.toml").display()
+        )
+    );
+    assert!(!is_mounted(&s.mnt));
+    // doctor does not advise the old mount point either.
+    let out = user.command(&[&"doctor"]).output().expect("doctor");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains(&format!("export HF_HUB_CACHE={}", s.mnt.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("note  hub-cache    no mount point configured; the hub cache is "),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn status_names_a_copy_in_progress_by_its_file_and_v_adds_its_path() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/slow", 1, "24M");
+    let shard = model.shards().remove(0);
+    let file = shard
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let remote = stagefs_tests::NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mount = stagefs_tests::Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let reader = {
+        let path = mount.path(&shard);
+        std::thread::spawn(move || fs::read(path).map(drop))
+    };
+    wait_for("the copy to start", || !mount.in_flight().is_empty());
+    let blob = mount.in_flight()[0].path.display().to_string();
+    let staging = |verbose: bool| {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"status", &"--cache-dir", &s.cache];
+        if verbose {
+            args.push(&"-v");
+        }
+        let (ok, out, err) = stagefs_tests::run_stagefs(&args);
+        assert!(ok, "{err}");
+        let line = out.lines().find(|l| l.starts_with("staging   "));
+        line.map(str::to_string).unwrap_or_default()
+    };
+    // While a copy keeps the slow source busy, the daemon names files without
+    // asking it (status answers at once): by the model and the blob's short hash;
+    // by the file's name when the source answers (admin::names). Either, per call.
+    let hash = blob.rsplit('/').next().expect("hash");
+    let names = [
+        format!("{}: {file}", model.repo),
+        format!("{}: blob {}…", model.repo, &hash[..12]),
+    ];
+    let plain = staging(false);
+    let named = |line: &str, tail: &str| {
+        (names.iter()).any(|name| line.starts_with(&format!("staging   {name}{tail} ")))
+    };
+    assert!(named(&plain, ""), "{plain}");
+    let verbose = staging(true);
+    assert!(named(&verbose, &format!(" [{blob}]")), "{verbose}");
+    reader
+        .join()
+        .expect("reader")
+        .expect("read through the mount");
+    drop(mount);
+}
+
+#[test]
+fn a_file_name_with_a_newline_stays_on_one_line() {
+    let s = Scratch::new();
+    let folder = s.hub.join("models/odd");
+    fs::create_dir_all(&folder).expect("mkdir");
+    fs::write(folder.join("config.json"), "{}").expect("write");
+    fs::write(folder.join("a\nb.safetensors"), vec![7u8; 2 << 20]).expect("write");
+    let mount = s.mount(&[]);
+    fs::read(mount.path("models/odd/a\nb.safetensors")).expect("read through the mount");
+    let (ok, out, err) =
+        stagefs_tests::run_stagefs(&[&"evict", &"models/odd", &"--cache-dir", &s.cache]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "evicted models/odd/a\\nb.safetensors (2.0 MiB)\nevicted 1 file, 2.0 MiB\n"
+    );
+    drop(mount);
+}
+
+#[test]
+fn the_stopped_line_says_the_counters_in_words() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/counted-words", 1, "2M");
+    let mount = s.mount(&["--no-prefetch"]);
+    let shard = model.shards().remove(0);
+    let size = fs::read(mount.path(&shard))
+        .expect("read through the mount")
+        .len();
+    let log = mount.log.clone();
+    mount.unmount();
+    let text = fs::read_to_string(&log).expect("foreground stderr");
+    let stopped = text
+        .lines()
+        .find(|l| l.contains(" stopped"))
+        .unwrap_or_default();
+    assert!(!stopped.contains("MetricsSnapshot"), "{stopped}");
+    assert!(
+        stopped.contains(&format!("stopped metrics=1 copy, {size} bytes copied, ")),
+        "{stopped}"
+    );
 }

@@ -112,16 +112,16 @@ pub(crate) fn run(
         return worker::serve();
     }
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
-    let cache_dir = config.cache_dir_for(&args.cache, &targets)?;
-    // The mount this cache serves (or served last) stands in for a configured one.
-    let record = crate::mounts::recorded(&cache_dir);
-    let config = match &record {
+    let flag = args.cache.cache_dir.as_deref();
+    let cache_dir = crate::mounts::cache_dir_or_default(config, flag, &targets)?;
+    // The mount this cache serves (or, named, served last) stands in for a configured one.
+    let config = match &crate::mounts::standing(config, flag, &cache_dir) {
         Some(record) => config.clone().filled_from(record),
         None => config.clone(),
     };
     // What the source was on when this cache was last mounted: a share unmounted
     // since leaves a directory that looks like any other.
-    let last = record.and_then(|r| r.source_fs);
+    let last = crate::mounts::recorded(&cache_dir).and_then(|r| r.source_fs);
     let mut report = examine(args.target.as_deref(), &cache_dir, &config, last.as_ref())?;
     if let Some(error) = config_error {
         let check = Check::fail("config", error)
