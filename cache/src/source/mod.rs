@@ -983,10 +983,19 @@ mod tests {
         let dev = fs::metadata(dir.path()).expect("stat").dev();
         let top = mount_point_of(dir.path(), dev);
         let real = fs::canonicalize(dir.path()).expect("canonicalize");
-        assert!(real.starts_with(&top), "{} above {}", top.display(), real.display());
+        assert!(
+            real.starts_with(&top),
+            "{} above {}",
+            top.display(),
+            real.display()
+        );
         assert_eq!(fs::metadata(&top).expect("stat").dev(), dev);
         if let Some(above) = top.parent() {
-            assert_ne!(fs::metadata(above).expect("stat").dev(), dev, "not the highest");
+            assert_ne!(
+                fs::metadata(above).expect("stat").dev(),
+                dev,
+                "not the highest"
+            );
         }
     }
 
