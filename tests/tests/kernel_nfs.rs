@@ -55,6 +55,8 @@ const NAS_MNT: &str = "/tmp/nfs-nas";
 const NAS_ID: &str = "acme/on-a-nas";
 /// The NAS export's `--source-timeout`: an unseen name must fail well before it.
 const NAS_TIMEOUT: Duration = Duration::from_secs(20);
+/// Programs reading never-staged files from the NAS while its link is cut.
+const NAS_WAITING: usize = 8;
 
 /// What the guest's run left.
 struct Run {
@@ -158,6 +160,7 @@ fn boot() -> Result<Run, String> {
     // not stand in its way), that the host drops, kills and mounts again.
     let nas_export = scratch.join("nas-export");
     let nas_model = generate(&nas_export, NAS_ID, 2, SHARD_SIZE);
+    let never = generate(&nas_export, "acme/never-read-on-a-nas", NAS_WAITING, "1M");
     let nas_place = tempfile::Builder::new()
         .prefix("stagefs-nas-")
         .tempdir()
@@ -202,6 +205,7 @@ fn boot() -> Result<Run, String> {
             "commit": nas_model.commit,
             "shards": nas_model.files.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
             "timeout": NAS_TIMEOUT.as_secs(),
+            "never": never.shards(),
         },
     });
     fs::write(
