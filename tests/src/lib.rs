@@ -1064,6 +1064,24 @@ pub fn staged_files(cache: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// `bytes` of pseudo-random content from `seed`.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
+        .collect()
+}
+
+/// Writes `bytes` to `path` with modification time `mtime`.
+pub fn write_with_mtime(path: &Path, bytes: &[u8], mtime: std::time::SystemTime) {
+    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    fs::write(path, bytes).expect("write");
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("set the mtime");
+}
+
 static NETFS_SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A directory served over sshfs from a private network namespace, capped at `rate`.

@@ -14,8 +14,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use stagefs_tests::{
-    Model, Mount, NetFs, Scratch, generate, load_with_real_clients, run_stagefs, staged_files,
-    wait_for, within,
+    Model, Mount, NetFs, Scratch, generate, load_with_real_clients, pseudo_random, run_stagefs,
+    staged_files, wait_for, within, write_with_mtime,
 };
 
 /// A model on an sshfs NAS, loaded once through a mount of it with real clients, and
@@ -222,24 +222,6 @@ fn once_the_nas_is_known_away_a_staged_model_loads_without_waiting_the_timeout()
     );
 }
 
-/// `bytes` of pseudo-random content from `seed`.
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
-        .collect()
-}
-
-/// Writes `bytes` to `path` with modification time `mtime`.
-fn write_with_mtime(path: &Path, bytes: &[u8], mtime: std::time::SystemTime) {
-    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-    fs::write(path, bytes).expect("write");
-    fs::File::options()
-        .write(true)
-        .open(path)
-        .and_then(|f| f.set_modified(mtime))
-        .expect("set the mtime");
-}
-
 const WEIGHTS: &str = "models/plain/model.safetensors";
 
 #[test]
@@ -251,12 +233,12 @@ fn a_source_file_replaced_by_one_of_the_same_size_and_mtime_is_staged_again() {
     let s = Scratch::new();
     let path = s.hub.join(WEIGHTS);
     let mtime = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-    write_with_mtime(&path, &content(4 << 20, 1), mtime);
+    write_with_mtime(&path, &pseudo_random(4 << 20, 1), mtime);
     let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &["--no-prefetch"]);
     assert!(fs::read(mount.path(WEIGHTS)).expect("read") == fs::read(&path).expect("source"));
     wait_for("the copy", || staged_files(&s.cache).len() == 1);
     let replacement = s.hub.join("models/plain/.model.safetensors.tmp");
-    write_with_mtime(&replacement, &content(4 << 20, 2), mtime);
+    write_with_mtime(&replacement, &pseudo_random(4 << 20, 2), mtime);
     fs::rename(&replacement, &path).expect("rename over");
     sleep(Duration::from_millis(1500)); // past the kernel's 1 s caches
     let served = fs::read(mount.path(WEIGHTS)).expect("read again");
@@ -276,7 +258,11 @@ fn another_nas_mounted_on_the_same_cache_never_gets_the_first_ones_copies() {
     let mtime = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
     let exports = [s.dir.path().join("export-a"), s.dir.path().join("export-b")];
     for (seed, export) in exports.iter().enumerate() {
-        write_with_mtime(&export.join(WEIGHTS), &content(4 << 20, seed as u64), mtime);
+        write_with_mtime(
+            &export.join(WEIGHTS),
+            &pseudo_random(4 << 20, seed as u64),
+            mtime,
+        );
     }
     for (n, export) in exports.iter().enumerate() {
         let remote = NetFs::up(export, &s.dir.path().join(format!("nas-{n}")), "1gbit");

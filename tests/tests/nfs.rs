@@ -14,8 +14,8 @@ use nfs3_client::nfs3_types::nfs3::{nfs_fh3, nfsstat3};
 use stagefs_nfs::client;
 use stagefs_nfs::reads::IDLE_UNDER_PRESSURE;
 use stagefs_tests::{
-    Layout, NetFs, Scratch, Served, ShapedSource, TEST_USER, TestUser, staged_files_of_at_least,
-    stagefs_bin, status_json, temp_files, wait_for,
+    Layout, NetFs, Scratch, Served, ShapedSource, TEST_USER, TestUser, pseudo_random,
+    staged_files_of_at_least, stagefs_bin, status_json, temp_files, wait_for, write_with_mtime,
 };
 
 const ID: &str = "acme/served";
@@ -644,4 +644,36 @@ fn a_read_only_export_refuses_a_copy_in() {
     assert!(!src.root.join(&rel).exists(), "nothing reached the source");
     assert_shards_right(&src, &served);
     served.stop();
+}
+
+#[test]
+fn another_nas_served_from_the_same_cache_never_gets_the_first_ones_copies() {
+    // Two sshfs NASes with a file at one path, of the same size and mtime: sshfs
+    // gives neither the server's inode nor its change time, so only the cache's
+    // record of its source tells them apart.
+    let s = Scratch::new();
+    let rel = "models/plain/model.safetensors";
+    let mtime = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let exports = [s.dir.path().join("export-a"), s.dir.path().join("export-b")];
+    for (seed, export) in exports.iter().enumerate() {
+        write_with_mtime(
+            &export.join(rel),
+            &pseudo_random(4 << 20, seed as u64),
+            mtime,
+        );
+    }
+    for (n, export) in exports.iter().enumerate() {
+        let remote = NetFs::up(export, &s.dir.path().join(format!("nas-{n}")), "1gbit");
+        let served = Served::start(&remote.mnt, &s.cache, &["--no-prefetch"]);
+        let got = read_through(&served, rel);
+        assert!(
+            got == fs::read(export.join(rel)).expect("source"),
+            "NAS {n}: another source's copy was served"
+        );
+        wait_for("the copy", || {
+            staged_files_of_at_least(&s.cache, 1 << 20).len() == 1
+        });
+        served.stop();
+        drop(remote);
+    }
 }
