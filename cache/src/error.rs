@@ -54,7 +54,7 @@ pub enum SourceError {
     /// wrong: a dead FUSE or network mount (ENOTCONN), a lost server (EIO, ESTALE,
     /// EHOSTDOWN, ENETUNREACH, ...). Treated like no answer: what the source said
     /// last is served where it can be.
-    #[error("{path}: the source is not reachable: {source}")]
+    #[error("{}: the source is not reachable: {}", path.display(), io_text(source))]
     Away {
         /// Path relative to the source root.
         path: PathBuf,
@@ -70,7 +70,7 @@ pub enum SourceError {
         root: PathBuf,
     },
     /// Any other I/O failure on the source.
-    #[error("{path}: reading the source failed: {source}")]
+    #[error("{}: reading the source failed: {}", path.display(), io_text(source))]
     Io {
         /// Path relative to the source root.
         path: PathBuf,
@@ -91,7 +91,7 @@ pub enum SourceError {
     },
     /// Any other failure writing to the source (its errno, such as EACCES or EEXIST,
     /// is passed on).
-    #[error("{path}: writing to the source failed: {source}")]
+    #[error("{}: writing to the source failed: {}", path.display(), io_text(source))]
     Write {
         /// Path relative to the source root.
         path: PathBuf,
@@ -120,15 +120,50 @@ const AWAY_ERRNOS: &[i32] = &[
     libc::ETIMEDOUT,
 ];
 
+/// `text` as a user reads it: the system's words, without the " (os error N)" that
+/// Rust's I/O errors add to them.
+pub fn without_os_error(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(" (os error ") {
+        let tail = &rest[at + " (os error ".len()..];
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(&rest[..at]);
+        if digits > 0 && tail[digits..].starts_with(')') {
+            rest = &tail[digits + 1..];
+        } else {
+            out.push_str(" (os error ");
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// An I/O error as a user reads it ([`without_os_error`]).
+pub fn io_text(err: &io::Error) -> String {
+    without_os_error(&err.to_string())
+}
+
 /// Whether `err` says the source is away rather than anything about one path.
 pub fn is_away_errno(err: &io::Error) -> bool {
     err.raw_os_error().is_some_and(|e| AWAY_ERRNOS.contains(&e))
 }
 
+/// A path relative to the source root as messages show it: the root itself is ".",
+/// not an empty string before the colon.
+fn shown(path: PathBuf) -> PathBuf {
+    if path.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        path
+    }
+}
+
 impl SourceError {
     /// A failed read (or stat) of `path` on the source.
     pub fn io(path: impl Into<PathBuf>, err: io::Error) -> Self {
-        let path = path.into();
+        let path = shown(path.into());
         if err.kind() == io::ErrorKind::NotFound {
             SourceError::NotFound { path }
         } else if is_away_errno(&err) {
@@ -158,7 +193,7 @@ impl SourceError {
 
     /// A failed write (or create, rename, removal...) of `path` on the source.
     pub fn write(path: impl Into<PathBuf>, err: io::Error) -> Self {
-        let path = path.into();
+        let path = shown(path.into());
         match err.raw_os_error() {
             Some(libc::ENOSPC | libc::EDQUOT) => SourceError::NoSpace { path },
             Some(libc::EROFS) => SourceError::ReadOnly { path },
@@ -223,7 +258,7 @@ pub enum StoreError {
         pid: Option<u32>,
     },
     /// Any other I/O failure in the cache directory.
-    #[error("{path}: cache I/O failed: {source}")]
+    #[error("{}: cache I/O failed: {}", path.display(), io_text(source))]
     Io {
         /// The cache path involved.
         path: PathBuf,
@@ -319,4 +354,23 @@ fn describe_budget(budget: &Budget) -> String {
             format!("free-space reserve {}", format_bytes(m))
         });
     format!("{max}, {free}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_the_systems_words_and_name_the_root() {
+        let dead = io::Error::from_raw_os_error(libc::ENOTCONN);
+        assert_eq!(io_text(&dead), "Transport endpoint is not connected");
+        assert_eq!(
+            SourceError::io("", dead).to_string(),
+            ".: the source is not reachable: Transport endpoint is not connected"
+        );
+        assert_eq!(
+            without_os_error("a (os error 13): b (os error x)"),
+            "a: b (os error x)"
+        );
+    }
 }

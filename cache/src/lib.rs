@@ -31,7 +31,9 @@ pub mod store;
 pub mod sys;
 pub mod units;
 
-pub use error::{Remedy, SourceError, StageError, StoreError, is_away_errno};
+pub use error::{
+    Remedy, SourceError, StageError, StoreError, io_text, is_away_errno, without_os_error,
+};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use source::pool::{KNOWN_AWAY_WAIT, SUSPECT_AFTER, SourceHealth, SourcePool, Unanswered};
 pub use source::{

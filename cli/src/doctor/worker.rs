@@ -89,7 +89,8 @@ impl StepError {
         let e = e.into();
         let io = e.downcast_ref::<io::Error>();
         let not_found = io.is_some_and(|io| io.kind() == io::ErrorKind::NotFound);
-        let (errno, message) = (io.and_then(io::Error::raw_os_error), format!("{e:#}"));
+        let message = stagefs_cache::without_os_error(&format!("{e:#}"));
+        let (errno, message) = (io.and_then(io::Error::raw_os_error), message);
         StepError {
             not_found,
             message,
