@@ -491,13 +491,18 @@ def a_same_size_rewrite_at_the_source_is_seen():
     assert read(path) == old
     time.sleep(1.1)
     write(os.path.join(W_SRC, "changed-at-source.bin"), new, "r+b")
-    deadline = time.monotonic() + 10
+    return reads_new_within(path, old, new, 10, "a same-size rewrite at the source")
+
+
+def reads_new_within(path, old, new, seconds, change):
+    """Polls `path` until it reads `new` (never anything but `old` before)."""
+    deadline = time.monotonic() + seconds
     while True:
         got = read(path)
         if got == new:
-            return f"seen after {round(10 - (deadline - time.monotonic()), 1)} s"
+            return f"seen after {round(seconds - (deadline - time.monotonic()), 1)} s"
         assert got == old, "neither the old bytes nor the new"
-        assert time.monotonic() < deadline, "10 s after a same-size rewrite at the source, the mount still reads the old bytes"
+        assert time.monotonic() < deadline, f"{seconds} s after {change}, the mount still reads the old bytes"
         time.sleep(0.5)
 
 
@@ -515,14 +520,7 @@ def a_file_replaced_at_the_source_with_its_size_and_mtime_is_seen():
     write(tmp, new)
     os.utime(tmp, ns=(mtime, mtime))
     os.rename(tmp, src)
-    deadline = time.monotonic() + 10
-    while True:
-        got = read(path)
-        if got == new:
-            return f"seen after {round(10 - (deadline - time.monotonic()), 1)} s"
-        assert got == old, "neither the old bytes nor the new"
-        assert time.monotonic() < deadline, "10 s after the replacement, the mount still reads the old bytes"
-        time.sleep(0.5)
+    return reads_new_within(path, old, new, 10, "the replacement")
 
 
 @check("write")

@@ -113,30 +113,30 @@ CFG
     done
 }
 
+# Waits up to 5 s for this instance's sshfs to be gone, so that the caller's next
+# step finds the mount unmounted (drop) or dead (kill).
+sshfs_gone() {
+    for _ in $(seq 100); do
+        pgrep -f "^sshfs .*IdentityFile=$state/client_key" >/dev/null || return 0
+        sleep 0.05
+    done
+    echo "netfs: sshfs is still there" >&2
+    exit 1
+}
+
 case "$cmd" in
 up) up "${3:?missing EXPORT_DIR}" "${4:?missing MOUNTPOINT}" "${5:?missing RATE}" ;;
 down) down "${3:?missing MOUNTPOINT}" ;;
 cut) ip link set "$host_if" down ;;
 drop)
     pkill -f "^ssh .*IdentityFile=$state/client_key" || { echo "netfs: no ssh to drop" >&2; exit 1; }
-    # sshfs unmounts as it exits; the caller's next step must find it gone.
-    for _ in $(seq 100); do
-        pgrep -f "^sshfs .*IdentityFile=$state/client_key" >/dev/null || exit 0
-        sleep 0.05
-    done
-    echo "netfs: sshfs did not exit" >&2
-    exit 1
+    # sshfs unmounts as it exits.
+    sshfs_gone
     ;;
 kill)
     pkill -9 -f "^sshfs .*IdentityFile=$state/client_key" || { echo "netfs: no sshfs to kill" >&2; exit 1; }
-    # Its mount answers ENOTCONN once the process is gone; the caller's next step
-    # must find it dead.
-    for _ in $(seq 100); do
-        pgrep -f "^sshfs .*IdentityFile=$state/client_key" >/dev/null || exit 0
-        sleep 0.05
-    done
-    echo "netfs: sshfs did not die" >&2
-    exit 1
+    # Its mount answers ENOTCONN once the process is gone.
+    sshfs_gone
     ;;
 restore) ip link set "$host_if" up ;;
 *) echo "usage: netfs.sh up|down|cut|restore|drop|kill ID ..." >&2; exit 2 ;;
