@@ -10,7 +10,7 @@ use std::path::{Component, Path, PathBuf};
 
 use stagefs_control::report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
-    VerifyReport,
+    UnfollowableLink, VerifyReport,
 };
 use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
 
@@ -427,7 +427,10 @@ fn add_totals(
                 model_entry(models, found).revisions = revisions;
                 continue;
             }
-            ModelKind::Folder => sized(source, hf::all_files(source, &found.path)),
+            ModelKind::Folder => {
+                model_entry(models, found).unfollowable = unfollowable(source, &found.path);
+                sized(source, hf::all_files(source, &found.path))
+            }
             ModelKind::File => sized(source, vec![found.path.clone()]),
         };
         let model = model_entry(models, found);
@@ -457,6 +460,7 @@ fn empty_status(model: &ModelRef) -> ModelStatus {
         revisions: Vec::new(),
         total_files: None,
         total_bytes: None,
+        unfollowable: Vec::new(),
     }
 }
 
@@ -474,6 +478,7 @@ fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionSta
     hf::snapshots(source, repo)
         .into_iter()
         .map(|rev| {
+            let snapshot = repo.join("snapshots").join(&rev);
             let mut status = RevisionStatus {
                 refs: refs.get(&rev).cloned().unwrap_or_default(),
                 revision: rev.clone(),
@@ -481,8 +486,9 @@ fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionSta
                 total_files: 0,
                 staged_bytes: 0,
                 total_bytes: 0,
+                unfollowable: unfollowable(source, &snapshot),
             };
-            for (file, size) in snapshot_files(source, &repo.join("snapshots").join(&rev)) {
+            for (file, size) in snapshot_files(source, &snapshot) {
                 status.total_files += 1;
                 status.total_bytes += size;
                 if store.contains(&Key::for_source_path(&file)) {
@@ -519,6 +525,21 @@ fn keys_under(source: Option<&SourceTree>, path: &Path) -> HashSet<String> {
         _ => {}
     }
     keys
+}
+
+/// The links under `dir` that lead to no file, named relative to `dir`: the totals
+/// leave them out, and a snapshot whose links all fail would read as empty. Sorted,
+/// so that the first (the one status names) does not depend on the source's order.
+fn unfollowable(source: &SourceTree, dir: &Path) -> Vec<UnfollowableLink> {
+    let mut links: Vec<UnfollowableLink> = hf::unfollowable_links(source, dir)
+        .into_iter()
+        .map(|(path, why)| UnfollowableLink {
+            path: path.strip_prefix(dir).unwrap_or(&path).to_path_buf(),
+            why: why.to_string(),
+        })
+        .collect();
+    links.sort_by(|a, b| a.path.cmp(&b.path));
+    links
 }
 
 /// Files of a snapshot as (path the link resolves to, size).

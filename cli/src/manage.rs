@@ -11,7 +11,8 @@ use stagefs_cache::SourceHealth;
 use stagefs_cache::layout::models::{self, ModelKind};
 use stagefs_cache::store::Hold;
 use stagefs_control::{
-    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport, VerifyReport,
+    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport,
+    UnfollowableLink, VerifyReport,
 };
 use stagefs_mount::cache_dir::{self, CacheDirError};
 
@@ -372,6 +373,9 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
     let shown = if names.verbose { usize::MAX } else { 12 };
     for m in &r.models {
         let _ = writeln!(out, "{}", escaped(&model_line(m)));
+        if let Some(line) = links_line(&m.unfollowable) {
+            let _ = writeln!(out, "  {}", escaped(&line));
+        }
         for rev in &m.revisions {
             let refs = if rev.refs.is_empty() {
                 String::new()
@@ -387,9 +391,26 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
                 format_bytes(rev.staged_bytes),
                 format_bytes(rev.total_bytes)
             );
+            if let Some(line) = links_line(&rev.unfollowable) {
+                let _ = writeln!(out, "    {}", escaped(&line));
+            }
         }
     }
     out
+}
+
+/// `3 links cannot be followed; config.json: <why>` under a snapshot or folder whose
+/// links lead nowhere: its counts leave them out, so without this line a stock
+/// sshfs's snapshot reads `0/0 files` with no cause. The first link names the cause,
+/// as doctor's model check does.
+fn links_line(links: &[UnfollowableLink]) -> Option<String> {
+    let first = links.first()?;
+    Some(format!(
+        "{} cannot be followed; {}: {}",
+        count(links.len(), "link", "links"),
+        first.path.display(),
+        first.why
+    ))
 }
 
 /// `model     org/name: 2 staged files, 80.0 MiB` for a repository (its revisions
@@ -506,6 +527,7 @@ mod tests {
             revisions: Vec::new(),
             total_files: totals.then_some(4),
             total_bytes: totals.then_some(4 << 20),
+            unfollowable: Vec::new(),
         }
     }
 

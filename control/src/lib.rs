@@ -18,7 +18,7 @@ pub use protocol::{
 };
 pub use report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
-    VerifyReport,
+    UnfollowableLink, VerifyReport,
 };
 pub use values::{
     Budget, Hold, InFlight, MetricsSnapshot, ModelKind, Remedy, SourceHealth, Usage, VolumeSpace,

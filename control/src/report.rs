@@ -71,6 +71,9 @@ pub struct ModelStatus {
     pub total_files: Option<usize>,
     /// Their bytes.
     pub total_bytes: Option<u64>,
+    /// Links of a folder model that lead to no file (its totals leave them out).
+    #[serde(default)]
+    pub unfollowable: Vec<UnfollowableLink>,
 }
 
 /// One snapshot of a repository.
@@ -88,6 +91,19 @@ pub struct RevisionStatus {
     pub staged_bytes: u64,
     /// Bytes of all files.
     pub total_bytes: u64,
+    /// Links of the snapshot that lead to no file (its totals leave them out): a
+    /// stock sshfs refuses every one, and the snapshot then counts 0/0 files.
+    #[serde(default)]
+    pub unfollowable: Vec<UnfollowableLink>,
+}
+
+/// A link in a snapshot or model folder that leads to no file, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnfollowableLink {
+    /// The link, relative to the snapshot or the folder (the name users know).
+    pub path: PathBuf,
+    /// Why it cannot be followed (`it links to …, outside the source`).
+    pub why: String,
 }
 
 /// Which copies `evict` drops.

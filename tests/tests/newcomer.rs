@@ -887,3 +887,43 @@ fn the_stopped_line_says_the_counters_in_words() {
         "{stopped}"
     );
 }
+
+/// Issue 36: a stock sshfs (`contain_symlinks`) refuses every snapshot link, and
+/// status read "0/0 files" with no cause; the snapshot's line now has one under it.
+#[test]
+fn status_says_why_a_snapshot_through_a_stock_sshfs_has_no_files() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/big-llm", 1, "1M");
+    let nas = s.dir.path().join("nas");
+    let remote = stagefs_tests::NetFs::up_with(&s.hub, &nas, "1gbit", "contain_symlinks");
+    let mount = stagefs_tests::Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let (ok, out, err) = stagefs_tests::run_stagefs(&[&"status", &"--cache-dir", &s.cache]);
+    assert!(ok, "{err}");
+    let commit = &model.commit[..12];
+    let lines = [
+        format!("  {commit} (main): 0/0 files, 0 B of 0 B"),
+        "    3 links cannot be followed; config.json: the source refuses to read the link (sshfs does unless mounted with `-o no_contain_symlinks`)".into(),
+    ];
+    for line in lines {
+        assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+    }
+    drop(mount);
+    drop(remote);
+}
+
+/// Issue 36: a plain folder's link out of the source was left out of its counts
+/// without a word.
+#[test]
+fn status_names_a_folder_s_link_that_leaves_the_source() {
+    let s = Scratch::new();
+    let folder = s.hub.join("models/odd");
+    fs::create_dir_all(&folder).expect("mkdir");
+    fs::write(folder.join("config.json"), "{}").expect("write");
+    fs::write(folder.join("model.safetensors"), vec![7u8; 2 << 20]).expect("write");
+    std::os::unix::fs::symlink("/etc/hostname", folder.join("extra.safetensors")).expect("link");
+    let _mount = s.mount(&["--no-prefetch"]);
+    let (ok, out, err) = stagefs_tests::run_stagefs(&[&"status", &"--cache-dir", &s.cache]);
+    assert!(ok, "{err}");
+    let line = "  1 link cannot be followed; extra.safetensors: it links to /etc/hostname, outside the source";
+    assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+}
