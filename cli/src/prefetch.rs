@@ -157,7 +157,8 @@ impl View {
     fn new(terminal: bool, dir: &Path, stage: &Stage) -> View {
         let bars = terminal.then(|| {
             let multi = MultiProgress::new();
-            let total = multi.add(ProgressBar::new(0).with_style(style("total")));
+            let total = ProgressBar::new(0).with_style(style()).with_message(TOTAL);
+            let total = multi.add(total);
             (multi, total, HashMap::new())
         });
         View {
@@ -182,10 +183,21 @@ impl View {
             Some((multi, total, per_file)) => {
                 total.set_length(files.iter().map(|f| f.total).sum());
                 total.set_position(files.iter().map(|f| f.copied).sum());
+                // Every file is known from the first update: pad to the longest name
+                // so that the bars line up.
+                let width = files
+                    .iter()
+                    .map(|f| label(&names.show(&f.path)).chars().count())
+                    .fold(TOTAL.len(), usize::max);
+                if per_file.is_empty() {
+                    total.set_message(format!("{TOTAL:>width$}"));
+                }
                 for f in files {
                     let bar = per_file.entry(f.path.clone()).or_insert_with(|| {
-                        let label = short(&names.show(&f.path));
-                        multi.add(ProgressBar::new(f.total).with_style(style(&label)))
+                        let shown = names.show(&f.path);
+                        let name = label(&shown);
+                        let bar = ProgressBar::new(f.total).with_style(style());
+                        multi.add(bar.with_message(format!("{name:>width$}")))
                     });
                     bar.set_position(f.copied);
                     if f.is_settled() && !bar.is_finished() {
@@ -243,18 +255,27 @@ impl View {
     }
 }
 
-fn style(name: &str) -> ProgressStyle {
-    ProgressStyle::with_template(&format!(
-        "{name:>24} [{{bar:30}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"
-    ))
+/// The total bar's label.
+const TOTAL: &str = "total";
+
+/// A bar labelled by its message, the file's whole name: a name cut to fit
+/// (`model-00001-of-00002.saf`) cannot be told from its neighbours, so the bar takes
+/// the width the name leaves (none, on a narrow terminal), and a line wider than the
+/// terminal wraps rather than losing the name's end. The name goes in the message, not the template, so a
+/// `{` in it is just a character.
+fn style() -> ProgressStyle {
+    ProgressStyle::with_template(
+        "{msg} [{wide_bar}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    )
     .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ")
 }
 
-/// The end of a name, at most 24 characters, for a progress bar's label.
-fn short(name: &str) -> String {
-    let end = name.rsplit(['/', ' ']).next().unwrap_or(name);
-    end.chars().take(24).collect()
+/// A file's name within its model for a progress bar's label: `org/name: ` is left
+/// out (the model is named by the lines and the summary around the bars), the rest
+/// is kept whole.
+fn label(name: &str) -> &str {
+    name.split_once(": ").map_or(name, |(_, file)| file)
 }
 
 /// A failure is a diagnostic (stderr); every other line is a result.

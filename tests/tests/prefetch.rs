@@ -333,3 +333,34 @@ fn a_prefetch_names_links_that_loop_or_leave_the_source() {
         assert!(err.lines().any(|l| l == line), "{line}\n{out}{err}");
     }
 }
+
+/// Issue 36: on a terminal the bars cut each name to 24 characters,
+/// "model-00001-of-00002.saf", so that shards could not be told apart. Run under
+/// `script` for a terminal of 80 columns; each bar now starts with the whole name.
+#[test]
+fn progress_bars_on_a_terminal_show_whole_file_names() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/big-llm", 2, "2M");
+    let _mount = s.mount(&["--no-prefetch"]);
+    let command = format!(
+        "stty cols 80; {} prefetch acme/big-llm --cache-dir {}",
+        stagefs_tests::stagefs_bin().display(),
+        s.cache.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("running script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for name in [
+        "model-00001-of-00002.safetensors [",
+        "model-00002-of-00002.safetensors [",
+    ] {
+        assert!(text.contains(name), "{name}\n{text}");
+    }
+    let summary = "2 staged, 0 already staged, 0 failed (4.0 MiB)";
+    // The bars' lines fill the 80 columns and end without a newline: the summary
+    // follows the last bar, on the terminal's next line.
+    assert!(text.trim_end().ends_with(summary), "{text}");
+}
