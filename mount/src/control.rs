@@ -227,9 +227,17 @@ impl ControlServer {
         });
         match from_source.await {
             Some(response) => response,
-            None => Response::Names {
-                names: stagefs_cache::admin::names(None, &paths),
-            },
+            // A blob the mount reached through a snapshot link is named by that link;
+            // any other by its path alone (`org/name: blob 1a2b3c4d5e6f…`).
+            None => {
+                let through = |p: &PathBuf| self.stager.reached_through(p);
+                let named: Vec<PathBuf> = (paths.iter())
+                    .map(|p| through(p).unwrap_or_else(|| p.clone()))
+                    .collect();
+                Response::Names {
+                    names: stagefs_cache::admin::names(None, &named),
+                }
+            }
         }
     }
 

@@ -484,17 +484,23 @@ impl Policy {
             return target.ok_or(FsError::Stale);
         }
         let path = node.path.clone();
-        self.ask(
-            &path,
-            move |p| {
-                let target = p.stager.source().read_link(&node.path)?;
-                let target = target.as_os_str().as_bytes().to_vec();
-                p.inodes.remember_link(ino, &target);
-                Ok(target)
-            },
-            move |p| p.inodes.known_link(ino),
-        )
-        .await
+        let target = self
+            .ask(
+                &path,
+                move |p| {
+                    let target = p.stager.source().read_link(&node.path)?;
+                    let target = target.as_os_str().as_bytes().to_vec();
+                    p.inodes.remember_link(ino, &target);
+                    Ok(target)
+                },
+                move |p| p.inodes.known_link(ino),
+            )
+            .await?;
+        // The kernel follows it next: a copy of the blob it leads to is then named by
+        // this link (the snapshot's file name) even while the source is too slow to ask.
+        let followed = Path::new(OsStr::from_bytes(&target));
+        self.stager.learn_link(&path, followed);
+        Ok(target)
     }
 
     /// The target of redirect `node`, marking its copy in use; None if the copy is

@@ -927,3 +927,30 @@ fn status_names_a_folder_s_link_that_leaves_the_source() {
     let line = "  1 link cannot be followed; extra.safetensors: it links to /etc/hostname, outside the source";
     assert!(out.lines().any(|l| l == line), "{line}\n{out}");
 }
+
+/// Issue 36: while the source does not answer, status named a copy in progress by
+/// its blob (`acme/slow: blob 757a9a60f2c1…`), as users know no such file. The mount
+/// read the snapshot link the copy was reached through, and names it by that.
+#[test]
+fn status_names_a_copy_by_its_snapshot_file_while_the_source_does_not_answer() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/slow", 1, "24M");
+    let shard = model.shards().remove(0);
+    let remote = stagefs_tests::NetFs::up(&s.hub, &s.dir.path().join("nas"), "40mbit");
+    let mount = stagefs_tests::Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let reader = {
+        let path = mount.path(&shard);
+        std::thread::spawn(move || fs::read(path).map(drop))
+    };
+    wait_for("the copy to start", || !mount.in_flight().is_empty());
+    remote.cut();
+    // A read of the copy is overdue at once: status asks the source nothing.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (ok, out, err) = stagefs_tests::run_stagefs(&[&"status", &"--cache-dir", &s.cache]);
+    remote.restore();
+    assert!(ok, "{err}");
+    let named = "staging   acme/slow: model-00001-of-00001.safetensors ";
+    assert!(out.lines().any(|l| l.starts_with(named)), "{named}\n{out}");
+    let _ = reader.join().expect("reader");
+    drop(mount);
+}

@@ -205,6 +205,10 @@ pub struct Stager {
     inner: Arc<Inner>,
 }
 
+/// Links a stager remembers the names of (a few models' files): see
+/// [`Stager::learn_link`].
+const REMEMBERED_LINKS: usize = 16_384;
+
 /// Bytes written between two requests to start writing them back to disk.
 const WRITEBACK_STEP: u64 = 32 << 20;
 
@@ -246,6 +250,9 @@ struct Inner {
     /// Blobs whose copy was found not to match their name, by path, at the version
     /// copied: refused until the source file changes.
     refused: Arc<Mutex<HashMap<PathBuf, Stamp>>>,
+    /// The link each file was last reached through (a snapshot's name for its blob),
+    /// by the file's path: names a copy without asking a slow source.
+    reached_through: Mutex<HashMap<PathBuf, PathBuf>>,
     /// Copies running, which checks against blobs' names wait out.
     activity: Arc<Activity>,
     check_timing: CheckTiming,
@@ -292,6 +299,7 @@ impl Stager {
                 inflight: Mutex::new(HashMap::new()),
                 urgent_copies: Arc::default(),
                 refused: Arc::default(),
+                reached_through: Mutex::default(),
                 activity: Arc::default(),
                 check_timing: CheckTiming::default(),
             }),
@@ -448,6 +456,36 @@ impl Stager {
             Some(flight) => flight.result.await.map(drop),
             None => Ok(()),
         }
+    }
+
+    /// Records that link `link` (relative to the source root) leads to `target`, as
+    /// the mount just read it: the file at the end is then named by the link (a blob
+    /// by its snapshot's file name) where the source is too slow to ask.
+    pub fn learn_link(&self, link: &Path, target: &Path) {
+        let Some(file) = crate::layout::hf::link_inside(link.parent().unwrap_or(link), target)
+        else {
+            return;
+        };
+        let mut known = self
+            .inner
+            .reached_through
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Names only: a mount that has followed this many links forgets the oldest
+        // batch rather than grow without end.
+        if known.len() >= REMEMBERED_LINKS && !known.contains_key(&file) {
+            known.clear();
+        }
+        known.insert(file, link.to_path_buf());
+    }
+
+    /// The link `path` was last reached through, if the mount followed one to it.
+    pub fn reached_through(&self, path: &Path) -> Option<PathBuf> {
+        let known = self.inner.reached_through.lock();
+        known
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(path)
+            .cloned()
     }
 
     /// Copies in progress.
@@ -1074,6 +1112,7 @@ mod tests {
             inflight: Mutex::default(),
             urgent_copies: Arc::default(),
             refused: Arc::default(),
+            reached_through: Mutex::default(),
             activity: Arc::default(),
             check_timing: CheckTiming::default(),
         }
