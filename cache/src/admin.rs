@@ -40,6 +40,8 @@ pub struct Live {
     pub read_only: bool,
     /// The mount reads a file the cache cannot hold from the source.
     pub reads_source_when_full: bool,
+    /// Blobs the mount refuses: their bytes are not the sha256 in their names.
+    pub refused: Vec<PathBuf>,
 }
 
 /// Serves `request` against `store`; `live` carries what only a running mount knows.
@@ -147,6 +149,7 @@ pub fn status(
         read_only: live.read_only,
         reads_source_when_full: live.reads_source_when_full,
         dead_mount: None,
+        refused: live.refused,
     })
 }
 

@@ -25,6 +25,33 @@ use crate::units::{count, format_bytes};
 pub(crate) const READS_SOURCE_WHEN_FULL: &str =
     "a file the cache cannot hold is read from the source, at its speed";
 
+/// Why a mount refuses a blob, where status and doctor name one.
+pub(crate) const REFUSED: &str =
+    "its bytes on the source do not match the sha256 in its name, so opening it fails";
+
+/// What to do about a refused blob at `path` (in the source): download its
+/// repository's file again (`hf download org/name --force-download`).
+pub(crate) fn download_again(path: &Path) -> String {
+    let repo = stagefs_cache::layout::hf::repo_of(path);
+    let id = repo
+        .as_deref()
+        .and_then(Path::file_name)
+        .and_then(|name| stagefs_cache::layout::hf::id_of_repo_dir(&name.to_string_lossy()));
+    let Some(id) = id else {
+        return "download it again, or delete it on the source".into();
+    };
+    let typed = |kind: &str, prefix: &str| {
+        let name = id.strip_prefix(prefix)?;
+        Some(format!("{name} --repo-type {kind}"))
+    };
+    let args = typed("dataset", "datasets/")
+        .or_else(|| typed("space", "spaces/"))
+        .unwrap_or_else(|| id.clone());
+    format!(
+        "download it again (`hf download {args} --force-download`), or delete the blob on the source"
+    )
+}
+
 /// `stagefs status`: the named cache, else every running mount's (one block each),
 /// else the default cache.
 pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
@@ -58,7 +85,8 @@ pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyho
     }
     let blocks: Vec<String> = (dirs.iter().zip(&reports))
         .map(|(dir, report)| {
-            let paths = report.in_flight.iter().map(|f| f.path.clone()).collect();
+            let copying = report.in_flight.iter().map(|f| f.path.clone());
+            let paths = copying.chain(report.refused.iter().cloned()).collect();
             render_status(report, &Names::of(dir, paths, verbose))
         })
         .collect();
@@ -370,6 +398,14 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
             format_bytes(f.total)
         );
     }
+    for path in &r.refused {
+        let _ = writeln!(
+            out,
+            "refused   {}: {REFUSED}; {}",
+            names.show(path),
+            download_again(path)
+        );
+    }
     let shown = if names.verbose { usize::MAX } else { 12 };
     for m in &r.models {
         let _ = writeln!(out, "{}", escaped(&model_line(m)));
@@ -554,6 +590,23 @@ mod tests {
         assert_eq!(
             line(status("q.gguf", ModelKind::File, "q.gguf", false)),
             "model     q.gguf (GGUF file): 2 staged files, 3.0 MiB"
+        );
+    }
+
+    #[test]
+    fn a_refused_blob_is_downloaded_again_by_its_repository() {
+        let blob = |repo: &str| PathBuf::from(format!("hub/{repo}/blobs/ab12"));
+        assert_eq!(
+            download_again(&blob("models--acme--big-llm")),
+            "download it again (`hf download acme/big-llm --force-download`), or delete the blob on the source"
+        );
+        assert_eq!(
+            download_again(&blob("datasets--acme--set")),
+            "download it again (`hf download acme/set --repo-type dataset --force-download`), or delete the blob on the source"
+        );
+        assert_eq!(
+            download_again(Path::new("models/m/x.bin")),
+            "download it again, or delete it on the source"
         );
     }
 

@@ -49,6 +49,10 @@ pub struct StatusReport {
     /// the front end, which reads the mount table).
     #[serde(default)]
     pub dead_mount: Option<PathBuf>,
+    /// Blobs the running mount refuses, relative to the source root: their bytes on
+    /// the source do not match the sha256 in their names, so opens of them fail.
+    #[serde(default)]
+    pub refused: Vec<PathBuf>,
 }
 
 /// One model's share of the cache.

@@ -246,6 +246,11 @@ impl ControlServer {
     async fn status(&self) -> Response {
         let live = self.live();
         let with_source = self.while_the_source_answers(move |stager, source| {
+            // Those repaired on the source since are no longer refused.
+            let live = Live {
+                refused: stager.refused_now(),
+                ..live
+            };
             admin::answer(Request::Status, stager.store(), Some(source), live)
         });
         match with_source.await {
@@ -308,6 +313,7 @@ impl ControlServer {
             read_path: Some(self.read_path.clone()),
             read_only: self.read_only,
             reads_source_when_full: self.reads_source_when_full,
+            refused: self.stager.refused_blobs(),
         }
     }
 

@@ -628,3 +628,59 @@ fn a_mount_point_no_mount_can_use_fails_the_mount_check() {
         );
     }
 }
+
+/// Issue 36: a blob whose bytes on the source are not the sha256 in its name is
+/// refused by the mount, which only its log said: doctor passed every check and
+/// exited 0, status named nothing. Both now name the file and how to repair it, until
+/// the source holds other bytes.
+#[test]
+fn a_blob_refused_for_its_sha256_fails_doctor_and_is_named_in_status() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/changing", 1, "3M");
+    let shard = model.shards().remove(0);
+    let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &[]);
+    let before = fs::read(mount.path(&shard)).expect("first read");
+    std::thread::sleep(Duration::from_millis(20));
+    let rewritten: Vec<u8> = before.iter().map(|b| b ^ 0xFF).collect();
+    fs::write(s.hub.join(&shard), &rewritten).expect("rewrite source");
+    std::thread::sleep(Duration::from_millis(1500));
+    fs::read(mount.path(&shard)).expect("served once, as the source holds it");
+    stagefs_tests::wait_for("the check's verdict", || {
+        mount.log_text().contains("do not match the sha256")
+    });
+    let name = "acme/changing: model-00001-of-00001.safetensors";
+    let why = "its bytes on the source do not match the sha256 in its name, so opening it fails";
+    let fix = "download it again (`hf download acme/changing --force-download`), or delete the blob on the source";
+    let status = || stagefs(&[&"status", &"--cache-dir", &s.cache], &[]);
+    let shown = status();
+    assert_eq!(shown.code, Some(0), "{}", shown.stderr);
+    let line = format!("refused   {name}: {why}; {fix}");
+    assert!(
+        shown.stdout.lines().any(|l| l == line),
+        "{line}\n{}",
+        shown.stdout
+    );
+
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines = [
+        format!("fail  blobs        the mount refuses {name}: {why}"),
+        format!("                   {fix}"),
+    ];
+    for line in lines {
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+
+    // Repaired on the source: refused no more.
+    fs::write(s.hub.join(&shard), &before).expect("restore source");
+    let shown = status();
+    assert!(!shown.stdout.contains("refused"), "{}", shown.stdout);
+    drop(mount);
+}

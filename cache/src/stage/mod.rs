@@ -448,6 +448,35 @@ impl Stager {
         self.inner.was_refused(rel, stamp)
     }
 
+    /// The blobs refused (their bytes on the source are not the sha256 in their
+    /// names), by path, sorted; some may have changed on the source since, which
+    /// only a stat tells ([`Stager::refused_now`]).
+    pub fn refused_blobs(&self) -> Vec<PathBuf> {
+        let refused = self.inner.refused.lock();
+        let mut paths: Vec<PathBuf> = (refused.unwrap_or_else(PoisonError::into_inner).keys())
+            .cloned()
+            .collect();
+        paths.sort();
+        paths
+    }
+
+    /// [`Stager::refused_blobs`] still at the version refused: one that changed or
+    /// went away on the source is refused no more. Stats each: call where the source
+    /// may block.
+    pub fn refused_now(&self) -> Vec<PathBuf> {
+        let still = |path: &PathBuf| match self.inner.source.stat(path) {
+            Ok(meta) => self.inner.was_refused(path, Stamp::of(&meta)),
+            Err(SourceError::NotFound { .. }) => {
+                let refused = self.inner.refused.lock();
+                refused.unwrap_or_else(PoisonError::into_inner).remove(path);
+                false
+            }
+            // Unknown: still refused as far as this mount knows.
+            Err(_) => true,
+        };
+        self.refused_blobs().into_iter().filter(still).collect()
+    }
+
     /// Waits until no copy of `rel` is in progress: the one under way, if any (a
     /// prefetch, or a small file's kept copy, which no open waits for), is committed
     /// or has failed (its error is returned).
@@ -619,6 +648,12 @@ impl Inner {
             self.copy(rel, stamp, plan, progress, !kept)
                 .inspect_err(|e| {
                     warn!(path = %rel.display(), error = %e, "staging failed");
+                    // Checked before anything was served (a network source): refused
+                    // at this version as a local disk's blob is once checked, so that
+                    // status and doctor can name it and no open copies it again.
+                    if matches!(e, StageError::ContentMismatch { .. }) {
+                        self.refuse(rel, stamp);
+                    }
                 })?;
         let entry = Entry {
             source: rel.to_path_buf(),
@@ -721,6 +756,12 @@ impl Inner {
         {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+
+    /// Refuses blob `rel` at version `stamp`: its bytes are not its name's.
+    fn refuse(&self, rel: &Path, stamp: Stamp) {
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        refused.insert(rel.to_path_buf(), stamp);
     }
 
     /// Whether `rel` is a blob refused at version `stamp` ([`Inner::settle_when_checked`]).

@@ -259,6 +259,7 @@ pub(crate) fn hub_cache_check(
 pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     let live = stagefs_mount::live_mount(cache_dir).map_err(|e| e.to_string());
     reply(tx, Line::Daemon(live.clone()));
+    let served = matches!(live, Ok(Some(_)));
     let line = match live {
         Ok(Some((_, serving))) => {
             let resolved = std::fs::canonicalize(&serving).ok();
@@ -274,6 +275,10 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     };
     if let Some(line) = line {
         reply(tx, line);
+    }
+    // Last: the mount's status walks the source, and the lines above need none of it.
+    if served {
+        super::refused::probe(cache_dir, tx);
     }
 }
 

@@ -9,6 +9,7 @@ mod worker;
 mod fuse;
 mod hub;
 mod model;
+mod refused;
 mod source;
 mod space;
 
@@ -196,6 +197,7 @@ fn judge(
     checks.extend(found.checks.into_iter().chain(cache_checks));
     checks.push(hub_check);
     checks.extend(mount_check);
+    checks.extend(refused::check(gathered));
     if cfg!(target_os = "macos") {
         let value = std::env::var_os(RELAX_WATCHDOG_VAR);
         checks.extend(watchdog_notes(value.as_deref()));

@@ -70,6 +70,9 @@ pub(crate) enum Line {
     MountEmpty(Result<bool, StepError>),
     /// A path and the same path with links resolved.
     Resolved(PathBuf, PathBuf),
+    /// The blobs the running mount refuses (their bytes are not their names'), each
+    /// as (path in the source, the name users know it by).
+    Refused(Vec<(PathBuf, String)>),
 }
 
 /// What a probe reports when it ran but failed; `not_found` when the path did not
