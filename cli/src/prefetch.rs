@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use stagefs_cache::Remedy;
 use stagefs_cache::stage::prefetch::{FileProgress, FileState, Target};
 use stagefs_mount::cache_dir::{self, CacheDirError};
 
@@ -289,26 +290,28 @@ fn print_line(results: Results, line: &str, f: &FileProgress) {
 fn line(f: &FileProgress, names: &Names) -> String {
     let name = names.show(&f.path);
     match &f.state {
+        FileState::Failed { error, remedy } => failed_line(&name, &f.path, error, *remedy),
         FileState::Staged => format!("staged {name} ({})", format_bytes(f.total)),
         FileState::AlreadyStaged => format!("already staged {name}"),
-        FileState::Failed {
-            error,
-            remedy: None,
-        } => format!("FAILED {name}: {error}"),
-        FileState::Failed {
-            error,
-            remedy: Some(remedy),
-        } => format!(
-            "FAILED {name}: {error}; {}",
-            crate::args::flag_hint(*remedy)
-        ),
         FileState::Waiting | FileState::Copying => format!("pending {name}"),
+    }
+}
+
+/// `FAILED name: why`, the file named as users know it once: the core's message
+/// starts with the path in the source (for a blob, `…/blobs/<sha256>`), which the
+/// name already stands for (`-v` shows it).
+fn failed_line(name: &str, path: &Path, error: &str, remedy: Option<Remedy>) -> String {
+    let why = error
+        .strip_prefix(&format!("{}: ", path.display()))
+        .unwrap_or(error);
+    match remedy {
+        None => format!("FAILED {name}: {why}"),
+        Some(remedy) => format!("FAILED {name}: {why}; {}", crate::args::flag_hint(remedy)),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use stagefs_cache::Remedy;
 
     use super::*;
 
@@ -330,7 +333,7 @@ mod tests {
         let line = |f: &FileProgress| line(f, &names);
         assert_eq!(
             line(&failed(Some(Remedy::MoreRoom))),
-            "FAILED o/m/model.safetensors: o/m/model.safetensors: needs 3.0 MiB but the cache cannot make room; raise --max-size, lower --min-free, free disk space, or close models in use"
+            "FAILED o/m/model.safetensors: needs 3.0 MiB but the cache cannot make room; raise --max-size, lower --min-free, free disk space, or close models in use"
         );
         assert!(line(&failed(None)).ends_with("cannot make room"));
     }

@@ -364,3 +364,29 @@ fn progress_bars_on_a_terminal_show_whole_file_names() {
     // follows the last bar, on the terminal's next line.
     assert!(text.trim_end().ends_with(summary), "{text}");
 }
+
+/// Issue 36: a FAILED line named the file, then repeated its blob path
+/// (`models--…/blobs/<sha256>: needs …`); the name is enough, `-v` adds the path.
+#[test]
+fn a_failed_file_is_named_once_as_users_know_it() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/too-big", 1, "4M");
+    let mount = Mount::start(
+        &s.hub,
+        &s.mnt,
+        &s.cache,
+        &["--no-prefetch", "--max-size", "3M"],
+    );
+    let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
+    let (ok, out, err) = run_stagefs(&[&"prefetch", &"acme/too-big", &"--cache-dir", cache]);
+    assert!(!ok, "{out}{err}");
+    let failed: Vec<&str> = err.lines().filter(|l| l.starts_with("FAILED ")).collect();
+    assert_eq!(failed.len(), 1, "{err}");
+    assert!(
+        failed[0]
+            .starts_with("FAILED acme/too-big: model-00001-of-00001.safetensors: needs 4.0 MiB"),
+        "{err}"
+    );
+    assert!(!failed[0].contains("blobs/"), "{err}");
+    drop(mount);
+}
