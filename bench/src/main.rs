@@ -123,7 +123,7 @@ enum Command {
 
 /// A read size: any size `stagefs` accepts, except zero, which would never finish.
 fn chunk_size(text: &str) -> Result<u64, String> {
-    match stagefs_cache::units::parse_size(text)? {
+    match stagefs_control::units::parse_size(text)? {
         0 => Err(format!("'{text}': a read must be at least 1 byte")),
         bytes => Ok(bytes),
     }
@@ -150,8 +150,8 @@ fn main() -> ExitCode {
             cache,
             file,
         } => {
-            let defaults = stagefs_cache::stage::copy::CopyOptions::default();
-            let copy = stagefs_cache::stage::copy::CopyOptions {
+            let defaults = stagefs_source::copy::CopyOptions::default();
+            let copy = stagefs_source::copy::CopyOptions {
                 streams: streams.unwrap_or(defaults.streams),
                 chunk: chunk.map(|c| c as usize),
             };

@@ -31,10 +31,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use nfs3_client::nfs3_types::nfs3::{GETATTR3args, nfs_fh3, nfsstat3};
 use serde_json::{Value, json};
-use stagefs_cache::{Budget, Key, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::client::{self, Client};
 use stagefs_nfs::jukebox;
 use stagefs_policy::{FsConfig, Policy};
+use stagefs_source::SourceTree;
+use stagefs_stage::{Stager, StagerOptions};
+use stagefs_store::{Budget, Key, Store};
 
 use crate::lean_nfs::LeanClient;
 
@@ -217,13 +219,13 @@ pub(crate) fn jukebox(
         .build()
         .context("runtime")?;
     runtime.block_on(async {
-        let slow = stagefs_cache::source::faulty::FaultySource::new(source).context("source")?;
+        let slow = stagefs_source::faulty::FaultySource::new(source).context("source")?;
         let tree = SourceTree::from_backend(slow.clone());
         let (served, stager) = serve_tree(tree, cache).await?;
         let addr = served.addr;
         let mut client = connect(addr).await?;
         let fh = lookup(&mut client, file).await?;
-        slow.set(stagefs_cache::source::faulty::Behaviour::SlowReads(delay));
+        slow.set(stagefs_source::faulty::Behaviour::SlowReads(delay));
         let started = Instant::now();
         let mut copied = None;
         let mut jukeboxes = 0u32;

@@ -10,8 +10,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use stagefs_cache::stage::copy::CopyOptions;
-use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
+use stagefs_source::SourceTree;
+use stagefs_source::copy::CopyOptions;
+use stagefs_stage::{Stager, StagerOptions};
+use stagefs_store::{Budget, Store};
 
 /// Stages `rel` of `source` into a store in `cache` (which must not exist or be
 /// empty) and reports when the copy was committed and the CPU time it took.
@@ -48,7 +50,7 @@ pub(crate) fn run(
     anyhow::ensure!(
         stager
             .store()
-            .contains(&stagefs_cache::Key::for_source_path(rel)),
+            .contains(&stagefs_store::Key::for_source_path(rel)),
         "the copy of {} is not in the store after staging",
         rel.display()
     );

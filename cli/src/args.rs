@@ -2,11 +2,11 @@
 //! library's plain configuration structs.
 
 use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use stagefs_cache::Remedy;
-use stagefs_cache::defaults;
-use stagefs_cache::units::format_duration;
 use stagefs_control::Backend;
+use stagefs_control::Remedy;
+use stagefs_control::units::format_duration;
 use stagefs_policy::OnFull;
+use stagefs_stage::defaults;
 use std::path::PathBuf;
 
 use crate::units::{format_bytes, parse_duration, parse_listen, parse_size, parse_source_dir};

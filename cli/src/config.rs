@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
-use stagefs_cache::defaults;
-use stagefs_cache::stage::copy::CopyOptions;
 use stagefs_mount::MountSpec;
 use stagefs_policy::FsConfig;
+use stagefs_source::copy::CopyOptions;
+use stagefs_stage::defaults;
 
 use crate::args::{BackendArg, CacheDirArg, MountOptions, OnFullArg};
 use crate::units::{parse_duration, parse_size, parse_source_dir};

@@ -19,10 +19,11 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::FromArgMatches as _;
-use stagefs_cache::Remedy;
-use stagefs_cache::layout::models::ModelError;
-use stagefs_cache::{StageError, StoreError};
+use stagefs_control::Remedy;
+use stagefs_layout::models::ModelError;
 use stagefs_policy::FsError;
+use stagefs_stage::StageError;
+use stagefs_store::StoreError;
 use tracing_subscriber::EnvFilter;
 
 use crate::args::{Cli, Command, GenDemoArgs, MountArgs};
@@ -106,10 +107,10 @@ fn default_log_filter(command: &Command) -> &'static str {
         // Only the daemon logs (to its log file); the launcher prints its own lines. The
         // NFS server library logs every JUKEBOX answer as an error; ours say more.
         Command::Mount(args) if args.foreground => {
-            "warn,fuser=error,nfs3_server=off,stagefs=info,stagefs_cache=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
+            "warn,fuser=error,nfs3_server=off,stagefs=info,stagefs_source=info,stagefs_store=info,stagefs_layout=info,stagefs_stage=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
         }
         Command::Serve(_) => {
-            "warn,fuser=error,nfs3_server=off,stagefs=info,stagefs_cache=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
+            "warn,fuser=error,nfs3_server=off,stagefs=info,stagefs_source=info,stagefs_store=info,stagefs_layout=info,stagefs_stage=info,stagefs_policy=info,stagefs_fuse=info,stagefs_nfs=info,stagefs_mount=info"
         }
         _ => "warn,fuser=error",
     }
@@ -205,7 +206,7 @@ mod tests {
     use std::path::PathBuf;
 
     use anyhow::Context as _;
-    use stagefs_cache::Budget;
+    use stagefs_store::Budget;
 
     use super::*;
 

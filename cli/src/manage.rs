@@ -7,14 +7,14 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
-use stagefs_cache::SourceHealth;
-use stagefs_cache::layout::models::{self, ModelKind};
-use stagefs_cache::store::Hold;
 use stagefs_control::{
     EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport,
     UnfollowableLink, VerifyReport,
 };
+use stagefs_layout::models::{self, ModelKind};
 use stagefs_mount::cache_dir::{self, CacheDirError};
+use stagefs_source::SourceHealth;
+use stagefs_store::Hold;
 
 use crate::args::{EvictArgs, StatusArgs, VerifyArgs};
 use crate::config::Config;
@@ -32,11 +32,11 @@ pub(crate) const REFUSED: &str =
 /// What to do about a refused blob at `path` (in the source): download its
 /// repository's file again (`hf download org/name --force-download`).
 pub(crate) fn download_again(path: &Path) -> String {
-    let repo = stagefs_cache::layout::hf::repo_of(path);
+    let repo = stagefs_layout::hf::repo_of(path);
     let id = repo
         .as_deref()
         .and_then(Path::file_name)
-        .and_then(|name| stagefs_cache::layout::hf::id_of_repo_dir(&name.to_string_lossy()));
+        .and_then(|name| stagefs_layout::hf::id_of_repo_dir(&name.to_string_lossy()));
     let Some(id) = id else {
         return "download it again, or delete it on the source".into();
     };
@@ -186,7 +186,7 @@ impl Names {
     /// may be asked).
     #[cfg(test)]
     pub(crate) fn offline(paths: &[PathBuf], verbose: bool) -> Names {
-        let names = stagefs_cache::admin::names(None, paths);
+        let names = stagefs_mount::admin::names(None, paths);
         Names {
             names: paths.iter().cloned().zip(names).collect(),
             verbose,

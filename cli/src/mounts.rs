@@ -141,12 +141,12 @@ const MODEL_LOOKUP_WAIT: Duration = Duration::from_secs(2);
 /// folder's path puts it (the root, `hub/`): asked in a child process under a
 /// deadline, since the source may be a dead share.
 fn holds_model(mount: &KnownMount, id: &str) -> bool {
-    if !stagefs_cache::layout::models::is_model_id(id) {
+    if !stagefs_layout::models::is_model_id(id) {
         return false;
     }
     let source = &mount.record.source;
     let mut places = vec![source.join(id)];
-    if let Some(repo) = stagefs_cache::layout::hf::repo_dir_for(id) {
+    if let Some(repo) = stagefs_layout::hf::repo_dir_for(id) {
         places.extend([source.join(&repo), source.join("hub").join(&repo)]);
     }
     places

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use stagefs_cache::Remedy;
-use stagefs_cache::stage::prefetch::{FileProgress, FileState, Target};
+use stagefs_control::Remedy;
 use stagefs_mount::cache_dir::{self, CacheDirError};
+use stagefs_stage::prefetch::{FileProgress, FileState, Target};
 
 use crate::args::PrefetchArgs;
 use crate::config::Config;
@@ -134,7 +134,7 @@ fn target(text: &str, revision: Option<&str>, dir: &Path) -> anyhow::Result<Targ
             path: cache_dir::source_relative(Path::new(text), dir)?,
         });
     }
-    if stagefs_cache::layout::models::is_model_id(text) {
+    if stagefs_layout::models::is_model_id(text) {
         return Ok(Target::Model {
             id: text.to_string(),
             revision: revision.map(str::to_string),

@@ -11,7 +11,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use stagefs_cache::layout::models::Shape;
+use stagefs_layout::models::Shape;
 
 use crate::args::RunArgs;
 use crate::config::Config;
@@ -182,7 +182,7 @@ fn environment(
 /// Whether the mount at `mountpoint` is read-only (`--read-only`, this run's or the
 /// running mount's): the kernel says so for both backends.
 fn read_only(mountpoint: &Path) -> bool {
-    stagefs_cache::sys::statvfs(mountpoint)
+    stagefs_source::sys::statvfs(mountpoint)
         .is_ok_and(|st| st.f_flag & libc::ST_RDONLY as libc::c_ulong != 0)
 }
 

@@ -1,8 +1,8 @@
 //! What users write on the command line and in the config file: sizes and durations
-//! (parsed and shown by `stagefs_cache::units`, which `bench/` uses too) and
+//! (parsed and shown by `stagefs_control::units`, which `bench/` uses too) and
 //! directories inside the source.
 
-pub(crate) use stagefs_cache::units::{format_bytes, parse_duration, parse_size};
+pub(crate) use stagefs_control::units::{format_bytes, parse_duration, parse_size};
 
 /// `1 file`, `2 files`: a count with its noun in the right number.
 pub(crate) fn count(n: usize, one: &str, many: &str) -> String {

@@ -1,5 +1,5 @@
 //! The control protocol spoken over a mount's Unix socket: one JSON request per line,
-//! answered by one JSON response line. The mount serves it (`stagefs_cache::admin::answer`);
+//! answered by one JSON response line. The mount serves it (`stagefs_mount::admin::answer`);
 //! the CLI and other front ends ask with [`query`] and [`stream`].
 
 use std::fs::OpenOptions;
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::prefetch::{FileProgress, Target};
 use crate::report::{EvictReport, EvictSelector, StatusReport, VerifyReport};
-use crate::values::{Budget, InFlight, MetricsSnapshot};
+use crate::values::{Backend, Budget, InFlight, MetricsSnapshot};
 
 /// File name of the control socket inside the cache directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -20,27 +20,6 @@ pub const SOCKET_NAME: &str = "control.sock";
 /// Where a mount using `cache_dir` listens.
 pub fn socket_path(cache_dir: &Path) -> PathBuf {
     cache_dir.join(SOCKET_NAME)
-}
-
-/// How a mount reaches the kernel.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// A FUSE filesystem (Linux; macOS with macFUSE's kernel extension).
-    #[default]
-    Fuse,
-    /// A loopback NFSv3 server, mounted with the system's NFS client (macOS without
-    /// a kernel extension), or served alone (`stagefs serve`).
-    Nfs,
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Backend::Fuse => "fuse",
-            Backend::Nfs => "nfs",
-        })
-    }
 }
 
 /// What the last mount of a cache directory used, kept in `mount.json` so commands
@@ -151,7 +130,7 @@ pub enum Request {
         /// Drop mismatches.
         repair: bool,
     },
-    /// How users know the files at these source paths (`stagefs_cache::admin::names`).
+    /// How users know the files at these source paths (`stagefs_mount::admin::names`).
     Names {
         /// Source paths, relative to the source root.
         paths: Vec<PathBuf>,

@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::Backend;
-use crate::values::{Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, Usage};
+use crate::values::{Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, Usage};
 
 /// Everything `stagefs status` shows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

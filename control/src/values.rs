@@ -1,6 +1,6 @@
 //! The values the reports are made of: the cache's limits and usage, a mount's
 //! counters, copies in progress, the source's health, the forms of models, and the
-//! remedies a front end names. `stagefs-cache` computes them and re-exports each
+//! remedies a front end names. the cache's layers compute them and re-exports each
 //! where it is made (a `Store`'s usage, a `Stager`'s copies in flight).
 
 use std::path::PathBuf;
@@ -56,7 +56,7 @@ pub enum Hold {
     },
 }
 
-/// A point-in-time copy of a running mount's counters (`stagefs_cache::Metrics`).
+/// A point-in-time copy of a running mount's counters (`stagefs_stage::Metrics`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetricsSnapshot {
     /// Opens served by an existing, current staged copy.
@@ -134,7 +134,7 @@ impl std::fmt::Display for MetricsSnapshot {
     }
 }
 
-/// A copy in progress, as reported by `stagefs_cache::Stager::in_flight`.
+/// A copy in progress, as reported by `stagefs_stage::Stager::in_flight`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InFlight {
     /// Source path, relative to the source root.
@@ -211,5 +211,26 @@ mod metrics_line {
             ..MetricsSnapshot::default()
         };
         assert_eq!(m.to_string(), "1 copy, 4096 bytes copied");
+    }
+}
+
+/// How a mount reaches the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// A FUSE filesystem (Linux; macOS with macFUSE's kernel extension).
+    #[default]
+    Fuse,
+    /// A loopback NFSv3 server, mounted with the system's NFS client (macOS without
+    /// a kernel extension), or served alone (`stagefs serve`).
+    Nfs,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Fuse => "fuse",
+            Backend::Nfs => "nfs",
+        })
     }
 }

@@ -1,9 +1,9 @@
 //! The policy's attributes as fuser's.
 
 use fuser::{FileAttr, FileType, INodeNo};
-use stagefs_cache::EntryKind;
-use stagefs_cache::sys::time_from_ns;
 use stagefs_policy::Attr;
+use stagefs_source::EntryKind;
+use stagefs_source::sys::time_from_ns;
 
 /// `attr` as the kernel's FUSE attributes.
 pub(crate) fn file_attr(attr: &Attr) -> FileAttr {

@@ -15,10 +15,12 @@ use fuser::{
     ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
     ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use stagefs_cache::{CreateFile, Remedy, SetTime, Stager, WriteOpen};
+use stagefs_control::Remedy;
 use stagefs_policy::{
     Attr, Caller, FsConfig, FsError, Keepalive, Policy, RenameHow, SetAttr, backing_file,
 };
+use stagefs_source::{CreateFile, SetTime, WriteOpen};
+use stagefs_stage::Stager;
 use tokio::runtime::Handle;
 use tracing::{debug, warn};
 

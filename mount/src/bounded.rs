@@ -18,8 +18,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::SourceTree;
-use stagefs_cache::layout::models::{self, Shape};
+use stagefs_layout::models::{self, Shape};
+use stagefs_source::SourceTree;
 
 /// Why a question has no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stagefs_cache::admin::{self, AdminError, Live};
-use stagefs_cache::layout::models::ModelSource;
-use stagefs_cache::stage::prefetch::{self, FileProgress, Job, Target};
-use stagefs_cache::{SourceError, SourceTree, Stager, Store, StoreError};
+use crate::admin::{self, AdminError, Live};
+use crate::prefetch_plan::{self, FileProgress, Job, Target};
 use stagefs_control::{self as control, MountRecord, Request, Response};
+use stagefs_layout::models::ModelSource;
+use stagefs_source::{SourceError, SourceTree};
+use stagefs_stage::Stager;
+use stagefs_store::{Store, StoreError};
 use tokio::runtime::Runtime;
 
 /// Why a request on a cache directory got no answer.
@@ -123,7 +125,7 @@ fn answer_locally(dir: &Path, request: Request) -> Result<Response, CacheDirErro
 /// Opens the cache directory itself (no mount may be running), with what its last
 /// mount recorded.
 fn open_locally(dir: &Path) -> Result<(Store, Option<MountRecord>), CacheDirError> {
-    if !dir.join(stagefs_cache::store::LAYOUT_DIR).is_dir() {
+    if !dir.join(stagefs_store::LAYOUT_DIR).is_dir() {
         return Err(CacheDirError::NotACache(dir.to_path_buf()));
     }
     let record = MountRecord::read(dir);
@@ -139,7 +141,7 @@ fn open_locally(dir: &Path) -> Result<(Store, Option<MountRecord>), CacheDirErro
 }
 
 /// How users know the files at `paths` (source paths), in order
-/// ([`stagefs_cache::admin::names`]): asked of the mount serving from `dir`, else
+/// ([`crate::admin::names`]): asked of the mount serving from `dir`, else
 /// worked out from the source its last mount recorded (no lock needed: only the
 /// source is read), else from the paths alone.
 pub fn names(dir: &Path, paths: &[PathBuf]) -> Vec<String> {
@@ -150,11 +152,11 @@ pub fn names(dir: &Path, paths: &[PathBuf]) -> Vec<String> {
         Ok(Response::Names { names }) if names.len() == paths.len() => return names,
         Err(e) if no_mount(&e) => {
             let tree = MountRecord::read(dir).and_then(|r| SourceTree::new(r.source).ok());
-            return stagefs_cache::admin::names(tree.as_ref(), paths);
+            return crate::admin::names(tree.as_ref(), paths);
         }
         _ => {}
     }
-    stagefs_cache::admin::names(None, paths)
+    crate::admin::names(None, paths)
 }
 
 /// Stages `targets` into the cache at `dir`, through its mount if one runs, else
@@ -211,7 +213,7 @@ pub fn plan(
 
 fn plan_locally(dir: &Path, targets: &[Target]) -> Result<Vec<FileProgress>, CacheDirError> {
     let local = local_files(dir, targets)?;
-    Ok(prefetch::plan(&local.stager, &local.files))
+    Ok(prefetch_plan::plan(&local.stager, &local.files))
 }
 
 fn prefetch_locally(
@@ -263,9 +265,9 @@ fn local_files(dir: &Path, targets: &[Target]) -> Result<Local, CacheDirError> {
         tree: &source,
         model_dirs: &record.model_dirs,
     };
-    let files = prefetch::resolve(models, targets, record.min_stage_size)
+    let files = prefetch_plan::resolve(models, targets, record.min_stage_size)
         .map_err(CacheDirError::Resolve)?;
-    let failed = prefetch::unfollowable(models, targets);
+    let failed = prefetch_plan::unfollowable(models, targets);
     let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
     Ok(Local {
         stager,

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stagefs_cache::Stager;
-use stagefs_cache::admin::{self, Live};
-use stagefs_cache::layout::models::ModelSource;
-use stagefs_cache::stage::prefetch::{self, Job, Target};
+use crate::admin::{self, Live};
+use crate::prefetch_plan::{self, Job, Target};
 use stagefs_control::{Backend, Request, Response};
+use stagefs_layout::models::ModelSource;
+use stagefs_stage::Stager;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
@@ -125,8 +125,8 @@ impl ControlServer {
                         tree: &source,
                         model_dirs: &model_dirs,
                     };
-                    let files = prefetch::resolve(source, &targets, min_size);
-                    let failed = prefetch::unfollowable(source, &targets);
+                    let files = prefetch_plan::resolve(source, &targets, min_size);
+                    let failed = prefetch_plan::unfollowable(source, &targets);
                     files.map(|files| (files, failed, stager.prefetch_width(parallel)))
                 })
                 .await
@@ -164,7 +164,8 @@ impl ControlServer {
     async fn plan(&self, targets: Vec<Target>) -> Response {
         let (asked, min_size) = (targets.clone(), self.min_stage_size);
         let planned = self.while_the_source_answers(move |stager, source| {
-            prefetch::resolve(source, &asked, min_size).map(|files| prefetch::plan(stager, &files))
+            prefetch_plan::resolve(source, &asked, min_size)
+                .map(|files| prefetch_plan::plan(stager, &files))
         });
         match planned.await {
             Some(Ok(files)) => return Response::Planned { files, note: None },
@@ -180,7 +181,7 @@ impl ControlServer {
             self.stager.source().root().display()
         );
         Response::Planned {
-            files: prefetch::staged_copies(self.stager.store(), &targets, self.min_stage_size),
+            files: prefetch_plan::staged_copies(self.stager.store(), &targets, self.min_stage_size),
             note: Some(note),
         }
     }
@@ -235,7 +236,7 @@ impl ControlServer {
                     .map(|p| through(p).unwrap_or_else(|| p.clone()))
                     .collect();
                 Response::Names {
-                    names: stagefs_cache::admin::names(None, &named),
+                    names: crate::admin::names(None, &named),
                 }
             }
         }

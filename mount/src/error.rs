@@ -4,7 +4,9 @@
 use std::io;
 use std::path::PathBuf;
 
-use stagefs_cache::{SourceError, StoreError};
+use stagefs_source::SourceError;
+
+use stagefs_store::StoreError;
 
 use crate::bounded::Unanswered;
 use crate::unmount::UnmountError;

@@ -18,18 +18,24 @@
 //! itself when none runs; [`bounded`] asks questions about paths that may lie on a
 //! dead share in a child process under a deadline; [`unmount()`] unmounts a mount of ours
 //! (and only one: [`table`] and [`registry`] tell ours from anything else mounted).
+//! [`admin`] answers status, evict and verify over a cache (for a running mount's
+//! control socket, or for the CLI on a cache no mount serves), and [`prefetch_plan`]
+//! turns a `stagefs prefetch` request into the files to stage.
 //!
 //! Errors are typed ([`MountError`], [`CacheDirError`], [`UnmountError`]) and
 //! describe the condition; a caller with flags to offer (the CLI) adds what to try.
 //!
-//! Dependencies flow one way: `stagefs-cache` <- `stagefs-policy` <- `stagefs-fuse`, `stagefs-nfs` <- this crate <- `stagefs`.
+//! Dependencies flow one way: `stagefs-source` <- `stagefs-store`, `stagefs-layout` <-
+//! `stagefs-stage` <- `stagefs-policy` <- `stagefs-fuse`, `stagefs-nfs` <- this crate <- `stagefs`.
 
+pub mod admin;
 pub mod bounded;
 pub mod cache_dir;
 mod checks;
 mod control;
 mod error;
 mod live;
+pub mod prefetch_plan;
 pub mod registry;
 mod running;
 mod source_record;

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::SessionUnmounter;
-use stagefs_cache::{MetricsSnapshot, SourceTree, Stager, StagerOptions, Store, StoreError};
 use stagefs_control::{Backend, MountRecord};
 use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
 use stagefs_policy::{FsConfig, Policy, ReadPath};
+use stagefs_source::SourceTree;
+use stagefs_stage::{MetricsSnapshot, Stager, StagerOptions};
+use stagefs_store::{Store, StoreError};
 use tokio::runtime::Runtime;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::oneshot;

@@ -13,9 +13,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use stagefs_cache::source::fskind::filesystem_of;
-use stagefs_cache::{Key, Store};
 use stagefs_control::{MountRecord, SourceFs};
+use stagefs_source::fskind::filesystem_of;
+use stagefs_store::{Key, Store};
 use tracing::{info, warn};
 
 use crate::MountError;

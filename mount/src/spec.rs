@@ -4,12 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use stagefs_cache::Budget;
-use stagefs_cache::stage::copy::CopyOptions;
-use stagefs_cache::store::DEFAULT_REDIRECT_GRACE;
-use stagefs_cache::store::budget::{default_min_free, volume_space};
 use stagefs_control::Backend;
 use stagefs_policy::FsConfig;
+use stagefs_source::copy::CopyOptions;
+use stagefs_store::Budget;
+use stagefs_store::DEFAULT_REDIRECT_GRACE;
+use stagefs_store::budget::{default_min_free, volume_space};
 
 use crate::MountError;
 

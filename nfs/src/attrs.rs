@@ -1,8 +1,8 @@
 //! The policy's attributes as NFSv3's `fattr3`.
 
 use nfs3_server::nfs3_types::nfs3::{fattr3, ftype3, nfstime3, specdata3};
-use stagefs_cache::EntryKind;
 use stagefs_policy::Attr;
+use stagefs_source::EntryKind;
 
 /// One filesystem id for the whole export: it never crosses into another filesystem.
 const FSID: u64 = 0x5354_4147_4546_5331; // "STAGEFS1"

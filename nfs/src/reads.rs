@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
-use stagefs_cache::{InFlight, StageError, StoreError};
 use stagefs_policy::{FsError, Policy};
+use stagefs_stage::StoreError;
+use stagefs_stage::{InFlight, StageError};
 use tokio::sync::watch;
 
 use crate::jukebox::{self, Backoff, MAX_HOLD};

@@ -83,7 +83,7 @@ fn send_some(socket: BorrowedFd<'_>, file: &File, at: u64, left: usize) -> io::R
 /// written whole before returning, so nothing read is lost to a short write.
 #[cfg(not(target_os = "linux"))]
 fn send_some(socket: BorrowedFd<'_>, file: &File, at: u64, left: usize) -> io::Result<usize> {
-    let piece = stagefs_cache::sys::pread_new(file, at, left.min(1 << 20))?;
+    let piece = stagefs_source::sys::pread_new(file, at, left.min(1 << 20))?;
     let mut written = 0;
     while written < piece.len() {
         let rest = &piece[written..];

@@ -36,8 +36,8 @@ use nfs3_server::vfs::{
     DirEntryPlus, NextResult, NfsFileSystem, NfsReadFileSystem, ReadDirPlusIterator,
     VFSCapabilities,
 };
-use stagefs_cache::{CreateFile, EntryKind, SetTime, WriteOpen};
 use stagefs_policy::{Caller, DirEntry, FsError, Policy, ROOT_INO, RenameHow, SetAttr};
+use stagefs_source::{CreateFile, EntryKind, SetTime, WriteOpen};
 
 use crate::attrs::fattr;
 use crate::handle::NodeHandle;

@@ -52,7 +52,11 @@ fn from_errno(errno: i32) -> nfsstat3 {
 mod tests {
     use std::path::PathBuf;
 
-    use stagefs_cache::{SourceError, StageError, StoreError};
+    use stagefs_source::SourceError;
+
+    use stagefs_stage::StageError;
+
+    use stagefs_stage::StoreError;
 
     use super::*;
 

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::WriteOpen;
 use stagefs_policy::{FsError, Policy};
+use stagefs_source::WriteOpen;
 use tokio::sync::OnceCell;
 
 /// How long a write handle nobody writes through stays open.

@@ -30,12 +30,14 @@ use nfs3_server::nfs3_types::rpc::{
 };
 use nfs3_server::nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 use sha2::{Digest, Sha256};
-use stagefs_cache::source::faulty::{Behaviour, FaultySource};
-use stagefs_cache::{Budget, SourceTree, Stager, StagerOptions, Store};
 use stagefs_nfs::Serving;
 use stagefs_nfs::client::{self, Client, read, read_all, read_waiting};
 use stagefs_nfs::jukebox::Backoff;
 use stagefs_policy::{FsConfig, Policy};
+use stagefs_source::SourceTree;
+use stagefs_source::faulty::{Behaviour, FaultySource};
+use stagefs_stage::{Stager, StagerOptions};
+use stagefs_store::{Budget, Store};
 use tempfile::TempDir;
 
 const MIB: usize = 1 << 20;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use stagefs_cache::{EntryKind, SourceMeta, Stamp};
+use stagefs_source::{EntryKind, SourceMeta, Stamp};
 
 /// What a mount says about one of its inodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,13 @@
 
 use std::io;
 
-use stagefs_cache::{Remedy, SourceError, StageError, StoreError};
+use stagefs_control::Remedy;
+
+use stagefs_source::SourceError;
+
+use stagefs_stage::StageError;
+
+use stagefs_stage::StoreError;
 use thiserror::Error;
 
 /// Why a filesystem request failed.
@@ -95,7 +101,7 @@ impl FsError {
     pub fn is_source_away(&self) -> bool {
         match self {
             FsError::Source(e) | FsError::Stage(StageError::Source(e)) => e.is_away(),
-            FsError::Read(e) => stagefs_cache::is_away_errno(e),
+            FsError::Read(e) => stagefs_source::is_away_errno(e),
             FsError::SourceTimeout { .. } => true,
             _ => false,
         }

@@ -6,8 +6,8 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use stagefs_cache::store::Pin;
-use stagefs_cache::{SourceFile, WritableFile};
+use stagefs_source::{SourceFile, WritableFile};
+use stagefs_stage::Pin;
 
 use crate::attr::Attr;
 

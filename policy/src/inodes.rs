@@ -27,7 +27,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::{SourceMeta, Stamp};
+use stagefs_source::{SourceMeta, Stamp};
 use tracing::debug;
 
 use crate::attr::Attr;

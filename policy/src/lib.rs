@@ -19,7 +19,9 @@ mod written;
 
 use std::time::Duration;
 
-use stagefs_cache::{Remedy, defaults};
+use stagefs_control::Remedy;
+
+use stagefs_stage::defaults;
 
 pub use attr::Attr;
 pub use error::FsError;

@@ -17,7 +17,7 @@
 //! - a blob named by its sha256 is its content: a stored copy is served without
 //!   asking the source anything, up or not;
 //! - what was never seen fails with EIO within the source timeout, or within
-//!   [`KNOWN_AWAY_WAIT`](stagefs_cache::KNOWN_AWAY_WAIT) once the source is known to
+//!   [`KNOWN_AWAY_WAIT`](stagefs_source::KNOWN_AWAY_WAIT) once the source is known to
 //!   be away; when every source thread is already stuck, a lookup fails at once
 //!   (the kernel serializes lookups of one name, so waiting would multiply), and an
 //!   open waits, without a thread, for one to come free, so a program retrying
@@ -38,14 +38,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use stagefs_cache::stage::copy::read_at_most;
-use stagefs_cache::stage::prefetch::Prefetcher;
-use stagefs_cache::store::Pin;
-use stagefs_cache::sys;
-use stagefs_cache::{
-    InFlight, Metrics, SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, StageError, Staged,
-    Stager, Stamp, StoreError, Unanswered,
-};
+use stagefs_source::copy::read_at_most;
+use stagefs_source::sys;
+use stagefs_source::{SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, Stamp, Unanswered};
+use stagefs_stage::Pin;
+use stagefs_stage::StoreError;
+use stagefs_stage::prefetch::Prefetcher;
+use stagefs_stage::{InFlight, Metrics, StageError, Staged, Stager};
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
@@ -869,7 +868,7 @@ impl Policy {
                     .pool()
                     .run(move || read_at_most(file.as_ref(), offset, size, |_| {}));
                 match read.await {
-                    Ok(Err(e)) if stagefs_cache::is_away_errno(&e) => {
+                    Ok(Err(e)) if stagefs_source::is_away_errno(&e) => {
                         let e = FsError::Read(e);
                         self.source_away(&e);
                         self.probe();
@@ -927,11 +926,7 @@ async fn stalled(stager: &Stager, path: &Path, limit: Duration) {
     let mut since = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(tick).await;
-        let copied = stager
-            .in_flight()
-            .into_iter()
-            .find(|f| f.path == path)
-            .map(|f| f.read);
+        let copied = stager.progress(path).map(|f| f.read);
         if copied != last {
             last = copied;
             since = tokio::time::Instant::now();
@@ -962,9 +957,11 @@ mod tests {
     use std::time::Instant;
 
     use sha2::{Digest, Sha256};
-    use stagefs_cache::EntryKind;
-    use stagefs_cache::source::faulty::{Behaviour, FaultySource};
-    use stagefs_cache::{Budget, Key, SourceTree, StagerOptions, Store};
+    use stagefs_source::EntryKind;
+    use stagefs_source::SourceTree;
+    use stagefs_source::faulty::{Behaviour, FaultySource};
+    use stagefs_stage::StagerOptions;
+    use stagefs_store::{Budget, Store};
     use tempfile::TempDir;
 
     use super::*;
@@ -1088,15 +1085,12 @@ mod tests {
             fs::read(self.src.join(rel)).expect("source file")
         }
 
-        fn metrics(&self) -> stagefs_cache::MetricsSnapshot {
+        fn metrics(&self) -> stagefs_stage::MetricsSnapshot {
             self.policy.stager.metrics().snapshot()
         }
 
         fn stored(&self, rel: impl AsRef<Path>) -> bool {
-            self.policy
-                .stager
-                .store()
-                .contains(&Key::for_source_path(rel.as_ref()))
+            self.policy.stager.has_copy(rel.as_ref())
         }
 
         /// Whether the copy a writer's close staged for `rel` is in the store and
@@ -1251,8 +1245,7 @@ mod tests {
         wait_until("the handle's pin to go", || {
             f.policy
                 .stager
-                .store()
-                .remove(&Key::for_source_path(Path::new("weights.bin")))
+                .remove_copy(Path::new("weights.bin"))
                 .is_ok()
         })
         .await;
@@ -1365,14 +1358,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread")]
     async fn an_open_handle_keeps_its_copy_until_released() {
         let f = fixture(|c, _, _| c.redirect = false);
-        let key = Key::for_source_path(Path::new("weights.bin"));
+        let weights = Path::new("weights.bin");
         let fh = f
             .policy
             .register(f.open("weights.bin").await.expect("open"), None);
-        assert!(f.policy.stager.store().remove(&key).is_err(), "in use");
+        assert!(f.policy.stager.remove_copy(weights).is_err(), "in use");
         f.policy.release(fh);
         wait_until("the release", || {
-            f.policy.stager.store().remove(&key).is_ok()
+            f.policy.stager.remove_copy(weights).is_ok()
         })
         .await;
         assert_eq!(errno(f.policy.read(fh, 0, 1).await), libc::ESTALE);
@@ -1626,10 +1619,10 @@ mod tests {
         }
     }
 
-    const NEW: stagefs_cache::CreateFile = stagefs_cache::CreateFile {
+    const NEW: stagefs_source::CreateFile = stagefs_source::CreateFile {
         mode: 0o644,
         exclusive: true,
-        open: stagefs_cache::WriteOpen {
+        open: stagefs_source::WriteOpen {
             read: true,
             truncate: false,
         },
@@ -1704,13 +1697,13 @@ mod tests {
         let new = bytes(old.len(), 77);
         let fh = f
             .policy
-            .open_write(attr.ino, stagefs_cache::WriteOpen::default())
+            .open_write(attr.ino, stagefs_source::WriteOpen::default())
             .await
             .expect("open for writing");
         f.policy.write(fh, 0, new.clone()).await.expect("write");
         // The old mtime set back, as `cp -p` or `rsync -t` would: the stamp matches.
         let back = SetAttr {
-            mtime: Some(stagefs_cache::SetTime::At(mtime)),
+            mtime: Some(stagefs_source::SetTime::At(mtime)),
             ..SetAttr::default()
         };
         f.policy
@@ -1763,7 +1756,7 @@ mod tests {
         let new = bytes(old.len(), 99);
         let tmp = f.write_new("weights.bin.tmp", &new).await.expect("write");
         let same = SetAttr {
-            mtime: Some(stagefs_cache::SetTime::At(mtime)),
+            mtime: Some(stagefs_source::SetTime::At(mtime)),
             ..SetAttr::default()
         };
         f.policy.setattr(tmp.ino, None, same).await.expect("utimes");
@@ -1933,7 +1926,7 @@ mod tests {
         assert_eq!(
             errno(
                 f.policy
-                    .open_write(attr.ino, stagefs_cache::WriteOpen::default())
+                    .open_write(attr.ino, stagefs_source::WriteOpen::default())
                     .await
             ),
             libc::EROFS
@@ -2202,7 +2195,7 @@ mod tests {
         let tmp = f.lookup("model.safetensors.tmp").await.expect("lookup");
         let fh = f
             .policy
-            .open_write(tmp.ino, stagefs_cache::WriteOpen::default())
+            .open_write(tmp.ino, stagefs_source::WriteOpen::default())
             .await
             .expect("open");
         f.policy.fsync(fh, false).await.expect("fsync");
@@ -2228,7 +2221,7 @@ mod tests {
         let tmp = f.lookup("w.tmp").await.expect("lookup");
         let fh = f
             .policy
-            .open_write(tmp.ino, stagefs_cache::WriteOpen::default())
+            .open_write(tmp.ino, stagefs_source::WriteOpen::default())
             .await
             .expect("open");
         f.policy.write(fh, 7, b"X".to_vec()).await.expect("write");

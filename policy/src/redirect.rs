@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::Stamp;
+use stagefs_source::Stamp;
 
 use crate::FsConfig;
 

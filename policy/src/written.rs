@@ -18,8 +18,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use stagefs_cache::Key;
-
 #[derive(Debug, Default)]
 pub(crate) struct Written {
     state: Mutex<State>,
@@ -62,7 +60,7 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 fn content_addressed(path: &Path) -> bool {
-    Key::for_source_path(path).content_sha256().is_some()
+    stagefs_stage::named_by_sha256(path)
 }
 
 impl Written {

@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stagefs_cache::MetricsSnapshot;
 use stagefs_control::{self as control, Request, Response};
 use stagefs_mount::{MountError, MountSpec, Running};
+use stagefs_stage::MetricsSnapshot;
 use tempfile::TempDir;
 
 pub mod hub;
@@ -619,7 +619,7 @@ impl Mount {
     }
 
     /// Copies in progress, from the control socket.
-    pub fn in_flight(&self) -> Vec<stagefs_cache::InFlight> {
+    pub fn in_flight(&self) -> Vec<stagefs_stage::InFlight> {
         let socket = control::socket_path(&self.cache);
         match control::query(&socket, &Request::Stats).expect("control socket") {
             Response::Stats { in_flight, .. } => in_flight,

@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
-use stagefs_cache::source::fskind::filesystem_of;
+use stagefs_source::fskind::filesystem_of;
 use stagefs_tests::{Mount, NetFs, Scratch, generate, stagefs_bin};
 
 /// Far above doctor's own 15 s deadline: only a doctor that hangs hits it.

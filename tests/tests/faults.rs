@@ -292,12 +292,12 @@ fn blob_of(hub: &Path, snapshot_file: &Path) -> PathBuf {
 /// The identities the journal in `cache` records for the copy of `blob`, in order:
 /// an inode of 0 is a copy not yet known to be on disk.
 fn journaled_inodes(cache: &Path, blob: &Path) -> Vec<u64> {
-    let key = stagefs_cache::Key::for_source_path(blob);
+    let key = stagefs_store::Key::for_source_path(blob);
     fs::read_to_string(cache.join("v1/index.jsonl"))
         .unwrap_or_default()
         .lines()
         .filter_map(|line| match serde_json::from_str(line) {
-            Ok(stagefs_cache::store::index::Record::Put { key: k, entry }) if k == key.as_str() => {
+            Ok(stagefs_store::index::Record::Put { key: k, entry }) if k == key.as_str() => {
                 Some(entry.copy.ino)
             }
             _ => None,
@@ -308,7 +308,7 @@ fn journaled_inodes(cache: &Path, blob: &Path) -> Vec<u64> {
 fn data_file(cache: &Path, blob: &Path) -> PathBuf {
     cache
         .join("v1/data")
-        .join(stagefs_cache::Key::for_source_path(blob).as_str())
+        .join(stagefs_store::Key::for_source_path(blob).as_str())
 }
 
 #[test]

@@ -22,7 +22,7 @@ fn read_all(file: &mut File) -> Vec<u8> {
 /// returning the staged bytes even when the source is overwritten in place.
 fn open_handle_reads_only_the_staged_copy(
     adjust: impl FnOnce(&mut MountSpec),
-) -> stagefs_cache::MetricsSnapshot {
+) -> stagefs_stage::MetricsSnapshot {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/staged", 1, "6M");
     let shard = model.shards().remove(0);

@@ -16,7 +16,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
-use stagefs_cache::Key;
+use stagefs_store::Key;
 use stagefs_tests::{
     MmapHolder, Model, Mount, Scratch, TestUser, generate, hf_offline_env, is_mounted, python,
     staged_files, staged_files_of_at_least, stagefs_bin, wait_for_within,

@@ -601,7 +601,7 @@ fn a_daemon_killed_mid_download_leaves_no_copy_and_the_download_completes_after_
         &tree(&direct),
         "the source holds what a direct download holds",
     );
-    let partial_key = stagefs_cache::Key::for_source_path(&partial);
+    let partial_key = stagefs_store::Key::for_source_path(&partial);
     wait_for("the partial file's copy removed with it", || {
         !s.cache.join("v1/data").join(partial_key.as_str()).exists()
     });

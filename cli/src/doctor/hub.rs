@@ -7,9 +7,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use stagefs_cache::layout::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
-use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_control as control;
+use stagefs_layout::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
+use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
 
 use super::Check;
 use super::worker::{Gathered, Line, StepError, Tx, reply};
@@ -49,10 +49,10 @@ pub(crate) fn shape_check(path: &Path, survey: &Survey, advise_mounting: bool) -
     };
     // A repository's own directory (or one inside it) is one model, not a source
     // of the three shapes, although its snapshot looks like a plain folder.
-    if let Some(repo) = stagefs_cache::layout::hf::repo_of(path) {
+    if let Some(repo) = stagefs_layout::hf::repo_of(path) {
         let id = repo
             .file_name()
-            .and_then(|n| stagefs_cache::layout::hf::id_of_repo_dir(&n.to_string_lossy()))
+            .and_then(|n| stagefs_layout::hf::id_of_repo_dir(&n.to_string_lossy()))
             .unwrap_or_default();
         let hub = repo.parent().unwrap_or(&repo).display().to_string();
         return Check::ok(
@@ -366,7 +366,7 @@ pub(crate) fn mount_check(
 mod tests {
     use std::collections::HashMap;
 
-    use stagefs_cache::layout::models::ModelRef;
+    use stagefs_layout::models::ModelRef;
 
     use super::*;
     use crate::doctor::Verdict;

@@ -19,8 +19,8 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use serde::Serialize;
-use stagefs_cache::layout::models::Shape;
 use stagefs_control::SourceFs;
+use stagefs_layout::models::Shape;
 
 pub(crate) use hub::usage as shape_usage;
 

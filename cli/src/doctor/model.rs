@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::SourceTree;
-use stagefs_cache::layout::hf;
-use stagefs_cache::layout::models::{self, ModelError, ModelKind, ModelRef};
+use stagefs_layout::hf;
+use stagefs_layout::models::{self, ModelError, ModelKind, ModelRef};
+use stagefs_source::SourceTree;
 
 /// Most directory entries a search for a file to measure looks at.
 const SCAN_LIMIT: usize = 5000;

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 use serde::{Deserialize, Serialize};
-use stagefs_cache::SourceTree;
-use stagefs_cache::layout::hf;
-use stagefs_cache::layout::models::{self, ModelKind, Survey};
-use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_control::SourceFs;
+use stagefs_layout::hf;
+use stagefs_layout::models::{self, ModelKind, Survey};
+use stagefs_source::SourceTree;
+use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
 
 use super::model::{self, Model, Probe};
 use super::worker::{Gathered, Line, StepError, Tx, reply};

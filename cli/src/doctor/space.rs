@@ -5,8 +5,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::source::fskind::{FsInfo, FsKind, filesystem_of};
-use stagefs_cache::store::budget::{VolumeSpace, default_min_free, volume_space};
+use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
+use stagefs_store::budget::{VolumeSpace, default_min_free, volume_space};
 
 use super::Check;
 use super::model::Model;

@@ -12,8 +12,8 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_cache::layout::models::Survey;
-use stagefs_cache::source::fskind::FsInfo;
+use stagefs_layout::models::Survey;
+use stagefs_source::fskind::FsInfo;
 // Why a probe has no answer: the words `mount` uses for a source that does not answer.
 use stagefs_mount::bounded::Unanswered;
 
@@ -92,7 +92,7 @@ impl StepError {
         let e = e.into();
         let io = e.downcast_ref::<io::Error>();
         let not_found = io.is_some_and(|io| io.kind() == io::ErrorKind::NotFound);
-        let message = stagefs_cache::without_os_error(&format!("{e:#}"));
+        let message = stagefs_source::without_os_error(&format!("{e:#}"));
         let (errno, message) = (io.and_then(io::Error::raw_os_error), message);
         StepError {
             not_found,
@@ -111,7 +111,7 @@ impl StepError {
     /// (ESTALE, EHOSTDOWN, ...), as the mount's source pool judges it.
     pub(crate) fn away(&self) -> bool {
         let errno = self.errno.map(io::Error::from_raw_os_error);
-        errno.is_some_and(|e| stagefs_cache::is_away_errno(&e))
+        errno.is_some_and(|e| stagefs_source::is_away_errno(&e))
     }
 
     pub(crate) fn denied(&self) -> bool {

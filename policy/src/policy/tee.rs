@@ -3,6 +3,9 @@
 //! staged copy once the file is complete, closed and verified. So the first load
 //! after a download through the mount reads nothing back over the link.
 //!
+//! The local side (the temp file, the room it takes in the budget) is the stage
+//! layer's [`TeeWriter`]; this decides which handles tee and what their close does.
+//!
 //! A tee only follows a handle that created its file (or truncated it to nothing)
 //! with no other writer on it, and that writes it front to back: any write out of
 //! order, a truncate below what it holds, or a failed local write drops the tee
@@ -24,14 +27,13 @@
 //! for a rename that does not come is dropped after a minute.
 
 use std::collections::HashMap;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use stagefs_cache::stage::{SourceVersion, WrittenCopy};
-use stagefs_cache::{Key, SourceError, Stager, WritableFile};
+use stagefs_source::{SourceError, WritableFile};
+use stagefs_stage::{SourceVersion, Stager, TeeWriter, WrittenCopy, named_by_sha256};
 use tempfile::NamedTempFile;
 
 use tokio::runtime::Handle;
@@ -39,31 +41,18 @@ use tracing::debug;
 
 use crate::written::Written;
 
-/// How often, in bytes written, a copy being filled asks whether the cache's budget
-/// still has room for it (like a prefetch, it may not evict to make some).
-const ROOM_EVERY: u64 = 32 << 20;
-
 /// How long a written `.incomplete` blob waits for its rename.
 const PARKED_FOR: Duration = Duration::from_secs(60);
 
-/// The local copy one handle fills as it writes.
+/// What one handle's staging as it writes needs: the local copy it fills (the stage
+/// layer's [`TeeWriter`]) and what tells at close whether anything else changed the
+/// file through the mount meanwhile.
 #[derive(Debug)]
 pub(crate) struct Tee {
-    state: Mutex<Filling>,
+    copy: TeeWriter,
     /// The path's taint when the handle opened, or from its own latest change of
-    /// the file's attributes (a preallocating `ftruncate`): to tell at close whether
-    /// anything else changed the file through the mount meanwhile.
+    /// the file's attributes (a preallocating `ftruncate`).
     baseline: AtomicU64,
-}
-
-#[derive(Debug)]
-enum Filling {
-    /// Nothing written yet: no temp file either.
-    Empty,
-    /// `next` bytes written so far, front to back.
-    Copy { tmp: NamedTempFile, next: u64 },
-    /// Given up.
-    Dropped,
 }
 
 /// A written copy waiting for its file's rename (`.incomplete` to the blob's name).
@@ -99,9 +88,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Tee {
-    pub(crate) fn new(opened_at: u64) -> Tee {
+    pub(crate) fn new(copy: TeeWriter, opened_at: u64) -> Tee {
         Tee {
-            state: Mutex::new(Filling::Empty),
+            copy,
             baseline: AtomicU64::new(opened_at),
         }
     }
@@ -117,72 +106,21 @@ impl Tee {
         self.baseline.store(generation, Ordering::Relaxed);
     }
 
-    /// Also writes `data` at `offset` to the copy (a temp file in `store`, made at
-    /// the first write), if it continues it; otherwise the copy is dropped. Local
-    /// I/O: called where blocking is allowed (a source thread, after the source
-    /// took the same bytes).
-    pub(crate) fn write(&self, store: &stagefs_cache::Store, data: &[u8], offset: u64) {
-        let mut state = lock(&self.state);
-        if matches!(*state, Filling::Empty) && offset == 0 {
-            *state = match store.create_temp() {
-                Ok(tmp) => Filling::Copy { tmp, next: 0 },
-                Err(_) => Filling::Dropped,
-            };
-        }
-        let len = data.len() as u64;
-        let kept = match &mut *state {
-            Filling::Copy { tmp, next } if *next == offset => {
-                let crosses = offset == 0 || (offset + len) / ROOM_EVERY != offset / ROOM_EVERY;
-                let room = !crosses || has_room(store, offset);
-                room && FileExt::write_all_at(tmp.as_file(), data, offset)
-                    .map(|()| *next += len)
-                    .is_ok()
-            }
-            _ => false,
-        };
-        if !kept {
-            *state = Filling::Dropped;
-        }
+    /// Also writes `data` at `offset` to the local copy ([`TeeWriter::write`]):
+    /// called where blocking is allowed, after the source took the same bytes.
+    pub(crate) fn write(&self, data: &[u8], offset: u64) {
+        self.copy.write(data, offset);
     }
 
-    /// The file was truncated or extended to `len`: the copy goes on unless that
-    /// cuts into what it holds. An extension is what a writer that preallocates does
-    /// (safetensors' `save_file` sets the whole length, then writes front to back):
-    /// only writes that go on from where the copy stands keep it, and at close the
-    /// source must hold exactly the bytes it has.
+    /// The file was truncated or extended to `len` ([`TeeWriter::set_len`]).
     pub(crate) fn set_len(&self, len: u64) {
-        let mut state = lock(&self.state);
-        let at = match &*state {
-            Filling::Empty => 0,
-            Filling::Copy { next, .. } => *next,
-            Filling::Dropped => return,
-        };
-        if len < at {
-            *state = Filling::Dropped;
-        }
+        self.copy.set_len(len);
     }
 
     /// Drops the copy: a write to the source failed, so the file is not what it saw.
     pub(crate) fn abandon(&self) {
-        *lock(&self.state) = Filling::Dropped;
+        self.copy.abandon();
     }
-
-    fn take(&self) -> Option<(NamedTempFile, u64)> {
-        match std::mem::replace(&mut *lock(&self.state), Filling::Dropped) {
-            Filling::Copy { tmp, next } => Some((tmp, next)),
-            _ => None,
-        }
-    }
-}
-
-/// Whether the cache's budget has room for the next [`ROOM_EVERY`] bytes of a copy
-/// that holds `filled` bytes in its temp file (counted as the cache's; the volume's
-/// free space already lacks them).
-fn has_room(store: &stagefs_cache::Store, filled: u64) -> bool {
-    store.usage().is_ok_and(|u| {
-        let used = u.used.saturating_add(u.reserved).saturating_add(filled);
-        stagefs_cache::store::budget::fits(&u.budget, used, u.reserved, ROOM_EVERY, u.volume)
-    })
 }
 
 /// `blobs/<sha256>.incomplete` or `blobs/<sha256>.<random>.incomplete`:
@@ -197,9 +135,7 @@ fn incomplete_blob(path: &Path) -> bool {
     else {
         return false;
     };
-    Key::for_source_path(&path.with_file_name(sha))
-        .content_sha256()
-        .is_some()
+    named_by_sha256(&path.with_file_name(sha))
 }
 
 impl WrittenCopies {
@@ -231,21 +167,21 @@ impl WrittenCopies {
         untouched: bool,
         closed_at: Option<u64>,
     ) {
-        let Some((tmp, len)) = tee.take() else {
+        let Some(copy) = tee.copy.take() else {
             debug!(path = %path.display(), "closed without a whole written copy");
             return;
         };
-        if len < self.min_stage_size {
+        if copy.len < self.min_stage_size {
             // Small files are read from the source; nothing to stage.
             return;
         }
-        let content = Key::for_source_path(&path).content_sha256().is_some();
+        let content = named_by_sha256(&path);
         if incomplete_blob(&path) {
             // Parked at once: the rename follows the close at once, and may come
             // before anything asked here could answer. It checks the size itself.
             let parked = Parked {
-                tmp,
-                len,
+                tmp: copy.tmp,
+                len: copy.len,
                 since: Instant::now(),
             };
             lock(&self.parked).insert(ino, parked);
@@ -278,8 +214,7 @@ impl WrittenCopies {
                 written.cleared(&cleared, generation);
             }
         };
-        self.stager
-            .adopt_written(&path, WrittenCopy { tmp, len }, version, committed);
+        self.stager.adopt_written(&path, copy, version, committed);
     }
 
     /// Whether `path`'s written copy can follow a rename: one was adopted at a close
@@ -318,7 +253,7 @@ impl WrittenCopies {
         let Some(parked) = parked else {
             return;
         };
-        if Key::for_source_path(to).content_sha256().is_none() {
+        if !named_by_sha256(to) {
             return;
         }
         let version = self.source_version(to);

@@ -16,8 +16,8 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use stagefs_cache::{
-    CreateFile, Key, SetTime, SourceError, SourceMeta, Stamp, WritableFile, WriteOpen,
+use stagefs_source::{
+    CreateFile, SetTime, SourceError, SourceMeta, Stamp, WritableFile, WriteOpen,
 };
 
 use super::Policy;
@@ -152,7 +152,7 @@ impl Policy {
     /// A tee for a handle that has `path` to itself and starts it empty (`size`).
     fn tee_for(&self, path: &Path, size: u64, opened_at: u64) -> Option<Tee> {
         let alone = self.written.writers_of(path) == 1;
-        (size == 0 && alone).then(|| Tee::new(opened_at))
+        (size == 0 && alone).then(|| Tee::new(self.stager.tee(path), opened_at))
     }
 
     /// Creates (or, unless exclusive, opens) regular file `name` in `parent` and
@@ -245,12 +245,12 @@ impl Policy {
         let work_path = path.clone();
         let handle = Arc::clone(&open);
         let written = self
-            .change(&path, move |p| {
+            .change(&path, move |_| {
                 let written = file.write_all_at(&data, offset);
                 // The same bytes into the local copy, once the source has them.
                 if let Some(tee) = tee_of(&handle) {
                     match &written {
-                        Ok(()) => tee.write(p.stager.store(), &data, offset),
+                        Ok(()) => tee.write(&data, offset),
                         Err(_) => tee.abandon(),
                     }
                 }
@@ -502,9 +502,9 @@ impl Policy {
                 let Trust::RemoveFirst(generation) = this.written.trust(&path, false) else {
                     return;
                 };
-                let (worker, key) = (Arc::clone(&this), Key::for_source_path(&path));
+                let (worker, gone) = (Arc::clone(&this), path.clone());
                 let removed =
-                    tokio::task::spawn_blocking(move || worker.stager.store().remove(&key).is_ok());
+                    tokio::task::spawn_blocking(move || worker.stager.remove_copy(&gone).is_ok());
                 if removed.await.unwrap_or(false) {
                     this.written.cleared(&path, generation);
                     return;
@@ -578,11 +578,11 @@ impl Policy {
             Trust::Trusted => true,
             Trust::Untrusted => false,
             Trust::RemoveFirst(_) => {
-                let copying = self.stager.in_flight().iter().any(|f| f.path == path);
+                let copying = self.stager.progress(path).is_some();
                 let Trust::RemoveFirst(generation) = self.written.trust(path, copying) else {
                     return false;
                 };
-                let removed = self.stager.store().remove(&Key::for_source_path(path));
+                let removed = self.stager.remove_copy(path);
                 if removed.is_ok() {
                     self.written.cleared(path, generation);
                 }
