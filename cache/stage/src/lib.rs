@@ -58,6 +58,12 @@ pub use written::{SourceVersion, WrittenCopy};
 pub use stagefs_store::{Pin, StoreError};
 pub use tee::TeeWriter;
 
+/// `m` locked, even if a holder panicked: the stager goes on serving after a copy
+/// worker panics.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Whether `rel` names an LFS blob by its sha256 (`blobs/<sha256>`): its content
 /// is its name, so a copy of it is checked against the name and never goes stale.
 pub fn named_by_sha256(rel: &Path) -> bool {

@@ -19,8 +19,8 @@ use stagefs_source::{SourceTree, Stamp};
 use stagefs_store::StoreError;
 use tracing::{debug, info};
 
-use crate::Stager;
 use crate::error::StageError;
+use crate::{Stager, lock};
 
 /// A set of files being staged, with per-file progress.
 #[derive(Debug)]
@@ -277,10 +277,6 @@ fn sized(source: &SourceTree, files: Vec<PathBuf>, min_size: u64) -> Vec<(PathBu
         .filter_map(|f| source.stat(&f).ok().map(|m| (f, m.len())))
         .filter(|(_, size)| *size >= min_size)
         .collect()
-}
-
-fn lock<T>(set: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    set.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //! side, which owns the temp file and the space it takes.
 //!
 //! The copy holds a [`Reservation`] for what it has written plus the next
-//! [`ROOM_STEP`] bytes, grown a step at a time, so the budget counts it as it counts
-//! any copy in progress. The reservation is unnamed (it pins no stored copy): the
+//! [`ROOM_STEP`] bytes, grown a step at a time ([`stagefs_store::Store::grow`]), so
+//! the budget counts it once, as it counts any copy in progress. The reservation is unnamed (it pins no stored copy): the
 //! file may be renamed before it is closed, and an older copy of its path is the
 //! policy's to remove meanwhile. Like a prefetch, it never evicts to make room: where the
 //! budget has none, the copy is dropped, and the file is staged from the source at
@@ -13,12 +13,12 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use stagefs_store::Reservation;
 use tempfile::NamedTempFile;
 
-use crate::{Stager, WrittenCopy};
+use crate::{Stager, WrittenCopy, lock};
 
 /// Bytes by which a written copy's reservation grows: large enough that the budget
 /// is asked rarely (a 4 GiB shard asks 128 times), small enough that a copy the
@@ -128,30 +128,11 @@ impl TeeWriter {
     /// Whether `room` covers a copy `end` bytes long, growing it a step past `end`
     /// if not.
     fn room_for(&self, room: &mut Reservation, end: u64) -> bool {
-        if end <= room.bytes() {
-            return true;
-        }
         let wanted = end.div_ceil(ROOM_STEP).saturating_add(1) * ROOM_STEP;
-        // The old promise goes before the new one is asked for, or the copy would
-        // count twice against the budget; another copy may take the space between.
-        *room = match self.reserve_after(room, wanted) {
-            Some(bigger) => bigger,
-            None => return false,
-        };
-        true
-    }
-
-    fn reserve_after(&self, old: &mut Reservation, bytes: u64) -> Option<Reservation> {
-        let placeholder = self.reserve(0)?;
-        drop(std::mem::replace(old, placeholder));
-        self.reserve(bytes)
+        end <= room.bytes() || self.stager.store().grow(room, wanted, &self.path).is_ok()
     }
 
     fn reserve(&self, bytes: u64) -> Option<Reservation> {
         self.stager.store().reserve_unnamed(bytes, &self.path).ok()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

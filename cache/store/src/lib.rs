@@ -498,6 +498,32 @@ impl Store {
         self.reserve_for(None, bytes, source, false)
     }
 
+    /// Grows `reservation` (made by this store) to `bytes`, if the budget has room
+    /// for the difference as things are: nothing is evicted. A copy whose final
+    /// size is unknown (one being written through the mount) grows its promise as
+    /// it fills, counted once throughout.
+    pub fn grow(
+        &self,
+        reservation: &mut Reservation,
+        bytes: u64,
+        source: &Path,
+    ) -> Result<(), StoreError> {
+        let extra = bytes.saturating_sub(reservation.bytes);
+        if extra == 0 {
+            return Ok(());
+        }
+        let volume = self.volume()?;
+        let mut state = lock_state(&self.books.state);
+        let volume = with_unlinking(volume, &state);
+        let used = state.index.bytes() + state.reserved;
+        if !budget::fits(&self.budget, used, state.reserved, extra, volume) {
+            return Err(self.no_room(&state, source, extra, volume));
+        }
+        state.reserved += extra;
+        reservation.bytes = bytes;
+        Ok(())
+    }
+
     fn reserve_for(
         &self,
         key: Option<&Key>,
@@ -1732,5 +1758,29 @@ pub(crate) mod tests {
             image.path().join("v1/data").read_dir().expect("ls").count(),
             0
         );
+    }
+
+    #[test]
+    fn a_reservation_grows_while_the_budget_has_room_and_counts_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), budget(100)).expect("store");
+        let source = Path::new("written.bin");
+        let mut room = store.reserve_unnamed(40, source).expect("room");
+        store
+            .grow(&mut room, 90, source)
+            .expect("grows within the budget");
+        assert_eq!(room.bytes(), 90);
+        assert_eq!(store.usage().expect("usage").reserved, 90, "counted once");
+        assert!(matches!(
+            store.grow(&mut room, 101, source),
+            Err(StoreError::NoRoom { .. })
+        ));
+        assert_eq!(
+            room.bytes(),
+            90,
+            "a refused growth keeps the promise as it was"
+        );
+        drop(room);
+        assert_eq!(store.usage().expect("usage").reserved, 0);
     }
 }
