@@ -2,9 +2,8 @@
 //! library's plain configuration structs.
 
 use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand, ValueEnum};
-use stagefs_control::Backend;
-use stagefs_control::Remedy;
 use stagefs_control::units::format_duration;
+use stagefs_control::{Backend, Remedy};
 use stagefs_policy::OnFull;
 use stagefs_stage::defaults;
 use std::path::PathBuf;

@@ -13,7 +13,6 @@ use stagefs_control::report::{
     UnfollowableLink, VerifyReport,
 };
 use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
-
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
 use stagefs_source::SourceTree;

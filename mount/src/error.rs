@@ -5,7 +5,6 @@ use std::io;
 use std::path::PathBuf;
 
 use stagefs_source::SourceError;
-
 use stagefs_store::StoreError;
 
 use crate::bounded::Unanswered;

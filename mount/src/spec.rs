@@ -7,9 +7,8 @@ use std::time::Duration;
 use stagefs_control::Backend;
 use stagefs_policy::FsConfig;
 use stagefs_source::copy::CopyOptions;
-use stagefs_store::Budget;
-use stagefs_store::DEFAULT_REDIRECT_GRACE;
 use stagefs_store::budget::{default_min_free, volume_space};
+use stagefs_store::{Budget, DEFAULT_REDIRECT_GRACE};
 
 use crate::MountError;
 

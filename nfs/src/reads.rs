@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
 use stagefs_policy::{FsError, Policy};
-use stagefs_stage::StoreError;
-use stagefs_stage::{InFlight, StageError};
+use stagefs_stage::{InFlight, StageError, StoreError};
 use tokio::sync::watch;
 
 use crate::jukebox::{self, Backoff, MAX_HOLD};

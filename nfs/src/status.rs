@@ -53,10 +53,7 @@ mod tests {
     use std::path::PathBuf;
 
     use stagefs_source::SourceError;
-
-    use stagefs_stage::StageError;
-
-    use stagefs_stage::StoreError;
+    use stagefs_stage::{StageError, StoreError};
 
     use super::*;
 

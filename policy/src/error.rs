@@ -7,12 +7,8 @@
 use std::io;
 
 use stagefs_control::Remedy;
-
 use stagefs_source::SourceError;
-
-use stagefs_stage::StageError;
-
-use stagefs_stage::StoreError;
+use stagefs_stage::{StageError, StoreError};
 use thiserror::Error;
 
 /// Why a filesystem request failed.

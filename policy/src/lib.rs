@@ -20,7 +20,6 @@ mod written;
 use std::time::Duration;
 
 use stagefs_control::Remedy;
-
 use stagefs_stage::defaults;
 
 pub use attr::Attr;

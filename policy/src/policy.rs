@@ -39,12 +39,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use stagefs_source::copy::read_at_most;
-use stagefs_source::sys;
-use stagefs_source::{SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, Stamp, Unanswered};
-use stagefs_stage::Pin;
-use stagefs_stage::StoreError;
+use stagefs_source::{SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, Stamp, Unanswered, sys};
 use stagefs_stage::prefetch::Prefetcher;
 use stagefs_stage::{InFlight, Metrics, StageError, Staged, Stager};
+use stagefs_stage::{Pin, StoreError};
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
@@ -957,9 +955,8 @@ mod tests {
     use std::time::Instant;
 
     use sha2::{Digest, Sha256};
-    use stagefs_source::EntryKind;
-    use stagefs_source::SourceTree;
     use stagefs_source::faulty::{Behaviour, FaultySource};
+    use stagefs_source::{EntryKind, SourceTree};
     use stagefs_stage::StagerOptions;
     use stagefs_store::{Budget, Store};
     use tempfile::TempDir;

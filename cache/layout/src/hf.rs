@@ -8,8 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
-use stagefs_source::SourceError;
-use stagefs_source::SourceTree;
+use stagefs_source::{SourceError, SourceTree};
 
 /// Files whose presence in a snapshot means "model weights".
 const WEIGHT_SUFFIXES: [&str; 6] = [".safetensors", ".gguf", ".bin", ".pt", ".pth", ".npz"];

@@ -4,9 +4,8 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use stagefs_control::Budget;
-use stagefs_control::Remedy;
 use stagefs_control::units::format_bytes;
+use stagefs_control::{Budget, Remedy};
 use stagefs_source::error::{SharedIo, io_text};
 use thiserror::Error;
 
