@@ -542,6 +542,10 @@ fn nfs_config(fs: &FsConfig) -> FsConfig {
 
 /// Returns once `mountpoint` is no longer mounted (`umount` from outside); never,
 /// for an export that was not mounted by this process.
+///
+/// It reads the mount table and never stats the mount point: a stat walks into the
+/// mount and holds it for as long as its GETATTR takes, and an `umount` that lands
+/// in that moment is refused as busy (`stagefs unmount` then failed now and then).
 async fn unmounted_from_outside(mountpoint: &Path, mounted: bool) {
     if !mounted {
         return std::future::pending().await;
@@ -549,8 +553,10 @@ async fn unmounted_from_outside(mountpoint: &Path, mounted: bool) {
     loop {
         tokio::time::sleep(NFS_MOUNT_WATCH).await;
         let mountpoint = mountpoint.to_path_buf();
-        let still =
-            tokio::task::spawn_blocking(move || crate::checks::is_mount_point(&mountpoint)).await;
+        let still = tokio::task::spawn_blocking(move || {
+            crate::table::mounted_at(&mountpoint).map(|entry| entry.is_some())
+        })
+        .await;
         if matches!(still, Ok(Ok(false))) {
             info!("the NFS mount was unmounted");
             return;
