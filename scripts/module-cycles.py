@@ -2,25 +2,26 @@
 """Lists each top-level module of a crate with the other top-level modules it uses
 (`crate::name`, `use crate::{a, b}`), and fails on a cycle between them.
 
-    python3 scripts/module-cycles.py [SRC_DIR]    (default: cli/src)
+    python3 scripts/module-cycles.py [SRC_DIR...]
+
+With no directory, checks the `src` of every member of the workspace (CI runs it so).
 """
 import re
 import sys
+import tomllib
 from pathlib import Path
 
-src = Path(sys.argv[1] if len(sys.argv) > 1 else "cli/src")
-mods = {p.stem: p for p in src.glob("*.rs") if p.stem not in ("main", "lib")}
-mods.update({p.name: p for p in src.iterdir() if p.is_dir()})
+
+def modules_of(src):
+    mods = {p.stem: p for p in src.glob("*.rs") if p.stem not in ("main", "lib")}
+    mods.update({p.name: p for p in src.iterdir() if p.is_dir()})
+    return mods
 
 
-def files_of(name):
+def uses(mods, name):
     path = mods[name]
-    return [path] if path.is_file() else sorted(path.rglob("*.rs"))
-
-
-def uses(name):
     found = set()
-    for f in files_of(name):
+    for f in [path] if path.is_file() else sorted(path.rglob("*.rs")):
         text = f.read_text()
         found.update(re.findall(r"crate::([a-z_][a-z0-9_]*)", text))
         for group in re.findall(r"crate::\{([^}]*)\}", text):
@@ -28,27 +29,43 @@ def uses(name):
     return sorted(m for m in found if m in mods and m != name)
 
 
-graph = {name: uses(name) for name in sorted(mods)}
-for name, deps in graph.items():
-    print(f"{name:10} -> {', '.join(deps) if deps else '(none)'}")
+def cycles_in(graph):
+    cycles, state = [], {}
 
-cycles, state = [], {}
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in graph[node]:
+            if state.get(dep) == "open":
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = "done"
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    return cycles
 
 
-def visit(node, stack):
-    state[node] = "open"
-    for dep in graph[node]:
-        if state.get(dep) == "open":
-            cycles.append(stack[stack.index(dep):] + [dep])
-        elif dep not in state:
-            visit(dep, stack + [dep])
-    state[node] = "done"
+def check(src, verbose):
+    mods = modules_of(src)
+    graph = {name: uses(mods, name) for name in sorted(mods)}
+    if verbose:
+        for name, deps in graph.items():
+            print(f"{name:10} -> {', '.join(deps) if deps else '(none)'}")
+    cycles = cycles_in(graph)
+    for cycle in cycles:
+        print(f"{src}: cycle: " + " -> ".join(cycle))
+    print(f"{len(cycles)} cycle(s) between the top-level modules of {src}")
+    return len(cycles)
 
 
-for name in graph:
-    if name not in state:
-        visit(name, [name])
-for cycle in cycles:
-    print("cycle: " + " -> ".join(cycle))
-print(f"{len(cycles)} cycle(s) between the top-level modules of {src}")
-sys.exit(1 if cycles else 0)
+def workspace_sources():
+    root = Path(__file__).resolve().parent.parent
+    members = tomllib.loads((root / "Cargo.toml").read_text())["workspace"]["members"]
+    return [root / m / "src" for m in members if (root / m / "src").is_dir()]
+
+
+dirs = [Path(a) for a in sys.argv[1:]]
+found = sum(check(src, verbose=bool(dirs)) for src in dirs or workspace_sources())
+sys.exit(1 if found else 0)

@@ -24,7 +24,7 @@ pub(crate) struct LeanClient {
 impl LeanClient {
     /// Connects to the export at `addr` (from a reserved port, as root).
     pub(crate) async fn connect(addr: SocketAddr) -> anyhow::Result<LeanClient> {
-        let stream = stagefs_nfs::listen::connect_from_reserved_port(addr)
+        let stream = stagefs_nfs::access::connect_from_reserved_port(addr)
             .await
             .context("connecting the lean client")?;
         stream.set_nodelay(true)?;

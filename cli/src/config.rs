@@ -14,7 +14,7 @@ use stagefs_policy::FsConfig;
 use stagefs_source::copy::CopyOptions;
 use stagefs_stage::defaults;
 
-use crate::args::{BackendArg, CacheDirArg, MountOptions, OnFullArg};
+use crate::args::{BackendArg, MountOptions, OnFullArg};
 use crate::units::{parse_duration, parse_size, parse_source_dir};
 
 /// The keys a config file may hold; each is optional.
@@ -94,16 +94,6 @@ impl Config {
             Some(dir) => Ok(std::path::absolute(dir)?),
             None => crate::paths::default_cache_dir(),
         }
-    }
-
-    /// The cache directory for commands that take `--cache-dir`: the flag, the config
-    /// file, the running mount (`targets` pick one of several), or the default.
-    pub(crate) fn cache_dir_for(
-        &self,
-        arg: &CacheDirArg,
-        targets: &[&str],
-    ) -> anyhow::Result<PathBuf> {
-        crate::mounts::cache_dir(self, arg.cache_dir.as_deref(), targets)
     }
 
     /// The config file's `cache_dir`, if it sets one.

@@ -109,7 +109,7 @@ fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
 /// `stagefs evict`.
 pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
-    let dir = config.cache_dir_for(&args.cache, &targets)?;
+    let dir = crate::mounts::cache_dir(config, args.cache.cache_dir.as_deref(), &targets)?;
     let selector = selector(args, &dir)?;
     let request = Request::Evict {
         selector,
@@ -133,7 +133,7 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow:
 /// `stagefs verify`.
 pub(crate) fn verify(args: &VerifyArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
-    let dir = config.cache_dir_for(&args.cache, &targets)?;
+    let dir = crate::mounts::cache_dir(config, args.cache.cache_dir.as_deref(), &targets)?;
     let (model, path) = match args.target.as_deref().map(|t| named(t, &dir)).transpose()? {
         Some(EvictSelector::Path { path }) => (None, Some(path)),
         Some(EvictSelector::Model { id }) => (Some(id), None),

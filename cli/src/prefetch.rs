@@ -20,7 +20,7 @@ use crate::units::{count, format_bytes};
 /// Runs the command; fails if any file could not be staged.
 pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
     let targets: Vec<&str> = args.targets.iter().map(String::as_str).collect();
-    let dir = config.cache_dir_for(&args.cache, &targets)?;
+    let dir = crate::mounts::cache_dir(config, args.cache.cache_dir.as_deref(), &targets)?;
     if args.dry_run {
         return dry_run(&dir, &args.targets, args.revision.as_deref(), verbose);
     }

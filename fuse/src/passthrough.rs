@@ -18,9 +18,10 @@ mod linux {
     use std::collections::HashMap;
     use std::fs::File;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex, PoisonError, Weak};
+    use std::sync::{Arc, Mutex, Weak};
 
     use fuser::{BackingId, InitFlags, KernelConfig, ReplyOpen};
+    use stagefs_source::locks::lock;
     use tracing::warn;
 
     use super::Backing;
@@ -87,7 +88,7 @@ mod linux {
 
         /// The backing id for `ino`'s staged copy `file`, or None to serve reads from the daemon.
         pub(crate) fn backing(&self, ino: u64, file: &File, reply: &ReplyOpen) -> Option<Backing> {
-            let mut by_inode = self.by_inode.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut by_inode = lock(&self.by_inode);
             // An inode with live passthrough handles must keep using the same backing file.
             if let Some(id) = by_inode.get(&ino).and_then(Weak::upgrade) {
                 return Some(id);

@@ -6,7 +6,7 @@
 //! cache directory.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use stagefs_control::report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
@@ -15,7 +15,7 @@ use stagefs_control::report::{
 use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
-use stagefs_source::SourceTree;
+use stagefs_source::{SourceTree, plain_relative};
 use stagefs_store::StoreError;
 use stagefs_store::key::Key;
 use stagefs_store::{CopyCheck, EntryInfo, Hold, Store, compare_with_record};
@@ -403,14 +403,12 @@ fn checked_id(id: &str) -> Result<&str, AdminError> {
 }
 
 fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
-    let plain = path.components().all(|c| matches!(c, Component::Normal(_)));
-    if plain && !path.as_os_str().is_empty() {
-        Ok(path.to_path_buf())
-    } else {
-        Err(AdminError::BadRequest(format!(
+    match plain_relative(path) {
+        Some(plain) if !plain.as_os_str().is_empty() => Ok(plain),
+        _ => Err(AdminError::BadRequest(format!(
             "{}: not a path inside the source",
             path.display()
-        )))
+        ))),
     }
 }
 

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Cursor};
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::mount;
@@ -49,12 +49,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
+use crate::access::{connect_from_reserved_port, serves};
 use crate::attrs::fattr;
 use crate::intents::{self, Intents};
 use crate::jukebox::MAX_HOLD;
-use crate::listen::connect_from_reserved_port;
 use crate::reads::Reads;
 use crate::status::nfsstat_logged;
+use stagefs_source::locks::lock;
 
 /// The largest record a client may send: a call with a WRITE of the most the library
 /// advertises (FSINFO's `wtmax`, 1 MiB; the mount asks `wsize=1048576`, and clients
@@ -191,7 +192,7 @@ impl LibraryCalls {
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Waiting>> {
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.waiting)
     }
 }
 
@@ -622,12 +623,6 @@ struct ServableRead {
     offset: u64,
     len: usize,
     eof: bool,
-}
-
-/// Whether the export serves AUTH_UNIX credentials `auth`: the serving user's or
-/// root's (the library's `authorize` asks the same).
-pub(crate) fn serves(owner: u32, auth: &auth_unix) -> bool {
-    auth.uid == 0 || auth.uid == owner
 }
 
 /// The inode in handle bytes `fh` if the handle is of generation `generation`.

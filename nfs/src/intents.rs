@@ -10,10 +10,11 @@
 //! dropped after [`KEPT_FOR`].
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::{MKDIR3args, Nfs3Option, REMOVE3args, RMDIR3args};
+use stagefs_source::locks::lock;
 
 /// How long a note waits for its call to reach the export.
 const KEPT_FOR: Duration = Duration::from_secs(30);
@@ -41,14 +42,14 @@ pub(crate) struct Intents {
 impl Intents {
     /// Notes that a call for `name` in directory `dir` asks for `intent`.
     pub(crate) fn note(&self, dir: u64, name: &[u8], intent: Intent) {
-        let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut notes = lock(&self.notes);
         notes.retain(|_, (_, at)| at.elapsed() < KEPT_FOR);
         notes.insert((dir, name.to_vec()), (intent, Instant::now()));
     }
 
     /// Takes the note for `name` in `dir`, if one is there.
     pub(crate) fn take(&self, dir: u64, name: &[u8]) -> Option<Intent> {
-        let mut notes = self.notes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut notes = lock(&self.notes);
         let (intent, at) = notes.remove(&(dir, name.to_vec()))?;
         (at.elapsed() < KEPT_FOR).then_some(intent)
     }

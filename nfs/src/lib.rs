@@ -17,7 +17,7 @@
 //!   the policy's journaled inode number ([`handle`]);
 //! - a loopback port is open to every local process: only AUTH_UNIX calls of the
 //!   serving user or root, and (on Linux) only connections from reserved ports, are
-//!   served ([`listen`]); a NULL ping, which does nothing, is answered for any
+//!   served ([`access`], [`listen`]); a NULL ping, which does nothing, is answered for any
 //!   credentials, as Linux's kernel pings with AUTH_NULL (`front`);
 //! - NFSv3 has no CLOSE either: a file's first WRITE (or its CREATE) opens it for
 //!   writing in the policy, and the handle is closed once idle, which commits the
@@ -27,6 +27,7 @@
 //!   straight from the page cache (`sendfile` on Linux), and every other call is
 //!   relayed to the library's listener behind it (`front`, `send_file`).
 
+pub mod access;
 pub mod attrs;
 #[cfg(feature = "client")]
 pub mod client;

@@ -19,7 +19,7 @@
 //! loads as it does over FUSE, where each close unpins.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
@@ -29,6 +29,7 @@ use tokio::sync::watch;
 
 use crate::jukebox::{self, Backoff, MAX_HOLD};
 use crate::status::nfsstat_logged;
+use stagefs_source::locks::lock;
 
 /// How often a held READ looks at its copy's progress.
 const TICK: Duration = Duration::from_millis(100);
@@ -389,11 +390,11 @@ impl Reads {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.slots)
     }
 
     fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
-        self.pace.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.pace)
     }
 }
 

@@ -164,7 +164,7 @@ impl NfsReadFileSystem for StageNfs {
     /// served as root by the server library). A NULL ping never gets here: the
     /// front answers it for any credentials.
     fn authorize(&self, auth: Option<&auth_unix>) -> bool {
-        auth.is_some_and(|auth| crate::front::serves(self.owner, auth))
+        auth.is_some_and(|auth| crate::access::serves(self.owner, auth))
     }
 
     async fn lookup(&self, dir: &NodeHandle, name: &filename3<'_>) -> Result<NodeHandle, nfsstat3> {

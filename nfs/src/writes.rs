@@ -4,7 +4,7 @@
 //! through that one handle, as a FUSE writer's would.
 //!
 //! A handle no WRITE used for [`IDLE`] is closed; its close is what commits the copy
-//! staged as it was written (`policy/src/policy/tee.rs`). A kernel client writes a
+//! staged as it was written (`policy/src/tee.rs`). A kernel client writes a
 //! file's dirty pages back at close (close-to-open), so the last WRITE of a file
 //! comes as its writer closes it: 2 s later the copy is committed, and a WRITE that
 //! comes after a pause longer than that opens the file anew (its bytes still reach
@@ -16,11 +16,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stagefs_policy::{FsError, Policy};
 use stagefs_source::WriteOpen;
+use stagefs_source::locks::lock;
 use tokio::sync::OnceCell;
 
 /// How long a write handle nobody writes through stays open.
@@ -50,14 +51,11 @@ impl Default for Slot {
 
 impl Slot {
     fn touch(&self) {
-        *self.used.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *lock(&self.used) = Instant::now();
     }
 
     fn idle_for(&self) -> Duration {
-        self.used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .elapsed()
+        lock(&self.used).elapsed()
     }
 }
 
@@ -178,6 +176,6 @@ impl Writes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Slot>>> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.slots)
     }
 }

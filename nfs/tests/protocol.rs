@@ -489,7 +489,7 @@ async fn rpc_reply(
 ) -> Answer {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let record = call_record(77, (prog, vers, proc), cred, &[]);
-    let mut stream = stagefs_nfs::listen::connect_from_reserved_port(addr)
+    let mut stream = stagefs_nfs::access::connect_from_reserved_port(addr)
         .await
         .expect("connect");
     stream.write_all(&record).await.expect("send");
@@ -536,7 +536,7 @@ async fn four_hundred_reads_in_flight_on_one_connection_are_all_answered() {
         let call = (100_003, 3, 6); // READ of NFS version 3
         calls.extend(call_record(xid, call, client::credential(0), &args));
     }
-    let stream = stagefs_nfs::listen::connect_from_reserved_port(f.serving.addr)
+    let stream = stagefs_nfs::access::connect_from_reserved_port(f.serving.addr)
         .await
         .expect("connect");
     let (mut from_server, mut to_server) = stream.into_split();
@@ -1186,7 +1186,7 @@ async fn a_change_with_another_uids_credentials_is_refused() {
     let f = fixture(PATIENT).await;
     let client = f.client().await;
     let root = client.root_nfs_fh3();
-    let stream = stagefs_nfs::listen::connect_from_reserved_port(f.serving.addr)
+    let stream = stagefs_nfs::access::connect_from_reserved_port(f.serving.addr)
         .await
         .expect("connect");
     let mut other = nfs3_client::Nfs3Client::new_with_auth(

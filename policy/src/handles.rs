@@ -4,12 +4,13 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use stagefs_source::{SourceFile, WritableFile};
 use stagefs_stage::Pin;
 
 use crate::attr::Attr;
+use stagefs_source::locks::lock;
 
 /// Something an adapter keeps alive as long as a handle is open (FUSE: the kernel's
 /// passthrough backing id).
@@ -43,8 +44,8 @@ pub(crate) struct OpenFile {
 pub(crate) struct Writer {
     pub(crate) file: Arc<dyn WritableFile>,
     pub(crate) ino: u64,
-    /// The local copy it fills as it writes, for a new file (`policy/tee.rs`).
-    pub(crate) tee: Option<crate::policy::tee::Tee>,
+    /// The local copy it fills as it writes, for a new file (`policy/src/tee.rs`).
+    pub(crate) tee: Option<crate::tee::Tee>,
     /// Whether a write was sent through it (even one that failed: it may have
     /// landed in part). A handle that wrote nothing changes nothing at its close.
     pub(crate) wrote: std::sync::atomic::AtomicBool,
@@ -94,6 +95,6 @@ impl<T> Handles<T> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<T>>> {
-        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.open)
     }
 }

@@ -32,6 +32,7 @@ use tracing::debug;
 
 use crate::attr::Attr;
 use crate::handles::DirEntry;
+use stagefs_source::locks::lock;
 
 /// The root directory's inode, as the kernel expects (and the NFS export root's fileid).
 pub const ROOT_INO: u64 = 1;
@@ -436,7 +437,7 @@ impl Inodes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.table)
     }
 }
 

@@ -15,6 +15,7 @@ mod handles;
 mod inodes;
 mod policy;
 mod redirect;
+mod tee;
 mod written;
 
 use std::time::Duration;

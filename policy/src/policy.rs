@@ -52,10 +52,10 @@ use crate::finder;
 use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::redirect::{Presented, RedirectPolicy, Rewalks};
+use crate::tee;
 use crate::written::Written;
 use crate::{FsConfig, OnFull};
 
-pub(crate) mod tee;
 mod write;
 
 pub use write::{Caller, RenameHow, SetAttr};

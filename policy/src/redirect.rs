@@ -14,12 +14,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use stagefs_source::Stamp;
 
 use crate::FsConfig;
+use stagefs_source::locks::lock;
 
 /// Whether a mount presents staged files as links to their copies.
 #[derive(Debug, Clone, Copy)]
@@ -82,7 +83,7 @@ pub(crate) struct Rewalks {
 impl Rewalks {
     /// Whether inode `ino` may be told to walk again now; if so, it is recorded.
     pub(crate) fn tell(&self, ino: u64) -> bool {
-        let mut told = self.told.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut told = lock(&self.told);
         told.retain(|_, at| at.elapsed() < REWALK_GUARD);
         if told.contains_key(&ino) {
             return false;

@@ -14,9 +14,10 @@
 //! Content-addressed blobs (`blobs/<sha256>`) are never tainted: a stored copy of one
 //! is verified against its name, so it is right whatever was written there.
 
+use stagefs_source::locks::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 #[derive(Debug, Default)]
 pub(crate) struct Written {
@@ -53,10 +54,6 @@ pub(crate) enum Trust {
     RemoveFirst(u64),
     /// Being written now: read it from the source.
     Untrusted,
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn content_addressed(path: &Path) -> bool {

@@ -12,14 +12,14 @@
 //! the source: callers run it on a blocking pool or under a deadline.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 pub use stagefs_control::ModelKind;
 
 use crate::hf;
-use stagefs_source::SourceTree;
+use stagefs_source::{SourceTree, plain_relative};
 
 /// How many directory levels below the root (and below each of `model_dirs`) a search
 /// reads. A folder at `models/org/name` is 3 levels down; an HF_HOME's repositories
@@ -472,12 +472,9 @@ impl Search {
 
 /// `id` as a path in the source, refusing absolute paths and `..`.
 fn checked_id(id: &str) -> Result<PathBuf, ModelError> {
-    let path = Path::new(id);
-    let plain = path.components().all(|c| matches!(c, Component::Normal(_)));
-    if plain && !id.is_empty() {
-        Ok(path.to_path_buf())
-    } else {
-        Err(ModelError::BadId { id: id.to_string() })
+    match plain_relative(Path::new(id)) {
+        Some(path) if !path.as_os_str().is_empty() => Ok(path),
+        _ => Err(ModelError::BadId { id: id.to_string() }),
     }
 }
 

@@ -9,10 +9,11 @@ use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::error::SourceError;
+use crate::locks::{lock, wait};
 use crate::{
     CreateFile, LocalDir, ReadAt, SetTime, Source, SourceFile, SourceMeta, WritableFile, WriteOpen,
 };
@@ -69,10 +70,6 @@ struct Faults {
 struct State {
     behaviour: Behaviour,
     rewrite: Option<Rewrite>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl FaultySource {
@@ -165,10 +162,7 @@ impl Faults {
                     return Ok(());
                 }
                 Behaviour::Hang => {
-                    state = self
-                        .changed
-                        .wait(state)
-                        .unwrap_or_else(PoisonError::into_inner);
+                    state = wait(&self.changed, state);
                 }
             }
         }

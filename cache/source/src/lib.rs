@@ -21,6 +21,7 @@ pub mod error;
 #[cfg(any(test, feature = "fault-injection"))]
 pub mod faulty;
 pub mod fskind;
+pub mod locks;
 pub mod pool;
 pub mod sys;
 
@@ -33,11 +34,12 @@ use std::fs::{self, File, Metadata};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::locks::lock;
 use crate::sys::time_from_ns;
 
 /// What identifies one version of a source file: if any field changes, the file is
@@ -319,6 +321,23 @@ pub enum SetTime {
     At(i64),
 }
 
+/// `path` as a path inside whatever it is relative to, with any `.` dropped: None if
+/// it is absolute or has a `..` anywhere (even one that would stay inside: a link
+/// below could make it leave). The empty path is the root itself. The one check of a
+/// path that comes from outside (a request, a model id, a config line) before it is
+/// joined to the source's root.
+pub fn plain_relative(path: &Path) -> Option<PathBuf> {
+    let mut plain = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::Normal(name) => plain.push(name),
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(plain)
+}
+
 /// A backend stagefs can mirror. Paths are relative to the root and already checked
 /// by [`SourceTree`] to hold only normal components.
 ///
@@ -457,7 +476,7 @@ impl LocalDir {
     fn still_mounted(&self) -> Result<(), SourceError> {
         let meta = fs::metadata(&self.root).map_err(|e| SourceError::io(Path::new(""), e))?;
         let now = (meta.dev(), meta.ino());
-        let mut known = self.root_id.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut known = lock(&self.root_id);
         if now == *known {
             return Ok(());
         }
@@ -480,11 +499,7 @@ impl LocalDir {
         answer: Result<T, SourceError>,
         device: impl FnOnce(&T) -> Option<u64>,
     ) -> Result<T, SourceError> {
-        let root_dev = self
-            .root_id
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+        let root_dev = lock(&self.root_id).0;
         let suspicious = match &answer {
             Err(SourceError::NotFound { .. }) => true,
             Ok(found) => device(found).is_some_and(|dev| dev != root_dev),
@@ -801,12 +816,9 @@ impl SourceTree {
         self.backend.root()
     }
 
-    /// Refuses anything but plain relative components.
+    /// Refuses anything but a [`plain_relative`] path.
     pub fn check(&self, rel: &Path) -> Result<(), SourceError> {
-        if rel
-            .components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-        {
+        if plain_relative(rel).is_some() {
             Ok(())
         } else {
             Err(SourceError::OutsideRoot {
@@ -971,6 +983,18 @@ impl SourceTree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_relative_path_has_no_root_and_no_parent() {
+        let plain = |p: &str| plain_relative(Path::new(p));
+        assert_eq!(plain("org/name"), Some(PathBuf::from("org/name")));
+        assert_eq!(plain("./org/./name/"), Some(PathBuf::from("org/name")));
+        assert_eq!(plain(""), Some(PathBuf::new()));
+        assert_eq!(plain("."), Some(PathBuf::new()));
+        for outside in ["/etc", "../x", "a/../b", "a/.."] {
+            assert_eq!(plain(outside), None, "{outside}");
+        }
+    }
 
     #[test]
     fn resolve_rejects_escapes() {

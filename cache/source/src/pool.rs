@@ -17,10 +17,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::error::Unanswered;
+use crate::locks::{lock, wait};
 pub use stagefs_control::SourceHealth;
 
 /// How long an operation may run before the source counts as suspect: a healthy
@@ -65,10 +66,6 @@ impl std::fmt::Debug for Inner {
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl SourcePool {
@@ -281,10 +278,7 @@ impl Inner {
                     if self.closed.load(Ordering::Relaxed) {
                         return;
                     }
-                    queue = self
-                        .work
-                        .wait(queue)
-                        .unwrap_or_else(PoisonError::into_inner);
+                    queue = wait(&self.work, queue);
                 }
             };
             job();
@@ -315,7 +309,7 @@ mod tests {
                 let (open, changed) = &*gate.0;
                 let mut open = lock(open);
                 while !*open {
-                    open = changed.wait(open).unwrap_or_else(PoisonError::into_inner);
+                    open = wait(changed, open);
                 }
             }
         }

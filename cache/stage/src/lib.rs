@@ -55,14 +55,9 @@ use stagefs_store::{Hit, Store};
 pub use written::{SourceVersion, WrittenCopy};
 // Store types that are part of this layer's API: what a staged copy holds open, and
 // what a failed stage carries.
+use stagefs_source::locks::lock;
 pub use stagefs_store::{Pin, StoreError};
 pub use tee::TeeWriter;
-
-/// `m` locked, even if a holder panicked: the stager goes on serving after a copy
-/// worker panics.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Whether `rel` names an LFS blob by its sha256 (`blobs/<sha256>`): its content
 /// is its name, so a copy of it is checked against the name and never goes stale.
@@ -161,13 +156,7 @@ impl Activity {
 
     /// Whether no copy has run for `quiet`.
     fn quiet_for(&self, quiet: Duration) -> bool {
-        self.running.load(Ordering::SeqCst) == 0
-            && self
-                .last_end
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .elapsed()
-                >= quiet
+        self.running.load(Ordering::SeqCst) == 0 && lock(&self.last_end).elapsed() >= quiet
     }
 }
 
@@ -179,11 +168,7 @@ impl Drop for RunningGuard {
     fn drop(&mut self) {
         // Stamped before the count drops, so a count of zero is never seen with the
         // end time of an earlier copy.
-        *self
-            .0
-            .last_end
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *lock(&self.0.last_end) = Instant::now();
         self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -533,11 +518,7 @@ impl Stager {
         else {
             return;
         };
-        let mut known = self
-            .inner
-            .reached_through
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut known = lock(&self.inner.reached_through);
         // Names only: a mount that has followed this many links forgets the oldest
         // batch rather than grow without end.
         if known.len() >= REMEMBERED_LINKS && !known.contains_key(&file) {
@@ -749,7 +730,7 @@ impl Inner {
 
     /// The copies in flight, by key.
     fn flights(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Flight>> {
-        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inflight)
     }
 
     /// The copy options settled for the source's kind: asked of the source once (on
@@ -798,13 +779,13 @@ impl Inner {
 
     /// Refuses blob `rel` at version `stamp`: its bytes are not its name's.
     fn refuse(&self, rel: &Path, stamp: Stamp) {
-        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut refused = lock(&self.refused);
         refused.insert(rel.to_path_buf(), stamp);
     }
 
     /// Whether `rel` is a blob refused at version `stamp` ([`Inner::settle_when_checked`]).
     fn was_refused(&self, rel: &Path, stamp: Stamp) -> bool {
-        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut refused = lock(&self.refused);
         match refused.get(rel) {
             Some(at) if *at == stamp => true,
             Some(_) => {
@@ -846,9 +827,7 @@ impl Inner {
                 unverified.confirm();
             }
             Verdict::Differs => {
-                refused
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
+                lock(&refused)
                     .insert(rel.clone(), stamp);
                 unverified.refute("does not match its name");
                 warn!(path = %rel.display(), "the copied bytes do not match the sha256 in the blob's name (the blob on the source is corrupt, or changed during the copy): the copy was dropped, and the blob is refused until it changes");

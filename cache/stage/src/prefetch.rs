@@ -19,8 +19,9 @@ use stagefs_source::{SourceTree, Stamp};
 use stagefs_store::StoreError;
 use tracing::{debug, info};
 
+use crate::Stager;
 use crate::error::StageError;
-use crate::{Stager, lock};
+use stagefs_source::locks::lock;
 
 /// A set of files being staged, with per-file progress.
 #[derive(Debug)]
@@ -144,17 +145,13 @@ impl Job {
     }
 
     fn set(&self, i: usize, state: FileState) {
-        self.states.lock().unwrap_or_else(PoisonError::into_inner)[i] = state;
+        lock(&self.states)[i] = state;
     }
 
     /// Every file's progress now.
     pub fn progress(&self) -> Vec<FileProgress> {
         let in_flight = self.stager.in_flight();
-        let states = self
-            .states
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let states = lock(&self.states).clone();
         self.files
             .iter()
             .zip(states)

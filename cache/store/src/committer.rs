@@ -18,15 +18,16 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use super::{Books, Pin, lock_state};
+use super::{Books, Pin};
 use crate::index::CopyId;
 use crate::key::Key;
+use stagefs_source::locks::{lock, wait};
 
 /// The longest a verified copy waits for other copies to finish before it is synced
 /// anyway, so a long prefetch does not leave a finished shard in memory only.
@@ -70,11 +71,11 @@ struct Outstanding {
 
 impl Outstanding {
     fn add(&self, n: usize) {
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += n;
+        *lock(&self.count) += n;
     }
 
     fn finish(&self, n: usize) {
-        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut count = lock(&self.count);
         *count -= n;
         if *count == 0 {
             self.idle.notify_all();
@@ -119,12 +120,7 @@ impl Committer {
 
     /// Whether any commit is queued or running.
     pub(super) fn busy(&self) -> bool {
-        *self
-            .outstanding
-            .count
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            > 0
+        *lock(&self.outstanding.count) > 0
     }
 
     /// Commits everything queued without waiting for copies in progress, and returns
@@ -136,17 +132,9 @@ impl Committer {
     }
 
     fn wait_idle(&self) {
-        let mut count = self
-            .outstanding
-            .count
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut count = lock(&self.outstanding.count);
         while *count > 0 {
-            count = self
-                .outstanding
-                .idle
-                .wait(count)
-                .unwrap_or_else(PoisonError::into_inner);
+            count = wait(&self.outstanding.idle, count);
         }
     }
 }
@@ -226,10 +214,7 @@ fn wait_for_copies(books: &Books, queued: Instant, hurry: &AtomicUsize) {
     if !hurried() {
         std::thread::sleep(POLL);
     }
-    while !hurried()
-        && lock_state(&books.state).reserved > 0
-        && queued.elapsed() < WAIT_FOR_COPIES_MAX
-    {
+    while !hurried() && lock(&books.state).reserved > 0 && queued.elapsed() < WAIT_FOR_COPIES_MAX {
         std::thread::sleep(POLL);
     }
 }
@@ -248,7 +233,7 @@ fn commit_all(books: &Books, batch: Vec<Commit>) {
     let dir = books.sync_data_dir();
     let mut evicted = Vec::new();
     {
-        let mut state = lock_state(&books.state);
+        let mut state = lock(&books.state);
         for (commit, result) in &synced {
             match result.as_ref().and(dir.as_ref()) {
                 Ok(()) => {

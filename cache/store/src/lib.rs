@@ -37,7 +37,7 @@ use std::fs::{self, DirBuilder, File, TryLockError};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -65,6 +65,7 @@ use committer::{Commit, Committer};
 use index::{CopyId, Index, Journal};
 
 pub use stagefs_control::{Hold, Usage};
+use stagefs_source::locks::lock;
 
 /// Name of the layout directory; a new layout gets a new name.
 pub const LAYOUT_DIR: &str = "v1";
@@ -252,7 +253,7 @@ impl Unverified {
             books,
         } = self;
         let evicted =
-            books.evict_copy_locked(&mut lock_state(&books.state), &commit.key, commit.copy, why);
+            books.evict_copy_locked(&mut lock(&books.state), &commit.key, commit.copy, why);
         books.finish_evictions(evicted.into_iter().collect());
         // Its pin goes last, outside the state lock (dropping one takes it).
         drop((commit, expected));
@@ -271,10 +272,6 @@ pub struct EntryInfo {
     /// Why it is in use, if it is.
     #[serde(default)]
     pub hold: Option<Hold>,
-}
-
-fn lock_state(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Store {
@@ -348,7 +345,7 @@ impl Store {
     /// whole copy and wait for the disk: never call it where a request waits.
     pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
         let (mut entry, pin) = {
-            let mut state = lock_state(&self.books.state);
+            let mut state = lock(&self.books.state);
             let entry = state.index.get(key).filter(|e| accept(e))?.clone();
             (entry, self.books.pin_locked(&mut state, key))
         };
@@ -374,7 +371,7 @@ impl Store {
             self.remove_checked(key, &entry);
             return None;
         }
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         if let Some(copy) = rehashed {
             entry.copy = copy;
             state.index.put(key.clone(), entry.clone());
@@ -425,7 +422,7 @@ impl Store {
     /// inode and change time match). Never hashes; a copy that fails the check is
     /// left for [`Store::lookup`] to re-hash on the next open through the mount.
     pub fn redirectable(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
-        let entry = lock_state(&self.books.state)
+        let entry = lock(&self.books.state)
             .index
             .get(key)
             .filter(|e| accept(e))?
@@ -444,7 +441,7 @@ impl Store {
     /// the link up can still read it (`realpath` calls `lstat`, then `readlink`).
     pub fn present_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
         let path = self.redirectable(key, &accept)?;
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         if !state.index.get(key).is_some_and(accept) {
             return None;
         }
@@ -457,7 +454,7 @@ impl Store {
     /// reaches us, so this is the only sign of use we get) and as recently used.
     pub fn resolve_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
         let path = self.redirectable(key, &accept)?;
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         // It may have been evicted since it was checked; only a still-current
         // entry may be handed out.
         let current = state.index.get(key).is_some_and(accept);
@@ -513,7 +510,7 @@ impl Store {
             return Ok(());
         }
         let volume = self.volume()?;
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         let volume = with_unlinking(volume, &state);
         let used = state.index.bytes() + state.reserved;
         if !budget::fits(&self.budget, used, state.reserved, extra, volume) {
@@ -553,7 +550,7 @@ impl Store {
         evicted: &mut Vec<Evicted>,
     ) -> Result<Reservation, StoreError> {
         let volume = self.volume()?;
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         let volume = with_unlinking(volume, &state);
         let replaced = key
             .and_then(|k| state.index.get(k))
@@ -671,7 +668,7 @@ impl Store {
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         // Out of the index first: nothing serves or evicts this key in between (one
         // copy per key is staged at a time), and the reservation pins it.
-        if lock_state(&self.books.state).index.remove(key).is_some() {
+        if lock(&self.books.state).index.remove(key).is_some() {
             self.books.write_journal(true, true)?;
         }
         tmp.persist(&data_path)
@@ -736,7 +733,7 @@ impl Store {
         let path = placed.path;
         entry.copy = CopyId::of(&meta);
         let (pin, commit_pin) = {
-            let mut state = lock_state(&self.books.state);
+            let mut state = lock(&self.books.state);
             state.index.put_uncommitted(key.clone(), entry.clone());
             // The copy now counts as used space, so its reservation goes in the same
             // step: counted twice, it would refuse (ENOSPC) another open's copy that
@@ -810,7 +807,7 @@ impl Store {
         still: impl Fn(&Entry) -> bool,
     ) -> Result<Option<Entry>, StoreError> {
         self.commit_now();
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         let Some(entry) = state.index.get(key).filter(|e| still(e)).cloned() else {
             return Ok(None);
         };
@@ -833,7 +830,7 @@ impl Store {
         accept: impl Fn(&Entry) -> bool,
     ) -> Result<Option<NamedTempFile>, StoreError> {
         self.commit_now();
-        let mut state = lock_state(&self.books.state);
+        let mut state = lock(&self.books.state);
         if !state.index.get(key).is_some_and(&accept) || state.in_use(key, self.redirect_grace) {
             return Ok(None);
         }
@@ -866,18 +863,17 @@ impl Store {
     /// Keeps the copy for `key` from being evicted or removed while the pin is held,
     /// including one committed after the pin was taken.
     pub fn pin(&self, key: &Key) -> Pin {
-        self.books
-            .pin_locked(&mut lock_state(&self.books.state), key)
+        self.books.pin_locked(&mut lock(&self.books.state), key)
     }
 
     /// Whether a copy for `key` is stored.
     pub fn contains(&self, key: &Key) -> bool {
-        lock_state(&self.books.state).index.get(key).is_some()
+        lock(&self.books.state).index.get(key).is_some()
     }
 
     /// Every entry, least recently used first.
     pub fn entries(&self) -> Vec<EntryInfo> {
-        let state = lock_state(&self.books.state);
+        let state = lock(&self.books.state);
         state
             .index
             .iter_lru()
@@ -896,7 +892,7 @@ impl Store {
     /// How full the cache is.
     pub fn usage(&self) -> Result<Usage, StoreError> {
         let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
-        let state = lock_state(&self.books.state);
+        let state = lock(&self.books.state);
         Ok(Usage {
             used: state.index.bytes(),
             entries: state.index.len(),
@@ -916,12 +912,10 @@ impl Books {
             Ok(journal) => journal,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) if !wait => return Ok(()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                self.journal.lock().unwrap_or_else(PoisonError::into_inner)
-            }
+            Err(std::sync::TryLockError::WouldBlock) => lock(&self.journal),
         };
         let (records, compacted) = {
-            let mut state = lock_state(&self.state);
+            let mut state = lock(&self.state);
             if !durable && !state.index.has_pending() {
                 return Ok(());
             }
@@ -996,7 +990,7 @@ impl Books {
             if let Err(e) = remove_if_present(&path) {
                 warn!(error = %e, "could not unlink an evicted copy; startup removes it");
             }
-            lock_state(&self.state).unlinking -= victim.bytes;
+            lock(&self.state).unlinking -= victim.bytes;
         }
     }
 
@@ -1021,7 +1015,7 @@ impl Books {
 
 impl Drop for Pin {
     fn drop(&mut self) {
-        let mut state = lock_state(&self.state);
+        let mut state = lock(&self.state);
         if let Some(count) = state.pins.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {
@@ -1033,7 +1027,7 @@ impl Drop for Pin {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        lock_state(&self.state).reserved -= self.bytes;
+        lock(&self.state).reserved -= self.bytes;
     }
 }
 
@@ -1678,11 +1672,7 @@ pub(crate) mod tests {
         let store = Arc::new(Store::open(dir.path(), budget(1000))?);
         drop(stage(&store, "a", 10, 1)?);
         // Another thread is in the middle of a slow journal sync.
-        let writing = store
-            .books
-            .journal
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let writing = lock(&store.books.journal);
         let (tx, rx) = std::sync::mpsc::channel();
         let server = Arc::clone(&store);
         std::thread::spawn(move || {
@@ -1709,7 +1699,7 @@ pub(crate) mod tests {
             0,
             "unlinked"
         );
-        assert_eq!(lock_state(&store.books.state).unlinking, 0);
+        assert_eq!(lock(&store.books.state).unlinking, 0);
         drop(stage(&store, "a", 100, 3)?);
         let hit = store.lookup(&key("a"), |_| true).ok_or("restaged")?;
         assert_eq!(fs::read(hit.path)?, vec![3; 100]);

@@ -25,7 +25,7 @@ use crate::attr::{Attr, attr_of};
 use crate::error::FsError;
 use crate::finder;
 use crate::handles::{OpenFile, Reader, Writer};
-use crate::policy::tee::Tee;
+use crate::tee::Tee;
 use crate::written::Trust;
 
 /// How often, and how many times, the copy of a removed file is asked to go while

@@ -25,6 +25,7 @@ use hashers::Hashers;
 pub use name_check::{NameCheck, Verdict};
 
 use crate::ReadAt;
+use crate::locks::lock;
 
 /// Reads in flight while copying one file: four 2 MiB reads fill a 1 Gbit/s link
 /// over sshfs (docs/BENCHMARKS.md) in 12 MiB of buffers per copy.
@@ -167,11 +168,7 @@ struct BufferPool {
 impl BufferPool {
     /// A buffer of exactly `len` bytes, of any content, back in the pool once dropped.
     fn take(self: &Arc<Self>, len: usize) -> Buffer {
-        let reused = self
-            .free
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop();
+        let reused = lock(&self.free).pop();
         let mut bytes = reused.unwrap_or_default();
         // Only a buffer that grows is written to; a reused one keeps its old bytes,
         // every one of which the read overwrites.
@@ -208,11 +205,7 @@ impl AsRef<[u8]> for Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         let bytes = std::mem::take(&mut self.bytes);
-        self.pool
-            .free
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(bytes);
+        lock(&self.pool.free).push(bytes);
     }
 }
 

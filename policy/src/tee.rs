@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stagefs_source::{SourceError, WritableFile};
@@ -40,6 +40,7 @@ use tokio::runtime::Handle;
 use tracing::debug;
 
 use crate::written::Written;
+use stagefs_source::locks::lock;
 
 /// How long a written `.incomplete` blob waits for its rename.
 const PARKED_FOR: Duration = Duration::from_secs(60);
@@ -82,10 +83,6 @@ pub(crate) struct WrittenCopies {
 /// The most closes remembered for a rename; past it they are forgotten (such a
 /// rename then stages the file at its first open, as before).
 const CLOSES_KEPT: usize = 1024;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 impl Tee {
     pub(crate) fn new(copy: TeeWriter, opened_at: u64) -> Tee {
