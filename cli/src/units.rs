@@ -26,12 +26,14 @@ pub(crate) fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
 
 /// Parses a path inside the source (`model_dirs`): relative, without `..`.
 pub(crate) fn parse_source_dir(text: &str) -> Result<std::path::PathBuf, String> {
-    match stagefs_source::plain_relative(std::path::Path::new(text)) {
-        // "/" and "." are the root, which is searched anyway, and not a directory in it.
-        Some(path) if !path.as_os_str().is_empty() => Ok(path),
-        _ => Err(format!(
+    let path = std::path::Path::new(text.trim_end_matches('/'));
+    // "/" trims to nothing: the root, which is searched anyway, and not relative.
+    if stagefs_source::is_plain_relative(path) && !path.as_os_str().is_empty() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(format!(
             "'{text}' must be a directory inside the source, relative to it (e.g. teams/nlp/hf/hub)"
-        )),
+        ))
     }
 }
 

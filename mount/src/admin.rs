@@ -15,7 +15,7 @@ use stagefs_control::report::{
 use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
-use stagefs_source::{SourceTree, plain_relative};
+use stagefs_source::{SourceTree, is_plain_relative};
 use stagefs_store::StoreError;
 use stagefs_store::key::Key;
 use stagefs_store::{CopyCheck, EntryInfo, Hold, Store, compare_with_record};
@@ -403,12 +403,13 @@ fn checked_id(id: &str) -> Result<&str, AdminError> {
 }
 
 fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
-    match plain_relative(path) {
-        Some(plain) if !plain.as_os_str().is_empty() => Ok(plain),
-        _ => Err(AdminError::BadRequest(format!(
+    if is_plain_relative(path) && !path.as_os_str().is_empty() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(AdminError::BadRequest(format!(
             "{}: not a path inside the source",
             path.display()
-        ))),
+        )))
     }
 }
 

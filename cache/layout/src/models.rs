@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use stagefs_control::ModelKind;
 
 use crate::hf;
-use stagefs_source::{SourceTree, plain_relative};
+use stagefs_source::{SourceTree, is_plain_relative};
 
 /// How many directory levels below the root (and below each of `model_dirs`) a search
 /// reads. A folder at `models/org/name` is 3 levels down; an HF_HOME's repositories
@@ -288,7 +288,7 @@ pub fn model_at(source: &SourceTree, rel: &Path) -> Option<ModelRef> {
 }
 
 /// The model an opened file belongs to: the repository it lies in, the nearest model
-/// folder at most [`FOLDER_LEVELS`] directories above it, or the GGUF file itself.
+/// folder at most `FOLDER_LEVELS` directories above it, or the GGUF file itself.
 pub fn model_of_file(source: &SourceTree, rel: &Path) -> Option<ModelRef> {
     if let Some(repo) = repo_containing(rel) {
         return Some(repo);
@@ -472,9 +472,10 @@ impl Search {
 
 /// `id` as a path in the source, refusing absolute paths and `..`.
 fn checked_id(id: &str) -> Result<PathBuf, ModelError> {
-    match plain_relative(Path::new(id)) {
-        Some(path) if !path.as_os_str().is_empty() => Ok(path),
-        _ => Err(ModelError::BadId { id: id.to_string() }),
+    if is_plain_relative(Path::new(id)) && !id.is_empty() {
+        Ok(PathBuf::from(id))
+    } else {
+        Err(ModelError::BadId { id: id.to_string() })
     }
 }
 

@@ -321,21 +321,13 @@ pub enum SetTime {
     At(i64),
 }
 
-/// `path` as a path inside whatever it is relative to, with any `.` dropped: None if
-/// it is absolute or has a `..` anywhere (even one that would stay inside: a link
-/// below could make it leave). The empty path is the root itself. The one check of a
-/// path that comes from outside (a request, a model id, a config line) before it is
-/// joined to the source's root.
-pub fn plain_relative(path: &Path) -> Option<PathBuf> {
-    let mut plain = PathBuf::new();
-    for part in path.components() {
-        match part {
-            Component::Normal(name) => plain.push(name),
-            Component::CurDir => {}
-            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    Some(plain)
+/// Whether `path` is plain: relative, and names only (no root, no `..` anywhere, even
+/// one that would stay inside: a link below could make it leave). The empty path is
+/// the root itself. A leading `./` is not plain: typed by a user it means "from the
+/// current directory". The one check of a path that comes from outside (a request, a
+/// model id, a config line) before it is joined to a root.
+pub fn is_plain_relative(path: &Path) -> bool {
+    path.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
 /// A backend stagefs can mirror. Paths are relative to the root and already checked
@@ -816,9 +808,10 @@ impl SourceTree {
         self.backend.root()
     }
 
-    /// Refuses anything but a [`plain_relative`] path.
+    /// Refuses anything but a [`is_plain_relative`] path.
     pub fn check(&self, rel: &Path) -> Result<(), SourceError> {
-        if plain_relative(rel).is_some() {
+        // `.` and a leading `./` are the root, as callers inside stagefs may write it.
+        if is_plain_relative(rel.strip_prefix(".").unwrap_or(rel)) {
             Ok(())
         } else {
             Err(SourceError::OutsideRoot {
@@ -986,13 +979,11 @@ mod tests {
 
     #[test]
     fn a_plain_relative_path_has_no_root_and_no_parent() {
-        let plain = |p: &str| plain_relative(Path::new(p));
-        assert_eq!(plain("org/name"), Some(PathBuf::from("org/name")));
-        assert_eq!(plain("./org/./name/"), Some(PathBuf::from("org/name")));
-        assert_eq!(plain(""), Some(PathBuf::new()));
-        assert_eq!(plain("."), Some(PathBuf::new()));
-        for outside in ["/etc", "../x", "a/../b", "a/.."] {
-            assert_eq!(plain(outside), None, "{outside}");
+        for plain in ["org/name", "org/name/", "", "a/./b"] {
+            assert!(is_plain_relative(Path::new(plain)), "{plain}");
+        }
+        for outside in ["/etc", "../x", "a/../b", "a/..", "./a", "."] {
+            assert!(!is_plain_relative(Path::new(outside)), "{outside}");
         }
     }
 
