@@ -270,8 +270,8 @@ pub(crate) struct MountOptions {
     /// need `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
     pub(crate) allow_other: bool,
-    /// Refuse every change through the mount with EROFS (read-only file system),
-    /// as stagefs did before it wrote through. Otherwise creates, writes, renames,
+    /// Refuse every change through the mount with EROFS (read-only file system).
+    /// Otherwise creates, writes, renames,
     /// removals, chmod and utimes pass through to the source.
     #[arg(long)]
     pub(crate) read_only: bool,

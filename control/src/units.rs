@@ -62,7 +62,7 @@ const DURATION_UNITS: [(&str, u64); 5] = [
 ];
 
 /// Parses a duration into whole seconds: `0`, or numbers each followed by a unit of
-/// [`DURATION_UNITS`] (`45s`, `1h30m`, `1.5h`), adding up to whole seconds. Nothing
+/// `DURATION_UNITS` (`45s`, `1h30m`, `1.5h`), adding up to whole seconds. Nothing
 /// else is accepted, so a message can list all that works.
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let bad = |why: String| {

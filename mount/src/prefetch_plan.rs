@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, ModelSource};
 use stagefs_source::{SourceTree, Stamp};
-use stagefs_stage::Stager;
 pub use stagefs_stage::prefetch::{FileProgress, FileState, Job, Target};
+use stagefs_stage::{Handout, Stager};
 use stagefs_store::Store;
 
 use crate::admin::AdminError;
@@ -107,7 +107,11 @@ fn path_files(source: &SourceTree, path: &Path) -> Result<Vec<PathBuf>, AdminErr
 pub fn plan(stager: &Stager, files: &[(PathBuf, u64)]) -> Vec<FileProgress> {
     let staged = |path: &Path| {
         let meta = stager.source().stat(path).ok().filter(|m| m.is_file());
-        meta.is_some_and(|m| stager.redirect_target(path, Stamp::of(&m), false).is_some())
+        meta.is_some_and(|m| {
+            stager
+                .copy_path(path, Stamp::of(&m), Handout::Peek)
+                .is_some()
+        })
     };
     files
         .iter()

@@ -25,7 +25,7 @@
 //! server's generation, and a file open from a whole, verified copy. Everything
 //! else, including the first READ of a file (which opens and stages it, and may
 //! answer JUKEBOX), a stale handle, a refused credential and every other procedure,
-//! goes to the library and is answered by it as before.
+//! goes to the library and is answered by it.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -43,6 +43,7 @@ use nfs3_server::nfs3_types::rpc::{
 };
 use nfs3_server::nfs3_types::xdr_codec::{Pack, Unpack};
 use stagefs_policy::Policy;
+use stagefs_source::locks::lock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -55,7 +56,6 @@ use crate::intents::{self, Intents};
 use crate::jukebox::MAX_HOLD;
 use crate::reads::Reads;
 use crate::status::nfsstat_logged;
-use stagefs_source::locks::lock;
 
 /// The largest record a client may send: a call with a WRITE of the most the library
 /// advertises (FSINFO's `wtmax`, 1 MiB; the mount asks `wsize=1048576`, and clients
@@ -423,7 +423,7 @@ impl Front {
         }
         let ino = ino_of(&args.file.data, self.generation)?;
         let open = self.reads.open_now(ino)?;
-        let file = self.policy.copy_of(open.fh).ok()??;
+        let file = self.policy.staged_file(open.fh).ok()??;
         let offset = args.offset;
         let count = u64::from(args.count.min(MAX_READ));
         let len = open.size.saturating_sub(offset).min(count);

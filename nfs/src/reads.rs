@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
 use stagefs_policy::{FsError, Policy};
+use stagefs_source::locks::lock;
 use stagefs_stage::{InFlight, StageError, StoreError};
 use tokio::sync::watch;
 
 use crate::jukebox::{self, Backoff, MAX_HOLD};
 use crate::status::nfsstat_logged;
-use stagefs_source::locks::lock;
 
 /// How often a held READ looks at its copy's progress.
 const TICK: Duration = Duration::from_millis(100);

@@ -6,11 +6,11 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use stagefs_source::locks::lock;
 use stagefs_source::{SourceFile, WritableFile};
 use stagefs_stage::Pin;
 
 use crate::attr::Attr;
-use stagefs_source::locks::lock;
 
 /// Something an adapter keeps alive as long as a handle is open (FUSE: the kernel's
 /// passthrough backing id).

@@ -27,12 +27,12 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use stagefs_source::locks::lock;
 use stagefs_source::{SourceMeta, Stamp};
 use tracing::debug;
 
 use crate::attr::Attr;
 use crate::handles::DirEntry;
-use stagefs_source::locks::lock;
 
 /// The root directory's inode, as the kernel expects (and the NFS export root's fileid).
 pub const ROOT_INO: u64 = 1;

@@ -15,8 +15,8 @@ mod handles;
 mod inodes;
 mod policy;
 mod redirect;
+mod taint;
 mod tee;
-mod written;
 
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub struct FsConfig {
     /// Refuse the names the macOS Finder and Spotlight probe for (`._*`,
     /// `.DS_Store`...) without asking the source, and leave them out of listings.
     pub hide_finder_files: bool,
-    /// Refuse every change with EROFS, as stagefs did before it wrote through.
+    /// Refuse every change with EROFS: a mount that only reads.
     pub read_only: bool,
 }
 

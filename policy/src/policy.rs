@@ -41,8 +41,7 @@ use std::time::Duration;
 use stagefs_source::copy::read_at_most;
 use stagefs_source::{SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, Stamp, Unanswered, sys};
 use stagefs_stage::prefetch::Prefetcher;
-use stagefs_stage::{InFlight, Metrics, StageError, Staged, Stager};
-use stagefs_stage::{Pin, StoreError};
+use stagefs_stage::{Handout, InFlight, Metrics, Pin, StageError, Staged, Stager, StoreError};
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
@@ -52,8 +51,8 @@ use crate::finder;
 use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Node, ROOT_INO};
 use crate::redirect::{Presented, RedirectPolicy, Rewalks};
+use crate::taint::Taints;
 use crate::tee;
-use crate::written::Written;
 use crate::{FsConfig, OnFull};
 
 mod write;
@@ -80,10 +79,10 @@ pub struct Policy {
     rewalks: Rewalks,
     prefetcher: Option<Arc<Prefetcher>>,
     /// Paths changed through the mount, whose stored copies must not be trusted
-    /// until they are removed (`written.rs`).
-    written: Arc<Written>,
+    /// until they are removed (`taint.rs`).
+    taints: Arc<Taints>,
     /// Staging as written: the copies writers fill.
-    copies: tee::WrittenCopies,
+    tees: tee::Tees,
 }
 
 /// A directory listing held open by a handle.
@@ -163,10 +162,10 @@ impl Policy {
                 config.min_stage_size,
             )
         });
-        let written = Arc::new(Written::default());
-        let copies = tee::WrittenCopies::new(
+        let taints = Arc::new(Taints::default());
+        let tees = tee::Tees::new(
             stager.clone(),
-            Arc::clone(&written),
+            Arc::clone(&taints),
             runtime.clone(),
             config.min_stage_size,
         );
@@ -181,8 +180,8 @@ impl Policy {
             files: Handles::new(),
             dirs: Handles::new(),
             kernel_passthrough: Arc::default(),
-            copies,
-            written,
+            tees,
+            taints,
         }
     }
 
@@ -413,7 +412,7 @@ impl Policy {
         }
         let passthrough = self.kernel_passthrough.load(Ordering::Relaxed);
         self.redirect.present(version, passthrough, || {
-            self.stager.present_target(path, version)
+            self.stager.copy_path(path, version, Handout::Present)
         })
     }
 
@@ -507,7 +506,9 @@ impl Policy {
         if !self.copy_trusted_blocking(&node.path) {
             return None;
         }
-        let copy = self.stager.redirect_target(&node.path, version, true)?;
+        let copy = self
+            .stager
+            .copy_path(&node.path, version, Handout::Resolve)?;
         Metrics::bump(&self.stager.metrics().redirects);
         Some(copy.into_os_string().into_vec())
     }
@@ -896,7 +897,7 @@ impl Policy {
     /// kernel a range of it rather than bytes (NFS replies by `sendfile`); `None`
     /// when the handle reads from the source, whose reads must go through
     /// [`Policy::read`] and its timeout. Counts as one read of the handle.
-    pub fn copy_of(&self, fh: u64) -> Result<Option<Arc<File>>, FsError> {
+    pub fn staged_file(&self, fh: u64) -> Result<Option<Arc<File>>, FsError> {
         let open = self.files.get(fh).ok_or(FsError::UnknownHandle(fh))?;
         Metrics::bump(&self.stager.metrics().daemon_reads);
         Ok(match &open.reader {
@@ -1095,8 +1096,7 @@ mod tests {
         /// after, and an open between the two would take the copy for a stale one.
         fn trusted_copy(&self, rel: impl AsRef<Path>) -> bool {
             let rel = rel.as_ref();
-            self.stored(rel)
-                && self.policy.written.trust(rel, false) == crate::written::Trust::Trusted
+            self.stored(rel) && self.policy.taints.trust(rel, false) == crate::taint::Trust::Trusted
         }
     }
 

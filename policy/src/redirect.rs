@@ -18,9 +18,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use stagefs_source::Stamp;
+use stagefs_source::locks::lock;
 
 use crate::FsConfig;
-use stagefs_source::locks::lock;
 
 /// Whether a mount presents staged files as links to their copies.
 #[derive(Debug, Clone, Copy)]

@@ -14,13 +14,14 @@
 //! Content-addressed blobs (`blobs/<sha256>`) are never tainted: a stored copy of one
 //! is verified against its name, so it is right whatever was written there.
 
-use stagefs_source::locks::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use stagefs_source::locks::lock;
+
 #[derive(Debug, Default)]
-pub(crate) struct Written {
+pub(crate) struct Taints {
     state: Mutex<State>,
 }
 
@@ -49,8 +50,8 @@ struct Writers {
 pub(crate) enum Trust {
     /// Nothing written through the mount stands between the store and the source.
     Trusted,
-    /// Written since its copy was last removed: remove the copy (then
-    /// [`Written::cleared`] with this generation) before using the store for it.
+    /// Taints since its copy was last removed: remove the copy (then
+    /// [`Taints::cleared`] with this generation) before using the store for it.
     RemoveFirst(u64),
     /// Being written now: read it from the source.
     Untrusted,
@@ -60,7 +61,7 @@ fn content_addressed(path: &Path) -> bool {
     stagefs_stage::named_by_sha256(path)
 }
 
-impl Written {
+impl Taints {
     /// `path` (and anything under it) was changed through the mount; the taint's
     /// generation.
     pub(crate) fn taint(&self, path: &Path) -> u64 {
@@ -210,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_taint_holds_until_the_copy_is_removed_and_returns_with_the_next_write() {
-        let w = Written::default();
+        let w = Taints::default();
         let p = Path::new("m/weights.bin");
         assert_eq!(w.trust(p, false), Trust::Trusted);
         w.writer_opened(p, false);
@@ -228,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_writer_that_changes_nothing_taints_nothing_but_is_never_trusted_while_open() {
-        let w = Written::default();
+        let w = Taints::default();
         let p = Path::new("m/weights.bin");
         let opened = w.writer_opened(p, false);
         assert_eq!(w.trust(p, false), Trust::Untrusted);
@@ -243,7 +244,7 @@ mod tests {
 
     #[test]
     fn a_renamed_directory_taints_what_is_under_it_but_never_a_blob() {
-        let w = Written::default();
+        let w = Taints::default();
         w.taint(Path::new("a"));
         assert!(matches!(
             w.trust(Path::new("a/b/c"), false),

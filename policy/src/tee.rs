@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use stagefs_source::locks::lock;
 use stagefs_source::{SourceError, WritableFile};
 use stagefs_stage::{SourceVersion, Stager, TeeWriter, WrittenCopy, named_by_sha256};
 use tempfile::NamedTempFile;
@@ -39,8 +40,7 @@ use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
 use tracing::debug;
 
-use crate::written::Written;
-use stagefs_source::locks::lock;
+use crate::taint::Taints;
 
 /// How long a written `.incomplete` blob waits for its rename.
 const PARKED_FOR: Duration = Duration::from_secs(60);
@@ -67,12 +67,12 @@ struct Parked {
 /// What staging as written needs of the mount, apart from the policy itself (a
 /// handle's close may come where only a reference to the policy is at hand).
 #[derive(Debug, Clone)]
-pub(crate) struct WrittenCopies {
+pub(crate) struct Tees {
     stager: Stager,
-    written: Arc<Written>,
+    taints: Arc<Taints>,
     runtime: Handle,
     min_stage_size: u64,
-    /// Written copies waiting for their renames, by inode.
+    /// Taints copies waiting for their renames, by inode.
     parked: Arc<Mutex<HashMap<u64, Parked>>>,
     /// Files outside `blobs/` whose written copy was adopted, with the taint their
     /// close left: a rename that follows with nothing changed since (a careful
@@ -81,7 +81,8 @@ pub(crate) struct WrittenCopies {
 }
 
 /// The most closes remembered for a rename; past it they are forgotten (such a
-/// rename then stages the file at its first open, as before).
+/// rename then stages the file at its first open, as any file not written through
+/// the mount).
 const CLOSES_KEPT: usize = 1024;
 
 impl Tee {
@@ -135,16 +136,16 @@ fn incomplete_blob(path: &Path) -> bool {
     named_by_sha256(&path.with_file_name(sha))
 }
 
-impl WrittenCopies {
+impl Tees {
     pub(crate) fn new(
         stager: Stager,
-        written: Arc<Written>,
+        taints: Arc<Taints>,
         runtime: Handle,
         min_stage_size: u64,
     ) -> Self {
-        WrittenCopies {
+        Tees {
             stager,
-            written,
+            taints,
             runtime,
             min_stage_size,
             parked: Arc::default(),
@@ -203,12 +204,12 @@ impl WrittenCopies {
         let source_path = path.clone();
         let version: SourceVersion =
             Box::new(move || file.meta().map_err(|e| SourceError::io(&source_path, e)));
-        let (written, cleared) = (Arc::clone(&self.written), path.clone());
+        let (taints, cleared) = (Arc::clone(&self.taints), path.clone());
         let committed = move || {
             // The copy is of the file as this handle left it: a later change taints
             // it anew.
             if let Some(generation) = closed_at {
-                written.cleared(&cleared, generation);
+                taints.cleared(&cleared, generation);
             }
         };
         self.stager.adopt_written(&path, copy, version, committed);
@@ -232,9 +233,9 @@ impl WrittenCopies {
     pub(crate) fn carry_over(&self, from: &Path, to: &Path, generation: u64) {
         lock(&self.closes).insert(to.to_path_buf(), generation);
         let version = self.source_version(to);
-        let (written, cleared) = (Arc::clone(&self.written), to.to_path_buf());
+        let (taints, cleared) = (Arc::clone(&self.taints), to.to_path_buf());
         self.stager.adopt_renamed(from, to, version, move || {
-            written.cleared(&cleared, generation);
+            taints.cleared(&cleared, generation);
         });
     }
 

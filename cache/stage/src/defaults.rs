@@ -21,8 +21,8 @@ pub const PREFETCH_PARALLEL: usize = 1;
 
 /// The most files a mount's prefetch copies at a time from a local disk, one per
 /// core: parallel copies keep the disk's queue and the cores busier than one at a
-/// time. A blob's sha256 no longer holds its copy up (it follows it), but one copy at
-/// a time was still slower on the 2-core VM: 0.988 s against 0.806 s for a sequential
+/// time. A blob's sha256 does not hold its copy up (it follows it), and one copy at
+/// a time is slower on the 2-core VM: 0.988 s against 0.806 s for a sequential
 /// cold load, and no faster for MLX's pattern (docs/BENCHMARKS.md).
 pub const LOCAL_PREFETCH_PARALLEL_MAX: usize = 4;
 

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use stagefs_source::locks::lock;
 use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
@@ -51,12 +52,11 @@ use stagefs_source::pool::{DEFAULT_SOURCE_THREADS, SourcePool};
 use stagefs_source::{SourceError, SourceMeta, SourceTree, Stamp};
 use stagefs_store::index::{CopyId, Entry};
 use stagefs_store::key::Key;
-use stagefs_store::{Hit, Store};
+use stagefs_store::{OpenCopy, Store};
 pub use written::{SourceVersion, WrittenCopy};
 // Store types that are part of this layer's API: what a staged copy holds open, and
 // what a failed stage carries.
-use stagefs_source::locks::lock;
-pub use stagefs_store::{Pin, StoreError};
+pub use stagefs_store::{Handout, Pin, StoreError};
 pub use tee::TeeWriter;
 
 /// Whether `rel` names an LFS blob by its sha256 (`blobs/<sha256>`): its content
@@ -442,27 +442,13 @@ impl Stager {
     }
 
     /// Where a stored copy of source file `rel` at version `stamp` can be read
-    /// directly, if one is whole and untouched. With `resolving`, the caller is
-    /// handing the path out, which keeps the copy in use for the store's redirect
-    /// grace. Asks the source nothing and never hashes: a stat of the copy at most.
-    pub fn redirect_target(&self, rel: &Path, stamp: Stamp, resolving: bool) -> Option<PathBuf> {
+    /// directly, if one is whole and untouched; `handout` says what the caller does
+    /// with the path, and so how long the copy stays in use ([`Handout`]). Asks the
+    /// source nothing and never hashes: a stat of the copy at most.
+    pub fn copy_path(&self, rel: &Path, stamp: Stamp, handout: Handout) -> Option<PathBuf> {
         let key = Key::for_source_path(rel);
         let accept = |e: &Entry| reusable(e, &key, rel, stamp);
-        let store = &self.inner.store;
-        if resolving {
-            store.resolve_redirect(&key, accept)
-        } else {
-            store.redirectable(&key, accept)
-        }
-    }
-
-    /// [`Stager::redirect_target`] for a lookup presenting `rel` as a link to its copy:
-    /// the copy stays in use for a moment, until the program that saw the link has
-    /// read it ([`Store::present_redirect`]).
-    pub fn present_target(&self, rel: &Path, stamp: Stamp) -> Option<PathBuf> {
-        let key = Key::for_source_path(rel);
-        let accept = |e: &Entry| reusable(e, &key, rel, stamp);
-        self.inner.store.present_redirect(&key, accept)
+        self.inner.store.redirect(&key, accept, handout)
     }
 
     /// Whether blob `rel` at version `stamp` is refused: its copy was dropped
@@ -567,7 +553,9 @@ impl Stager {
                     rel.to_path_buf(),
                     key,
                     purpose,
-                    move |inner, rel, key, progress| inner.stage_now(rel, key, progress, purpose),
+                    move |inner, rel, key, progress| {
+                        inner.copy_and_commit(rel, key, progress, purpose)
+                    },
                 )
             })
             .clone()
@@ -618,7 +606,7 @@ impl Stager {
 }
 
 impl Inner {
-    fn stage_now(
+    fn copy_and_commit(
         &self,
         rel: &Path,
         key: &Key,
@@ -957,7 +945,7 @@ fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
     }
 }
 
-fn staged(hit: Hit, stamp: Stamp, copied: bool) -> Staged {
+fn staged(hit: OpenCopy, stamp: Stamp, copied: bool) -> Staged {
     Staged {
         file: Arc::new(hit.file),
         path: hit.path,
@@ -1207,10 +1195,10 @@ mod tests {
         );
     }
 
-    fn stage_now(inner: &Inner, rel: &str) -> StageResult {
+    fn copy_and_commit(inner: &Inner, rel: &str) -> StageResult {
         let rel = Path::new(rel);
         let key = Key::for_source_path(rel);
-        inner.stage_now(rel, &key, &Progress::default(), Purpose::Open)
+        inner.copy_and_commit(rel, &key, &Progress::default(), Purpose::Open)
     }
 
     #[test]
@@ -1234,7 +1222,7 @@ mod tests {
 
         // While another copy runs, nobody waiting: no verdict, however long.
         let running = inner.activity.begin();
-        drop(stage_now(&inner, corrupt).expect("served"));
+        drop(copy_and_commit(&inner, corrupt).expect("served"));
         std::thread::sleep(Duration::from_secs(1));
         assert_eq!(
             inner.store.entries().len(),
@@ -1258,7 +1246,7 @@ mod tests {
 
         // Once no copy has run for a moment, it runs on its own.
         let good = write_named_blob(src.path(), &vec![5u8; 3 << 20]);
-        drop(stage_now(&inner, good.to_str().expect("utf-8")).expect("served"));
+        drop(copy_and_commit(&inner, good.to_str().expect("utf-8")).expect("served"));
         let committed = || journaled(cache.path(), &good).iter().any(|c| c.ino != 0);
         std::thread::sleep(Duration::from_millis(600));
         assert!(
@@ -1287,11 +1275,11 @@ mod tests {
         let stamp = Stamp::of(&source.stat(Path::new("w.bin")).expect("stat"));
         let inner = inner_for(source, cache.path(), &rt);
         let key = Key::for_source_path(Path::new("w.bin"));
-        let served = stage_now(&inner, "w.bin").expect("stage");
+        let served = copy_and_commit(&inner, "w.bin").expect("stage");
         // Already in the index: status lists it and eviction can see it.
         assert!(inner.store.contains(&key));
         assert_eq!(
-            inner.store.redirectable(&key, |_| true),
+            inner.store.redirect(&key, |_| true, Handout::Peek),
             Some(served.path.clone())
         );
         assert!(served.copied);
@@ -1309,7 +1297,7 @@ mod tests {
         let faulty = stagefs_source::faulty::FaultySource::new(src.path()).expect("source");
         faulty.rewrite_after("w.bin", 1 << 20, vec![2u8; 5 << 20]);
         let inner = inner_for(SourceTree::from_backend(faulty), cache.path(), &rt);
-        let result = stage_now(&inner, "w.bin");
+        let result = copy_and_commit(&inner, "w.bin");
         assert!(
             matches!(result, Err(StageError::SourceChanged { .. })),
             "{result:?}"
@@ -1326,7 +1314,8 @@ mod tests {
         let inner = Arc::clone(inner);
         std::thread::spawn(move || {
             let (path, key) = (Path::new(rel), Key::for_source_path(Path::new(rel)));
-            let _ = tx.send(inner.stage_now(path, &key, &Progress::default(), Purpose::Prefetch));
+            let _ =
+                tx.send(inner.copy_and_commit(path, &key, &Progress::default(), Purpose::Prefetch));
         });
         rx
     }

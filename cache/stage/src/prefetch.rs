@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::StreamExt;
 pub use stagefs_control::prefetch::{FileProgress, FileState, Target};
 use stagefs_layout::models;
+use stagefs_source::locks::lock;
 use stagefs_source::{SourceTree, Stamp};
-use stagefs_store::StoreError;
+use stagefs_store::{Handout, StoreError};
 use tracing::{debug, info};
 
 use crate::Stager;
 use crate::error::StageError;
-use stagefs_source::locks::lock;
 
 /// A set of files being staged, with per-file progress.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ impl Job {
         Job::reporting(stager, files, Vec::new())
     }
 
-    /// A job staging `files` that also reports `failed` (from [`unfollowable`]).
+    /// A job staging `files` that also reports `failed` (from [`stagefs_layout::models::unfollowable`]).
     pub fn reporting(
         stager: Stager,
         files: Vec<(PathBuf, u64)>,
@@ -56,7 +56,7 @@ impl Job {
 
     /// Stages every file, `parallel` at a time. A prefetch someone `requested`
     /// (`stagefs prefetch`) may evict to make room, and reports a file staged only
-    /// once its copy is durable and checked ([`Job::commit_staged`]). A background
+    /// once its copy is durable and checked (`Job::commit_staged`). A background
     /// prefetch evicts nothing, stops at the first file the budget has no room
     /// for, and leaves the commits to their own pace, which defers a blob's check
     /// while loads copy.
@@ -127,7 +127,7 @@ impl Job {
         for (i, stamp) in stamps.into_iter().enumerate() {
             let path = &self.files[i].0;
             let Some(stamp) = stamp else { continue };
-            if self.stager.redirect_target(path, stamp, false).is_some() {
+            if self.stager.copy_path(path, stamp, Handout::Peek).is_some() {
                 continue;
             }
             let error = match self.stager.refused(path, stamp) {

@@ -15,11 +15,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use stagefs_source::locks::lock;
 use stagefs_store::Reservation;
 use tempfile::NamedTempFile;
 
 use crate::{Stager, WrittenCopy};
-use stagefs_source::locks::lock;
 
 /// Bytes by which a written copy's reservation grows: large enough that the budget
 /// is asked rarely (a 4 GiB shard asks 128 times), small enough that a copy the

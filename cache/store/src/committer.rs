@@ -22,12 +22,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use stagefs_source::locks::{lock, wait};
 use tracing::{debug, warn};
 
-use super::{Books, Pin};
+use super::{Ledger, Pin};
 use crate::index::CopyId;
 use crate::key::Key;
-use stagefs_source::locks::{lock, wait};
 
 /// The longest a verified copy waits for other copies to finish before it is synced
 /// anyway, so a long prefetch does not leave a finished shard in memory only.
@@ -84,15 +84,15 @@ impl Outstanding {
 }
 
 impl Committer {
-    /// Starts the thread that commits copies recorded in `books`.
-    pub(super) fn start(books: Books) -> io::Result<Committer> {
+    /// Starts the thread that commits copies recorded in `ledger`.
+    pub(super) fn start(ledger: Ledger) -> io::Result<Committer> {
         let (queue, jobs) = channel();
         let outstanding = Arc::new(Outstanding::default());
         let thread = std::thread::Builder::new()
             .name("stagefs-commit".into())
             .spawn({
                 let outstanding = Arc::clone(&outstanding);
-                move || run(&books, &jobs, &outstanding)
+                move || run(&ledger, &jobs, &outstanding)
             })?;
         Ok(Committer {
             queue: Some(queue),
@@ -139,7 +139,7 @@ impl Committer {
     }
 }
 
-/// Whether anyone waits for the commits outstanding: [`Committer::commit_now`] (an
+/// Whether anyone waits for the commits outstanding: `Committer::commit_now` (an
 /// unmount, an eviction that needs room, `stagefs prefetch`), or a store going away.
 #[derive(Debug, Clone)]
 pub struct CommitsAwaited(Arc<Outstanding>);
@@ -194,27 +194,27 @@ impl Drop for Committer {
     }
 }
 
-fn run(books: &Books, jobs: &Receiver<Commit>, outstanding: &Outstanding) {
+fn run(ledger: &Ledger, jobs: &Receiver<Commit>, outstanding: &Outstanding) {
     while let Ok(first) = jobs.recv() {
-        wait_for_copies(books, first.queued, &outstanding.hurry);
+        wait_for_copies(ledger, first.queued, &outstanding.hurry);
         let mut batch = vec![first];
         batch.extend(jobs.try_iter());
         let n = batch.len();
-        commit_all(books, batch);
+        commit_all(ledger, batch);
         outstanding.finish(n);
     }
 }
 
 /// Waits while a copy is in progress (space is reserved only for those), at most
 /// until [`WAIT_FOR_COPIES_MAX`] after `queued`, and not while anyone is in a hurry.
-fn wait_for_copies(books: &Books, queued: Instant, hurry: &AtomicUsize) {
+fn wait_for_copies(ledger: &Ledger, queued: Instant, hurry: &AtomicUsize) {
     let hurried = || hurry.load(Ordering::SeqCst) > 0;
     // A prefetch starts its next copy as the last one ends: looking at once would
     // miss it, and sync the copy just made while the next one reads the disk.
     if !hurried() {
         std::thread::sleep(POLL);
     }
-    while !hurried() && lock(&books.state).reserved > 0 && queued.elapsed() < WAIT_FOR_COPIES_MAX {
+    while !hurried() && lock(&ledger.state).reserved > 0 && queued.elapsed() < WAIT_FOR_COPIES_MAX {
         std::thread::sleep(POLL);
     }
 }
@@ -222,7 +222,7 @@ fn wait_for_copies(books: &Books, queued: Instant, hurry: &AtomicUsize) {
 /// Syncs every copy of `batch` and their directory, then journals them as committed.
 /// A copy the disk could not sync is taken out of the index (a handle reading it
 /// keeps its bytes; the next open stages it again).
-fn commit_all(books: &Books, batch: Vec<Commit>) {
+fn commit_all(ledger: &Ledger, batch: Vec<Commit>) {
     let synced: Vec<(Commit, io::Result<()>)> = batch
         .into_iter()
         .map(|commit| {
@@ -230,10 +230,10 @@ fn commit_all(books: &Books, batch: Vec<Commit>) {
             (commit, result)
         })
         .collect();
-    let dir = books.sync_data_dir();
+    let dir = ledger.sync_data_dir();
     let mut evicted = Vec::new();
     {
-        let mut state = lock(&books.state);
+        let mut state = lock(&ledger.state);
         for (commit, result) in &synced {
             match result.as_ref().and(dir.as_ref()) {
                 Ok(()) => {
@@ -243,7 +243,7 @@ fn commit_all(books: &Books, batch: Vec<Commit>) {
                 }
                 Err(e) => {
                     warn!(path = %commit.source.display(), error = %e, "the cache disk could not sync a staged copy; it will be staged again");
-                    evicted.extend(books.evict_copy_locked(
+                    evicted.extend(ledger.evict_copy_locked(
                         &mut state,
                         &commit.key,
                         commit.copy,
@@ -253,11 +253,11 @@ fn commit_all(books: &Books, batch: Vec<Commit>) {
             }
         }
     }
-    if let Err(e) = books.write_journal(true, true) {
+    if let Err(e) = ledger.write_journal(true, true) {
         // The entries stay uncommitted in the journal: a restart re-hashes them.
         warn!(error = %e, "could not journal committed copies");
     }
-    books.finish_evictions(evicted);
+    ledger.finish_evictions(evicted);
     // The pins go last, outside the state lock (dropping one takes it).
     drop(synced);
 }

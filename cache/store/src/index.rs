@@ -1,16 +1,16 @@
 //! The persistent index of staged files: an append-only journal of JSON lines
 //! (`v1/index.jsonl`) replayed into memory at startup and compacted then.
 //!
-//! The [`Index`] is memory only: its changes queue records, which the owner writes to
-//! the [`Journal`] after letting go of the lock that guards the index, so nothing that
+//! The `Index` is memory only: its changes queue records, which the owner writes to
+//! the `Journal` after letting go of the lock that guards the index, so nothing that
 //! only reads the index waits for a disk.
 //!
-//! Durability: a copy enters the index *uncommitted* ([`Index::put_uncommitted`]) as
+//! Durability: a copy enters the index *uncommitted* (`Index::put_uncommitted`) as
 //! soon as it is whole and verified, before its bytes are known to be on disk. Its
 //! journal line then records no file identity ([`CopyId::UNVERIFIED`]), which no file
 //! matches, so a restart re-hashes the copy against its recorded digest before it
 //! serves it, and drops it if the digest differs (power lost before the data reached
-//! the disk). Once the data and its name are synced, [`Index::commit`] journals the
+//! the disk). Once the data and its name are synced, `Index::commit` journals the
 //! entry again with its identity. So the journal never vouches for bytes that may not
 //! be on disk, and a copy the journal names but that is gone is dropped at startup.
 //! `touch` records (recency) are written without a sync: losing the last few on power

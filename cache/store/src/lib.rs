@@ -3,7 +3,7 @@
 //!
 //! Layout under the cache directory:
 //! - `lock`: held (flock) by the one process that owns the store; it holds that pid;
-//! - `v1/index.jsonl`: the [`Index`] journal;
+//! - `v1/index.jsonl`: the `Index` journal;
 //! - `v1/data/<key>`: complete staged copies, only ever created by rename of a
 //!   verified copy;
 //! - `v1/tmp/`: copies in progress, removed at startup.
@@ -13,7 +13,7 @@
 //!   vouches for its bytes (records its identity) only once they are synced: commit
 //!   journals the removal of any old entry, renames the new data into place and makes
 //!   it the entry, uncommitted, so an open is served it at once; the committer then
-//!   syncs it and the directory and journals it committed ([`committer`]); a restart
+//!   syncs it and the directory and journals it committed (`committer`); a restart
 //!   re-hashes an uncommitted copy before serving it; startup drops entries whose data
 //!   is missing or the wrong size and deletes data files the index does not name;
 //! - a pinned copy (open, being staged, or waiting for its commit) is never evicted
@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use stagefs_source::locks::lock;
 use tempfile::NamedTempFile;
 use tracing::{info, warn};
 
@@ -65,7 +66,6 @@ use committer::{Commit, Committer};
 use index::{CopyId, Index, Journal};
 
 pub use stagefs_control::{Hold, Usage};
-use stagefs_source::locks::lock;
 
 /// Name of the layout directory; a new layout gets a new name.
 pub const LAYOUT_DIR: &str = "v1";
@@ -93,14 +93,14 @@ pub struct Store {
     dir: PathBuf,
     budget: Budget,
     redirect_grace: Duration,
-    books: Books,
+    ledger: Ledger,
     _lock: File,
 }
 
-/// The index, its journal and the data they describe: what the store and its
-/// committer both change.
+/// The store's ledger: the index, its journal and the data they describe, which the
+/// store and its committer both change.
 #[derive(Debug, Clone)]
-struct Books {
+struct Ledger {
     layout: PathBuf,
     state: Arc<Mutex<State>>,
     /// Taken after the state lock when both are, never the other way round.
@@ -112,9 +112,9 @@ struct State {
     index: Index,
     pins: HashMap<Key, usize>,
     reserved: u64,
-    /// When each copy's path was last handed out (see [`Store::resolve_redirect`]).
+    /// When each copy's path was last handed out ([`Handout::Resolve`]).
     redirected: HashMap<Key, Instant>,
-    /// When each copy was last presented as a link's target ([`Store::present_redirect`]).
+    /// When each copy was last presented as a link's target ([`Handout::Present`]).
     presented: HashMap<Key, Instant>,
     /// Bytes of evicted copies not unlinked yet: free as far as the budget goes.
     unlinking: u64,
@@ -209,9 +209,24 @@ impl Placed {
     }
 }
 
-/// A usable staged copy.
+/// What a caller of [`Store::redirect`] does with a copy's path, and so how long the
+/// copy counts as in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handout {
+    /// Only looks whether there is one (a prefetch, a plan): nothing is held.
+    Peek,
+    /// Presents it as a link's target to a lookup: held a moment (2 s),
+    /// so the program that looked the link up can still read it (`realpath` calls
+    /// `lstat`, then `readlink`).
+    Present,
+    /// Hands it out to be opened: held for the redirect grace (an open by path never
+    /// reaches us, so this is the only sign of use there is) and counts as a use.
+    Resolve,
+}
+
+/// A staged copy that can be served: open for reading, and pinned while held.
 #[derive(Debug)]
-pub struct Hit {
+pub struct OpenCopy {
     /// Its description.
     pub entry: Entry,
     /// The copy, open for reading.
@@ -222,14 +237,14 @@ pub struct Hit {
     pub pin: Pin,
 }
 
-/// A copy in the index whose check is still running ([`Store::record_unverified`]):
+/// A copy in the index whose check is still running (`Store::record_unverified`):
 /// pinned, served, and neither synced nor journaled with an identity until it is
 /// confirmed. Dropped undecided, it stays uncommitted: a restart re-hashes it.
 #[derive(Debug)]
 pub struct Unverified {
     commit: Commit,
     expected: committer::Expected,
-    books: Books,
+    ledger: Ledger,
 }
 
 impl Unverified {
@@ -250,11 +265,11 @@ impl Unverified {
         let Unverified {
             commit,
             expected,
-            books,
+            ledger,
         } = self;
         let evicted =
-            books.evict_copy_locked(&mut lock(&books.state), &commit.key, commit.copy, why);
-        books.finish_evictions(evicted.into_iter().collect());
+            ledger.evict_copy_locked(&mut lock(&ledger.state), &commit.key, commit.copy, why);
+        ledger.finish_evictions(evicted.into_iter().collect());
         // Its pin goes last, outside the state lock (dropping one takes it).
         drop((commit, expected));
     }
@@ -299,7 +314,7 @@ impl Store {
                 .append(&index.take_pending(), true)
                 .map_err(|e| StoreError::io(&index_path, e))?;
         }
-        let books = Books {
+        let ledger = Ledger {
             layout,
             state: Arc::new(Mutex::new(State {
                 index,
@@ -312,13 +327,13 @@ impl Store {
             })),
             journal: Arc::new(Mutex::new(journal)),
         };
-        let committer = Committer::start(books.clone()).map_err(|e| StoreError::io(&dir, e))?;
+        let committer = Committer::start(ledger.clone()).map_err(|e| StoreError::io(&dir, e))?;
         Ok(Store {
             committer,
             dir,
             budget,
             redirect_grace: DEFAULT_REDIRECT_GRACE,
-            books,
+            ledger,
             _lock: lock,
         })
     }
@@ -336,18 +351,18 @@ impl Store {
 
     /// Where the copy for `key` lives.
     pub fn data_path(&self, key: &Key) -> PathBuf {
-        self.books.data_path(key)
+        self.ledger.data_path(key)
     }
 
     /// The usable copy for `key`, if one exists and `accept`s its entry. The copy is
     /// checked for completeness and, if anything touched it since it was hashed,
     /// re-hashed; a damaged copy is dropped (a miss), never returned. It may hash a
     /// whole copy and wait for the disk: never call it where a request waits.
-    pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<Hit> {
+    pub fn lookup(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<OpenCopy> {
         let (mut entry, pin) = {
-            let mut state = lock(&self.books.state);
+            let mut state = lock(&self.ledger.state);
             let entry = state.index.get(key).filter(|e| accept(e))?.clone();
-            (entry, self.books.pin_locked(&mut state, key))
+            (entry, self.ledger.pin_locked(&mut state, key))
         };
         let path = self.data_path(key);
         let (file, rehashed) = match self.check_copy(&path, key, &entry) {
@@ -364,14 +379,14 @@ impl Store {
         // A new identity vouches for the bytes just hashed, which may be in memory
         // only (a copy a crashed daemon never committed): on disk before it is recorded.
         if rehashed.is_some()
-            && let Err(e) = file.sync_data().and_then(|()| self.books.sync_data_dir())
+            && let Err(e) = file.sync_data().and_then(|()| self.ledger.sync_data_dir())
         {
             warn!(path = %entry.source.display(), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
             drop(pin);
             self.remove_checked(key, &entry);
             return None;
         }
-        let mut state = lock(&self.books.state);
+        let mut state = lock(&self.ledger.state);
         if let Some(copy) = rehashed {
             entry.copy = copy;
             state.index.put(key.clone(), entry.clone());
@@ -381,10 +396,10 @@ impl Store {
         // A new identity must be durable, so it waits for the journal (after a
         // re-hash that cost far more); recency alone need not, and does not.
         let identity = rehashed.is_some();
-        if self.books.write_journal(identity, identity).is_err() {
+        if self.ledger.write_journal(identity, identity).is_err() {
             warn!(path = %entry.source.display(), "could not record a re-hashed copy");
         }
-        Some(Hit {
+        Some(OpenCopy {
             entry,
             file,
             path,
@@ -421,8 +436,43 @@ impl Store {
     /// handed out as it is: whole, read-only, and untouched since it was hashed (its
     /// inode and change time match). Never hashes; a copy that fails the check is
     /// left for [`Store::lookup`] to re-hash on the next open through the mount.
-    pub fn redirectable(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
-        let entry = lock(&self.books.state)
+    /// What the copy's use counts as is `handout`'s.
+    pub fn redirect(
+        &self,
+        key: &Key,
+        accept: impl Fn(&Entry) -> bool,
+        handout: Handout,
+    ) -> Option<PathBuf> {
+        let path = self.intact_copy(key, &accept)?;
+        if handout == Handout::Peek {
+            return Some(path);
+        }
+        let mut state = lock(&self.ledger.state);
+        // It may have been evicted since it was checked; only a still-current
+        // entry may be handed out.
+        if !state.index.get(key).is_some_and(accept) {
+            return None;
+        }
+        match handout {
+            Handout::Peek => {}
+            Handout::Present => {
+                state.presented.insert(key.clone(), Instant::now());
+            }
+            Handout::Resolve => {
+                state.redirected.insert(key.clone(), Instant::now());
+                let now = stagefs_source::sys::now_secs();
+                if state.index.get(key).is_some_and(|e| e.last_use != now) {
+                    state.index.touch(key, now);
+                }
+                drop(state);
+                let _ = self.ledger.write_journal(false, false);
+            }
+        }
+        Some(path)
+    }
+
+    fn intact_copy(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
+        let entry = lock(&self.ledger.state)
             .index
             .get(key)
             .filter(|e| accept(e))?
@@ -434,41 +484,6 @@ impl Store {
             && meta.permissions().mode() & 0o222 == 0
             && CopyId::of(&meta) == entry.copy;
         intact.then_some(path)
-    }
-
-    /// [`Store::redirectable`] for a lookup that presents the copy as a link's target:
-    /// keeps the copy in use for a moment ([`PRESENT_HOLD`]), so the program that looked
-    /// the link up can still read it (`realpath` calls `lstat`, then `readlink`).
-    pub fn present_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
-        let path = self.redirectable(key, &accept)?;
-        let mut state = lock(&self.books.state);
-        if !state.index.get(key).is_some_and(accept) {
-            return None;
-        }
-        state.presented.insert(key.clone(), Instant::now());
-        Some(path)
-    }
-
-    /// Like [`Store::redirectable`], for a caller about to hand the path out: the
-    /// copy then counts as in use for the redirect grace (an open by path never
-    /// reaches us, so this is the only sign of use we get) and as recently used.
-    pub fn resolve_redirect(&self, key: &Key, accept: impl Fn(&Entry) -> bool) -> Option<PathBuf> {
-        let path = self.redirectable(key, &accept)?;
-        let mut state = lock(&self.books.state);
-        // It may have been evicted since it was checked; only a still-current
-        // entry may be handed out.
-        let current = state.index.get(key).is_some_and(accept);
-        if !current {
-            return None;
-        }
-        state.redirected.insert(key.clone(), Instant::now());
-        let now = stagefs_source::sys::now_secs();
-        if state.index.get(key).is_some_and(|e| e.last_use != now) {
-            state.index.touch(key, now);
-        }
-        drop(state);
-        let _ = self.books.write_journal(false, false);
-        Some(path)
     }
 
     /// Promises `bytes` of space to a new copy for `key`, evicting least-recently-used
@@ -510,7 +525,7 @@ impl Store {
             return Ok(());
         }
         let volume = self.volume()?;
-        let mut state = lock(&self.books.state);
+        let mut state = lock(&self.ledger.state);
         let volume = with_unlinking(volume, &state);
         let used = state.index.bytes() + state.reserved;
         if !budget::fits(&self.budget, used, state.reserved, extra, volume) {
@@ -531,12 +546,12 @@ impl Store {
         let mut evicted = Vec::new();
         let mut reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
         // The victims left the index under the lock; their bytes go now, outside it.
-        self.books.finish_evictions(std::mem::take(&mut evicted));
+        self.ledger.finish_evictions(std::mem::take(&mut evicted));
         // Copies waiting for their commit are pinned: commit them, and look again.
         if matches!(reserved, Err(StoreError::NoRoom { .. })) && self.committer.busy() {
             self.committer.commit_now();
             reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
-            self.books.finish_evictions(evicted);
+            self.ledger.finish_evictions(evicted);
         }
         reserved
     }
@@ -550,7 +565,7 @@ impl Store {
         evicted: &mut Vec<Evicted>,
     ) -> Result<Reservation, StoreError> {
         let volume = self.volume()?;
-        let mut state = lock(&self.books.state);
+        let mut state = lock(&self.ledger.state);
         let volume = with_unlinking(volume, &state);
         let replaced = key
             .and_then(|k| state.index.get(k))
@@ -577,10 +592,10 @@ impl Store {
         loop {
             if budget::fits(&self.budget, used(&state), state.reserved, bytes, volume) {
                 state.reserved += bytes;
-                let pin = key.map(|k| self.books.pin_locked(&mut state, k));
+                let pin = key.map(|k| self.ledger.pin_locked(&mut state, k));
                 return Ok(Reservation {
                     bytes,
-                    state: Arc::clone(&self.books.state),
+                    state: Arc::clone(&self.ledger.state),
                     _pin: pin,
                 });
             }
@@ -592,7 +607,9 @@ impl Store {
                 .cloned();
             match victim {
                 Some(victim) if may_evict => {
-                    let freed = self.books.evict_locked(&mut state, &victim, "to make room");
+                    let freed = self
+                        .ledger
+                        .evict_locked(&mut state, &victim, "to make room");
                     // Only a copy that was on disk frees space on the volume.
                     if let Some(Evicted {
                         path: Some(_),
@@ -632,19 +649,19 @@ impl Store {
 
     /// A new private temp file for a copy in progress, deleted if dropped uncommitted.
     pub fn create_temp(&self) -> Result<NamedTempFile, StoreError> {
-        let tmp_dir = self.books.layout.join("tmp");
+        let tmp_dir = self.ledger.layout.join("tmp");
         NamedTempFile::new_in(&tmp_dir).map_err(|e| StoreError::io(&tmp_dir, e))
     }
 
-    /// Makes a fully written temp file the copy for `key`: [`Store::place`] then
-    /// [`Store::record`].
+    /// Makes a fully written temp file the copy for `key`: `Store::place` then
+    /// `Store::record`.
     pub fn commit(
         &self,
         key: &Key,
         tmp: NamedTempFile,
         entry: Entry,
         reservation: Reservation,
-    ) -> Result<Hit, StoreError> {
+    ) -> Result<OpenCopy, StoreError> {
         let placed = self.place(key, tmp, &entry)?;
         self.record(key, placed, entry, reservation)
     }
@@ -668,8 +685,8 @@ impl Store {
             .map_err(|e| StoreError::io(tmp.path(), e))?;
         // Out of the index first: nothing serves or evicts this key in between (one
         // copy per key is staged at a time), and the reservation pins it.
-        if lock(&self.books.state).index.remove(key).is_some() {
-            self.books.write_journal(true, true)?;
+        if lock(&self.ledger.state).index.remove(key).is_some() {
+            self.ledger.write_journal(true, true)?;
         }
         tmp.persist(&data_path)
             .map_err(|e| StoreError::io(&data_path, e.error))?;
@@ -690,20 +707,20 @@ impl Store {
         placed: Placed,
         entry: Entry,
         reservation: Reservation,
-    ) -> Result<Hit, StoreError> {
+    ) -> Result<OpenCopy, StoreError> {
         let (hit, unverified) = self.record_unverified(key, placed, entry, reservation)?;
         unverified.confirm();
         Ok(hit)
     }
 
-    /// [`Store::place`] then [`Store::record_unverified`].
+    /// `Store::place` then `Store::record_unverified`.
     pub fn commit_unverified(
         &self,
         key: &Key,
         tmp: NamedTempFile,
         entry: Entry,
         reservation: Reservation,
-    ) -> Result<(Hit, Unverified), StoreError> {
+    ) -> Result<(OpenCopy, Unverified), StoreError> {
         let placed = self.place(key, tmp, &entry)?;
         self.record_unverified(key, placed, entry, reservation)
     }
@@ -719,7 +736,7 @@ impl Store {
         placed: Placed,
         mut entry: Entry,
         mut reservation: Reservation,
-    ) -> Result<(Hit, Unverified), StoreError> {
+    ) -> Result<(OpenCopy, Unverified), StoreError> {
         let expected = self.committer.expect();
         let opened = File::open(&placed.path).and_then(|file| {
             let meta = file.metadata()?;
@@ -733,18 +750,18 @@ impl Store {
         let path = placed.path;
         entry.copy = CopyId::of(&meta);
         let (pin, commit_pin) = {
-            let mut state = lock(&self.books.state);
+            let mut state = lock(&self.ledger.state);
             state.index.put_uncommitted(key.clone(), entry.clone());
             // The copy now counts as used space, so its reservation goes in the same
             // step: counted twice, it would refuse (ENOSPC) another open's copy that
             // fits.
             state.reserved -= std::mem::take(&mut reservation.bytes);
-            let pin = self.books.pin_locked(&mut state, key);
-            (pin, self.books.pin_locked(&mut state, key))
+            let pin = self.ledger.pin_locked(&mut state, key);
+            (pin, self.ledger.pin_locked(&mut state, key))
         };
         // Written at once but not synced: after a kill -9 the restart finds the copy
         // and re-hashes it rather than copying it again.
-        if let Err(e) = self.books.write_journal(false, false) {
+        if let Err(e) = self.ledger.write_journal(false, false) {
             warn!(path = %entry.source.display(), error = %e, "could not journal a new copy yet");
         }
         drop(reservation);
@@ -758,9 +775,9 @@ impl Store {
                 queued: Instant::now(),
             },
             expected,
-            books: self.books.clone(),
+            ledger: self.ledger.clone(),
         };
-        let hit = Hit {
+        let hit = OpenCopy {
             entry,
             file,
             path,
@@ -807,16 +824,16 @@ impl Store {
         still: impl Fn(&Entry) -> bool,
     ) -> Result<Option<Entry>, StoreError> {
         self.commit_now();
-        let mut state = lock(&self.books.state);
+        let mut state = lock(&self.ledger.state);
         let Some(entry) = state.index.get(key).filter(|e| still(e)).cloned() else {
             return Ok(None);
         };
         if state.in_use(key, self.redirect_grace) {
             return Err(StoreError::InUse { path: entry.source });
         }
-        let evicted = self.books.evict_locked(&mut state, key, "on request");
+        let evicted = self.ledger.evict_locked(&mut state, key, "on request");
         drop(state);
-        self.books.finish_evictions(evicted.into_iter().collect());
+        self.ledger.finish_evictions(evicted.into_iter().collect());
         Ok(Some(entry))
     }
 
@@ -830,12 +847,12 @@ impl Store {
         accept: impl Fn(&Entry) -> bool,
     ) -> Result<Option<NamedTempFile>, StoreError> {
         self.commit_now();
-        let mut state = lock(&self.books.state);
+        let mut state = lock(&self.ledger.state);
         if !state.index.get(key).is_some_and(&accept) || state.in_use(key, self.redirect_grace) {
             return Ok(None);
         }
         let taken = self
-            .books
+            .ledger
             .evict_locked(&mut state, key, "to be committed under a new name");
         let aside = match taken {
             Some(Evicted {
@@ -850,7 +867,7 @@ impl Store {
         };
         drop(state);
         // Out of the index either way (a copy whose file was missing too).
-        self.books.write_journal(true, true)?;
+        self.ledger.write_journal(true, true)?;
         let Some(aside) = aside else {
             return Ok(None);
         };
@@ -863,17 +880,17 @@ impl Store {
     /// Keeps the copy for `key` from being evicted or removed while the pin is held,
     /// including one committed after the pin was taken.
     pub fn pin(&self, key: &Key) -> Pin {
-        self.books.pin_locked(&mut lock(&self.books.state), key)
+        self.ledger.pin_locked(&mut lock(&self.ledger.state), key)
     }
 
     /// Whether a copy for `key` is stored.
     pub fn contains(&self, key: &Key) -> bool {
-        lock(&self.books.state).index.get(key).is_some()
+        lock(&self.ledger.state).index.get(key).is_some()
     }
 
     /// Every entry, least recently used first.
     pub fn entries(&self) -> Vec<EntryInfo> {
-        let state = lock(&self.books.state);
+        let state = lock(&self.ledger.state);
         state
             .index
             .iter_lru()
@@ -892,7 +909,7 @@ impl Store {
     /// How full the cache is.
     pub fn usage(&self) -> Result<Usage, StoreError> {
         let volume = volume_space(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
-        let state = lock(&self.books.state);
+        let state = lock(&self.ledger.state);
         Ok(Usage {
             used: state.index.bytes(),
             entries: state.index.len(),
@@ -903,7 +920,7 @@ impl Store {
     }
 }
 
-impl Books {
+impl Ledger {
     /// Writes the index's queued records to the journal, in order, with an fdatasync
     /// if `durable`. A caller that must not wait for another's sync (recency from a
     /// request) passes `wait` false and leaves its records for the next writer.
@@ -934,7 +951,7 @@ impl Books {
     }
 
     /// Takes `key` out of the index and moves its copy aside into `tmp/` (a rename,
-    /// so a new copy of the same key can land at once); [`Books::finish_evictions`]
+    /// so a new copy of the same key can land at once); [`Ledger::finish_evictions`]
     /// journals the removal and unlinks it once the lock is released.
     fn evict_locked(&self, state: &mut State, key: &Key, why: &str) -> Option<Evicted> {
         let entry = state.index.remove(key)?;
@@ -963,7 +980,7 @@ impl Books {
         Some(Evicted { path: moved, bytes })
     }
 
-    /// [`Books::evict_locked`] if the entry for `key` is still copy `copy`: the
+    /// [`Ledger::evict_locked`] if the entry for `key` is still copy `copy`: the
     /// copy may have been replaced since someone decided to evict it.
     fn evict_copy_locked(
         &self,
@@ -1187,7 +1204,7 @@ pub(crate) mod tests {
     }
 
     /// Stages a file named `name` of `size` bytes (all `fill`) the way the stager does.
-    fn stage(store: &Store, name: &str, size: usize, fill: u8) -> Result<Hit, StoreError> {
+    fn stage(store: &Store, name: &str, size: usize, fill: u8) -> Result<OpenCopy, StoreError> {
         let (tmp, entry, reservation) = copied(store, name, &vec![fill; size])?;
         store.commit(&key(name), tmp, entry, reservation)
     }
@@ -1580,15 +1597,24 @@ pub(crate) mod tests {
         drop(stage(&store, "a", 10, 1)?);
         let path = store.data_path(&key("a"));
         assert!(path.is_absolute());
-        assert_eq!(store.redirectable(&key("a"), |_| true), Some(path.clone()));
-        assert_eq!(store.redirectable(&key("a"), |_| false), None);
-        assert_eq!(store.redirectable(&key("missing"), |_| true), None);
+        assert_eq!(
+            store.redirect(&key("a"), |_| true, Handout::Peek),
+            Some(path.clone())
+        );
+        assert_eq!(store.redirect(&key("a"), |_| false, Handout::Peek), None);
+        assert_eq!(
+            store.redirect(&key("missing"), |_| true, Handout::Peek),
+            None
+        );
         // Anything done to the copy changes its change time: no redirect until an
         // open through the mount has re-hashed it.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o400))?;
-        assert_eq!(store.redirectable(&key("a"), |_| true), None);
+        assert_eq!(store.redirect(&key("a"), |_| true, Handout::Peek), None);
         assert!(store.lookup(&key("a"), |_| true).is_some());
-        assert_eq!(store.redirectable(&key("a"), |_| true), Some(path));
+        assert_eq!(
+            store.redirect(&key("a"), |_| true, Handout::Peek),
+            Some(path)
+        );
         Ok(())
     }
 
@@ -1601,10 +1627,13 @@ pub(crate) mod tests {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
         drop(store);
         let store = Store::open(dir.path(), budget(1000))?;
-        assert_eq!(store.redirectable(&key("a"), |_| true), None);
+        assert_eq!(store.redirect(&key("a"), |_| true, Handout::Peek), None);
         assert!(store.lookup(&key("a"), |_| true).is_some());
         assert_eq!(fs::metadata(&path)?.permissions().mode() & 0o777, 0o400);
-        assert_eq!(store.redirectable(&key("a"), |_| true), Some(path));
+        assert_eq!(
+            store.redirect(&key("a"), |_| true, Handout::Peek),
+            Some(path)
+        );
         Ok(())
     }
 
@@ -1615,8 +1644,12 @@ pub(crate) mod tests {
             Store::open(dir.path(), budget(200))?.with_redirect_grace(Duration::from_secs(3600));
         drop(stage(&store, "a", 100, 1)?);
         drop(stage(&store, "b", 100, 2)?);
-        assert!(store.redirectable(&key("a"), |_| true).is_some());
-        assert!(store.resolve_redirect(&key("b"), |_| true).is_some());
+        assert!(store.redirect(&key("a"), |_| true, Handout::Peek).is_some());
+        assert!(
+            store
+                .redirect(&key("b"), |_| true, Handout::Resolve)
+                .is_some()
+        );
         assert!(matches!(
             store.remove(&key("b")),
             Err(StoreError::InUse { .. })
@@ -1641,16 +1674,16 @@ pub(crate) mod tests {
         let store = Store::open(dir.path(), budget(100))?.with_redirect_grace(Duration::ZERO);
         drop(stage(&store, "a", 100, 1)?);
         // A lookup presented "a" as a link: `realpath` reads that link a moment later.
-        let path = store.present_redirect(&key("a"), |_| true);
+        let path = store.redirect(&key("a"), |_| true, Handout::Present);
         assert_eq!(path, Some(store.data_path(&key("a"))));
         assert!(matches!(
             store.remove(&key("a")),
             Err(StoreError::InUse { .. })
         ));
-        assert_eq!(store.present_redirect(&key("a"), |_| false), None);
+        assert_eq!(store.redirect(&key("a"), |_| false, Handout::Present), None);
         std::thread::sleep(PRESENT_HOLD + Duration::from_millis(100));
         assert!(store.remove(&key("a"))?.is_some());
-        assert_eq!(store.present_redirect(&key("a"), |_| true), None);
+        assert_eq!(store.redirect(&key("a"), |_| true, Handout::Present), None);
         Ok(())
     }
 
@@ -1659,10 +1692,14 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir()?;
         let store = Store::open(dir.path(), budget(100))?.with_redirect_grace(Duration::ZERO);
         drop(stage(&store, "a", 100, 1)?);
-        assert!(store.resolve_redirect(&key("a"), |_| true).is_some());
+        assert!(
+            store
+                .redirect(&key("a"), |_| true, Handout::Resolve)
+                .is_some()
+        );
         drop(stage(&store, "b", 100, 2)?);
         assert_eq!(names(&store), ["b"]);
-        assert_eq!(store.resolve_redirect(&key("a"), |_| true), None);
+        assert_eq!(store.redirect(&key("a"), |_| true, Handout::Resolve), None);
         Ok(())
     }
 
@@ -1672,12 +1709,14 @@ pub(crate) mod tests {
         let store = Arc::new(Store::open(dir.path(), budget(1000))?);
         drop(stage(&store, "a", 10, 1)?);
         // Another thread is in the middle of a slow journal sync.
-        let writing = lock(&store.books.journal);
+        let writing = lock(&store.ledger.journal);
         let (tx, rx) = std::sync::mpsc::channel();
         let server = Arc::clone(&store);
         std::thread::spawn(move || {
             let hit = server.lookup(&key("a"), |_| true).is_some();
-            let link = server.resolve_redirect(&key("a"), |_| true).is_some();
+            let link = server
+                .redirect(&key("a"), |_| true, Handout::Resolve)
+                .is_some();
             let listed = server.entries().len();
             let _ = tx.send((hit, link, listed));
         });
@@ -1699,7 +1738,7 @@ pub(crate) mod tests {
             0,
             "unlinked"
         );
-        assert_eq!(lock(&store.books.state).unlinking, 0);
+        assert_eq!(lock(&store.ledger.state).unlinking, 0);
         drop(stage(&store, "a", 100, 3)?);
         let hit = store.lookup(&key("a"), |_| true).ok_or("restaged")?;
         assert_eq!(fs::read(hit.path)?, vec![3; 100]);
@@ -1743,7 +1782,7 @@ pub(crate) mod tests {
         let restarted = Store::open(image.path(), Budget::default()).expect("reopen");
         assert!(restarted.entries().is_empty());
         assert!(restarted.lookup(&key, |_| true).is_none());
-        assert_eq!(restarted.redirectable(&key, |_| true), None);
+        assert_eq!(restarted.redirect(&key, |_| true, Handout::Peek), None);
         assert_eq!(
             image.path().join("v1/data").read_dir().expect("ls").count(),
             0

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use stagefs_source::Stamp;
-use stagefs_store::Hit;
+use stagefs_store::OpenCopy;
 use stagefs_store::index::CopyId;
 use stagefs_store::{Budget, Entry, Key, Store, StoreError};
 
@@ -36,7 +36,7 @@ fn name(file: u8) -> PathBuf {
     PathBuf::from(format!("models--o--m/blobs/file{file}"))
 }
 
-fn stage(store: &Store, rel: &Path, size: u64, version: i64) -> Result<Hit, StoreError> {
+fn stage(store: &Store, rel: &Path, size: u64, version: i64) -> Result<OpenCopy, StoreError> {
     let key = Key::for_source_path(rel);
     let reservation = store.reserve(&key, size, rel, true)?;
     let mut tmp = store.create_temp()?;
@@ -64,7 +64,7 @@ proptest! {
         let dir = tempfile::tempdir().expect("tempdir");
         let budget = Budget { max_size: Some(MAX), min_free: None };
         let store = Store::open(dir.path(), budget).expect("store");
-        let mut open: Vec<(u8, Hit)> = Vec::new();
+        let mut open: Vec<(u8, OpenCopy)> = Vec::new();
         // The model: the size of each file's current copy. Open handles pin a file's
         // current copy, whichever version they opened.
         let mut current: HashMap<u8, u64> = HashMap::new();

@@ -10,7 +10,7 @@
 //! The policy's tables follow: a rename moves the names (and every inode under a
 //! renamed directory), a removal forgets them, a file written through the mount is
 //! a *live* inode that follows its file instead of standing for one version, and
-//! every path changed is tainted (`written.rs`) until its stored copy is removed.
+//! every path changed is tainted (`taint.rs`) until its stored copy is removed.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -25,8 +25,8 @@ use crate::attr::{Attr, attr_of};
 use crate::error::FsError;
 use crate::finder;
 use crate::handles::{OpenFile, Reader, Writer};
+use crate::taint::Trust;
 use crate::tee::Tee;
-use crate::written::Trust;
 
 /// How often, and how many times, the copy of a removed file is asked to go while
 /// something holds it.
@@ -151,7 +151,7 @@ impl Policy {
 
     /// A tee for a handle that has `path` to itself and starts it empty (`size`).
     fn tee_for(&self, path: &Path, size: u64, opened_at: u64) -> Option<Tee> {
-        let alone = self.written.writers_of(path) == 1;
+        let alone = self.taints.writers_of(path) == 1;
         (size == 0 && alone).then(|| Tee::new(self.stager.tee(path), opened_at))
     }
 
@@ -165,7 +165,7 @@ impl Policy {
         caller: Caller,
     ) -> Result<(Attr, u64), FsError> {
         let path = self.child(parent, name)?;
-        let opened_at = self.written.writer_opened(&path, true);
+        let opened_at = self.taints.writer_opened(&path, true);
         let work_path = path.clone();
         let created = self
             .change(&path, move |p| {
@@ -181,7 +181,7 @@ impl Policy {
         let (file, meta) = match created {
             Ok(created) => created,
             Err(e) => {
-                self.written.writer_closed(&path, false);
+                self.taints.writer_closed(&path, false);
                 return Err(e);
             }
         };
@@ -197,7 +197,7 @@ impl Policy {
         if node.stamp.is_none() {
             return Err(FsError::IsADirectory);
         }
-        let opened_at = self.written.writer_opened(&node.path, how.truncate);
+        let opened_at = self.taints.writer_opened(&node.path, how.truncate);
         self.inodes.set_live(ino);
         let path = node.path.clone();
         let opened = self
@@ -215,7 +215,7 @@ impl Policy {
                 Ok(self.writer_handle(ino, file, tee))
             }
             Err(e) => {
-                self.written.writer_closed(&path, false);
+                self.taints.writer_closed(&path, false);
                 Err(e)
             }
         }
@@ -239,7 +239,7 @@ impl Policy {
             .wrote
             .swap(true, std::sync::atomic::Ordering::Relaxed)
         {
-            self.written.first_write(&path);
+            self.taints.first_write(&path);
         }
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
         let work_path = path.clone();
@@ -335,14 +335,14 @@ impl Policy {
         // Nothing else changed it: no taint since its open, and no other handle open
         // on it sent a write (one that only reads or syncs changes nothing).
         let untouched = writer.tee.as_ref().is_some_and(|tee| {
-            self.written.latest(&node.path) == tee.baseline()
-                && self.written.writers_that_wrote(&node.path) <= 1
+            self.taints.latest(&node.path) == tee.baseline()
+                && self.taints.writers_that_wrote(&node.path) <= 1
         });
         let wrote = writer.wrote.load(std::sync::atomic::Ordering::Relaxed);
-        let closed_at = self.written.writer_closed(&node.path, wrote);
+        let closed_at = self.taints.writer_closed(&node.path, wrote);
         if let Some(tee) = &writer.tee {
             let file = Arc::clone(&writer.file);
-            self.copies
+            self.tees
                 .closed(writer.ino, node.path, tee, file, untouched, Some(closed_at));
         }
     }
@@ -435,15 +435,15 @@ impl Policy {
         let to = self.child(new_parent, new_name)?;
         // Asked before this rename taints it.
         let carry = self
-            .copies
-            .unchanged_since_close(&from, self.written.latest(&from));
+            .tees
+            .unchanged_since_close(&from, self.taints.latest(&from));
         // A handle still filling a copy of `from`: a writer's close may reach the
         // daemon after its rename (FUSE sends RELEASE on its own time), and the copy
         // then follows the file to its new name, if nothing else changed it.
         let filling = self.open_tee_of(&from);
         let tee = filling.as_deref().and_then(tee_of);
         let own = self.taint_for(&from, tee, true).1;
-        let before = self.written.taint(&to);
+        let before = self.taints.taint(&to);
         if own && let Some(tee) = tee {
             // Its file is at `to` once renamed: so is its baseline.
             tee.rebase(before);
@@ -455,18 +455,18 @@ impl Policy {
                 .rename(&work_from, &work_to, how.no_replace)?;
             let moved = p.inodes.latest_ino(&work_from);
             p.inodes.rename(&work_from, &work_to);
-            p.written.writers_renamed(&work_from, &work_to);
+            p.taints.writers_renamed(&work_from, &work_to);
             if let Some(ino) = moved {
-                p.copies.renamed(ino, &work_to);
+                p.tees.renamed(ino, &work_to);
             }
             Ok(())
         })
         .await?;
-        self.written.taint(&from);
+        self.taints.taint(&from);
         let generation = self.taint_for(&to, tee, own).0;
         if carry {
             // A temp name's copy, staged as written, is the final name's now.
-            self.copies.carry_over(&from, &to, generation);
+            self.tees.carry_over(&from, &to, generation);
         }
         // A copy of what was at `from` serves no path (once carried over, if it is).
         self.drop_copy(&from, carry.then_some(to)).await;
@@ -476,7 +476,7 @@ impl Policy {
     /// Removes file or link `name` from `parent`.
     pub async fn unlink(self: &Arc<Self>, parent: u64, name: &OsStr) -> Result<(), FsError> {
         let path = self.child(parent, name)?;
-        self.written.taint(&path);
+        self.taints.taint(&path);
         let work_path = path.clone();
         self.change(&path, move |p| {
             p.stager.source().unlink(&work_path)?;
@@ -499,14 +499,14 @@ impl Policy {
                 this.stager.written_settled(&after).await;
             }
             for _ in 0..DROP_TRIES {
-                let Trust::RemoveFirst(generation) = this.written.trust(&path, false) else {
+                let Trust::RemoveFirst(generation) = this.taints.trust(&path, false) else {
                     return;
                 };
                 let (worker, gone) = (Arc::clone(&this), path.clone());
                 let removed =
                     tokio::task::spawn_blocking(move || worker.stager.remove_copy(&gone).is_ok());
                 if removed.await.unwrap_or(false) {
-                    this.written.cleared(&path, generation);
+                    this.taints.cleared(&path, generation);
                     return;
                 }
                 tokio::time::sleep(DROP_RETRY).await;
@@ -574,17 +574,17 @@ impl Policy {
     /// change through the mount made it suspect. May block: the store's removal
     /// commits and syncs.
     pub(super) fn copy_trusted_blocking(&self, path: &Path) -> bool {
-        match self.written.trust(path, false) {
+        match self.taints.trust(path, false) {
             Trust::Trusted => true,
             Trust::Untrusted => false,
             Trust::RemoveFirst(_) => {
                 let copying = self.stager.progress(path).is_some();
-                let Trust::RemoveFirst(generation) = self.written.trust(path, copying) else {
+                let Trust::RemoveFirst(generation) = self.taints.trust(path, copying) else {
                     return false;
                 };
                 let removed = self.stager.remove_copy(path);
                 if removed.is_ok() {
-                    self.written.cleared(path, generation);
+                    self.taints.cleared(path, generation);
                 }
                 removed.is_ok()
             }
@@ -593,7 +593,7 @@ impl Policy {
 
     /// [`Policy::copy_trusted_blocking`] for async callers.
     pub(super) async fn copy_trusted(self: &Arc<Self>, path: &Path) -> bool {
-        match self.written.trust(path, false) {
+        match self.taints.trust(path, false) {
             Trust::Trusted => true,
             Trust::Untrusted => false,
             Trust::RemoveFirst(_) => {
@@ -614,9 +614,9 @@ impl Policy {
     /// rebased onto it. The taint's generation, and whether it was the tee's own.
     fn taint_for(&self, path: &Path, tee: Option<&Tee>, own: bool) -> (u64, bool) {
         let Some(tee) = tee.filter(|_| own) else {
-            return (self.written.taint(path), false);
+            return (self.taints.taint(path), false);
         };
-        let (generation, unchanged) = self.written.taint_after(path, tee.baseline());
+        let (generation, unchanged) = self.taints.taint_after(path, tee.baseline());
         if unchanged {
             tee.rebase(generation);
         }

@@ -6,7 +6,7 @@
 //! `window` chunks exist at once, because a reader needs a token to start a chunk and
 //! the writer returns the token only once that chunk is written.
 //!
-//! From a local disk on Linux, inside the kernel ([`in_kernel`]): there the copy is
+//! From a local disk on Linux, inside the kernel (`in_kernel`): there the copy is
 //! bound by the CPU, and moving the bytes through this process's memory is what costs.
 
 mod hashers;
