@@ -137,7 +137,8 @@ fn stage_errno(e: &StageError) -> i32 {
         StageError::SourceChanged { .. }
         | StageError::ContentMismatch { .. }
         | StageError::NoWrittenCopy { .. }
-        | StageError::Worker { .. } => libc::EIO,
+        | StageError::Worker { .. }
+        | StageError::Stalled { .. } => libc::EIO,
         StageError::NotAFile { .. } => libc::EISDIR,
     }
 }

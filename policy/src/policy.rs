@@ -677,21 +677,21 @@ impl Policy {
             let patience = self.pool().patience();
             let deadline = tokio::time::Instant::now() + patience;
             loop {
-                let stage = self.stager.stage_version(&node.path, version);
-                let stall = stalled(&self.stager, &node.path, patience);
-                let outcome = tokio::select! {
-                    staged = stage => match staged {
-                        // Every source thread is stuck: wait for one, then try again.
-                        Err(StageError::Source(SourceError::Unanswered {
-                            why: Unanswered::Saturated,
-                            ..
-                        })) => None,
-                        Err(StageError::Source(SourceError::Unanswered { .. })) => {
-                            Some(Attempt::Unanswered)
-                        }
-                        staged => Some(Attempt::Answered(staged.map_err(FsError::from))),
-                    },
-                    () = stall => Some(Attempt::Unanswered),
+                let staged = self
+                    .stager
+                    .stage_version_within(&node.path, version, patience)
+                    .await;
+                let outcome = match staged {
+                    // Every source thread is stuck: wait for one, then try again.
+                    Err(StageError::Source(SourceError::Unanswered {
+                        why: Unanswered::Saturated,
+                        ..
+                    })) => None,
+                    Err(
+                        StageError::Source(SourceError::Unanswered { .. })
+                        | StageError::Stalled { .. },
+                    ) => Some(Attempt::Unanswered),
+                    staged => Some(Attempt::Answered(staged.map_err(FsError::from))),
                 };
                 match outcome {
                     Some(attempt) => break attempt,
@@ -914,23 +914,6 @@ impl Policy {
                 self.writer_released(writer);
             }
             self.runtime.spawn_blocking(move || drop(open));
-        }
-    }
-}
-
-/// Returns once the copy of `path` has made no progress for `limit`.
-async fn stalled(stager: &Stager, path: &Path, limit: Duration) {
-    let tick = limit.min(Duration::from_millis(250));
-    let mut last = None;
-    let mut since = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(tick).await;
-        let copied = stager.progress(path).map(|f| f.read);
-        if copied != last {
-            last = copied;
-            since = tokio::time::Instant::now();
-        } else if since.elapsed() >= limit {
-            return;
         }
     }
 }

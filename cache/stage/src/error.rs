@@ -2,6 +2,7 @@
 //! copy itself goes wrong.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use stagefs_control::Remedy;
 use stagefs_source::SourceError;
@@ -38,6 +39,16 @@ pub enum StageError {
     NoWrittenCopy {
         /// Path relative to the source root.
         path: PathBuf,
+    },
+    /// The copy read nothing for `idle` (a source that hangs mid-file): the caller
+    /// stopped waiting ([`crate::Stager::stage_version_within`]). The copy itself goes
+    /// on, detached, and commits only if it ends whole and unchanged.
+    #[error("{path}: the copy read nothing for {}s; stopped waiting for it", idle.as_secs())]
+    Stalled {
+        /// Path relative to the source root.
+        path: PathBuf,
+        /// How long it read nothing.
+        idle: Duration,
     },
     /// The path is not a regular file, so there is nothing to stage.
     #[error("{path}: not a regular file")]

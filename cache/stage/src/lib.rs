@@ -18,6 +18,33 @@
 //!   place), so a copy anyone reads is one `status` lists and eviction can see; it is
 //!   made durable in the background (`stagefs_store`), so no caller waits for the
 //!   cache disk to write it.
+//!
+//! # When a copy fails
+//!
+//! Every way a copy goes wrong ends with nothing wrong served, in one of four ways:
+//! - **An error** while copying (a source read fails, the cache disk is full, the
+//!   worker dies): the temp file and the room reserved for it are dropped, and every
+//!   caller sharing the flight gets the same [`StageError`] (`Source`, `Store`,
+//!   `Worker`). Nothing was served: a caller gets a copy only once it is whole. The
+//!   next open starts a new copy. A daemon killed mid-copy leaves only a temp file,
+//!   which the store removes when it next opens.
+//! - **A change** at the source during the copy (size, mtime, or the bytes read):
+//!   [`StageError::SourceChanged`], checked once the last byte is in
+//!   (`Inner::check_unchanged`); the copy is discarded.
+//! - **A stall**: the source stops answering mid-file and the copy reads nothing.
+//!   [`Stager::stage_version_within`] stops waiting after the caller's patience (the
+//!   source timeout) with [`StageError::Stalled`]; the policy then serves a stored
+//!   copy of exactly that version, if there is one, else EIO. The copy goes on,
+//!   detached, and commits if it ends whole and unchanged.
+//! - **A late mismatch**: a blob named by its sha256 (`blobs/<sha256>`) staged from a
+//!   local disk is served once whole, and its sha256 is checked behind it
+//!   (`Inner::settle_when_checked`, once copies have been quiet for a moment). If it
+//!   is not its name, the copy leaves the index and is never trusted after a
+//!   restart, and the blob is refused at that version ([`Stager::refused`],
+//!   [`StageError::ContentMismatch`] for later opens, named by `status` and
+//!   `doctor`) until it changes at the source. What was read already is exactly what
+//!   the source holds. From a network source the check runs within the copy, so a
+//!   mismatch fails the copy before anything is served.
 
 pub mod defaults;
 pub mod error;
@@ -418,6 +445,43 @@ impl Stager {
         self.stage(rel).await
     }
 
+    /// [`Stager::stage_version`], given up with [`StageError::Stalled`] once the copy
+    /// in progress has read nothing for `patience` (or none has started in that time).
+    /// A source that answers slowly but steadily is waited for however long the file
+    /// takes; one that hangs mid-file is not.
+    pub async fn stage_version_within(
+        &self,
+        rel: &Path,
+        version: Stamp,
+        patience: Duration,
+    ) -> StageResult {
+        tokio::select! {
+            staged = self.stage_version(rel, version) => staged,
+            () = self.stalled(rel, patience) => Err(StageError::Stalled {
+                path: rel.to_path_buf(),
+                idle: patience,
+            }),
+        }
+    }
+
+    /// Returns once the copy of `rel` has read nothing for `limit`: its progress is
+    /// looked at every 250 ms (at most), as a copy reports it, not as bytes arrive.
+    async fn stalled(&self, rel: &Path, limit: Duration) {
+        let tick = limit.min(Duration::from_millis(250));
+        let mut last = None;
+        let mut since = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(tick).await;
+            let copied = self.progress(rel).map(|f| f.read);
+            if copied != last {
+                last = copied;
+                since = tokio::time::Instant::now();
+            } else if since.elapsed() >= limit {
+                return;
+            }
+        }
+    }
+
     /// [`Stager::stored`], run where it may block (it may re-hash the copy).
     pub async fn stored_off_thread(&self, rel: &Path, version: Stamp) -> Option<Staged> {
         let (stager, path) = (self.clone(), rel.to_path_buf());
@@ -461,10 +525,7 @@ impl Stager {
     /// names), by path, sorted; some may have changed on the source since, which
     /// only a stat tells ([`Stager::refused_now`]).
     pub fn refused_blobs(&self) -> Vec<PathBuf> {
-        let refused = self.inner.refused.lock();
-        let mut paths: Vec<PathBuf> = (refused.unwrap_or_else(PoisonError::into_inner).keys())
-            .cloned()
-            .collect();
+        let mut paths: Vec<PathBuf> = lock(&self.inner.refused).keys().cloned().collect();
         paths.sort();
         paths
     }
@@ -476,8 +537,7 @@ impl Stager {
         let still = |path: &PathBuf| match self.inner.source.stat(path) {
             Ok(meta) => self.inner.was_refused(path, Stamp::of(&meta)),
             Err(SourceError::NotFound { .. }) => {
-                let refused = self.inner.refused.lock();
-                refused.unwrap_or_else(PoisonError::into_inner).remove(path);
+                lock(&self.inner.refused).remove(path);
                 false
             }
             // Unknown: still refused as far as this mount knows.
@@ -1076,6 +1136,41 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_that_reads_nothing_for_the_patience_is_given_up_and_commits_later() {
+        let src = tempfile::tempdir().expect("tempdir");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let data = vec![7u8; 1 << 20];
+        fs::write(src.path().join("slow.bin"), &data).expect("write");
+        let faulty = stagefs_source::faulty::FaultySource::new(src.path()).expect("source");
+        let stager = Stager::new(
+            SourceTree::from_backend(Arc::clone(&faulty) as Arc<dyn stagefs_source::Source>),
+            Store::open(cache.path(), Budget::default()).expect("store"),
+            Arc::default(),
+            Handle::current(),
+        );
+        let rel = Path::new("slow.bin");
+        let version = Stamp::of(&stager.source().stat(rel).expect("stat"));
+        // Each read of the file's bytes waits 1.5 s: nothing is read within 0.3 s.
+        faulty.set(stagefs_source::faulty::Behaviour::SlowReads(
+            Duration::from_millis(1500),
+        ));
+        let given_up = stager
+            .stage_version_within(rel, version, Duration::from_millis(300))
+            .await;
+        assert!(
+            matches!(&given_up, Err(StageError::Stalled { path, .. }) if path == rel),
+            "{given_up:?}"
+        );
+        assert!(!stager.has_copy(rel), "nothing committed yet");
+        // The copy went on, detached, and commits the whole file once it ends.
+        faulty.set(stagefs_source::faulty::Behaviour::Healthy);
+        stager.settled(rel).await.expect("the detached copy");
+        let staged = stager.stage_version(rel, version).await.expect("staged");
+        assert!(!staged.copied, "served from the copy that went on");
+        assert_eq!(contents(&staged), data);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
