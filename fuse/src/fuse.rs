@@ -104,11 +104,6 @@ fn set_time(time: TimeOrNow) -> SetTime {
     }
 }
 
-/// Whether an open with these flags follows a link at the end of its path.
-fn follows_links(flags: i32) -> bool {
-    flags & libc::O_NOFOLLOW == 0
-}
-
 /// How an open's flags ask for writing: None for a read-only open. One that
 /// truncates (`O_RDONLY | O_TRUNC`, which Linux honours) writes: with atomic O_TRUNC
 /// the truncation is the open's to do.
@@ -242,18 +237,6 @@ impl Filesystem for StageFs {
                 Ok(opened) => opened,
                 Err(e) => return reply.error(errno_logged("open", &e, policy.config().hint)),
             };
-            // Linux walks the path once more after ESTALE, looking every name up
-            // again: the file staged by this open is now a link to its copy, which
-            // the kernel then opens itself, so no read of it crosses the daemon. Not
-            // for an open that refuses to follow a link (tar opens what it archives
-            // with O_NOFOLLOW): the walk would end at the link, with ELOOP.
-            if cfg!(target_os = "linux")
-                && follows_links(flags.0)
-                && policy.rewalk_to_copy(ino.0, &opened).await
-            {
-                debug!(ino = ino.0, "staged: the open walks again, to the copy");
-                return reply.error(Errno::ESTALE);
-            }
             let backing = backing_file(&opened)
                 .filter(|_| policy.config().passthrough)
                 .and_then(|file| passthrough.backing(ino.0, file, &reply));

@@ -50,7 +50,7 @@ use crate::error::FsError;
 use crate::finder;
 use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Node, ROOT_INO};
-use crate::redirect::{Presented, RedirectPolicy, Rewalks};
+use crate::redirect::{Presented, RedirectPolicy};
 use crate::taint::Taints;
 use crate::tee;
 use crate::{FsConfig, OnFull};
@@ -75,8 +75,6 @@ pub struct Policy {
     /// passthrough): files then stay regular files, never links.
     kernel_passthrough: Arc<AtomicBool>,
     redirect: RedirectPolicy,
-    /// Opens told to walk again to find their file as a link ([`Policy::rewalk_to_copy`]).
-    rewalks: Rewalks,
     prefetcher: Option<Arc<Prefetcher>>,
     /// Paths changed through the mount, whose stored copies must not be trusted
     /// until they are removed (`taint.rs`).
@@ -172,7 +170,6 @@ impl Policy {
         Policy {
             prefetcher,
             redirect: RedirectPolicy::new(&config),
-            rewalks: Rewalks::default(),
             stager,
             config,
             runtime,
@@ -635,33 +632,6 @@ impl Policy {
             self.inodes.restamp(ino, opened.stamp);
         }
         Ok(opened)
-    }
-
-    /// Whether the kernel should rather walk the path to `ino` again than be handed
-    /// `opened`, a staged copy: where staged files are presented as links to their
-    /// copies, a regular file staged by its open is now one, and opening the copy
-    /// itself spares every read of this handle the trip through the daemon (on an
-    /// ordinary user's mount, where the kernel cannot read copies itself, MLX's reads
-    /// of a cold model all went through the handles whose opens staged it). Only for
-    /// an adapter whose kernel walks again after ESTALE (Linux); at most once per
-    /// inode for a moment, so a walk that finds no link is served the next time.
-    pub async fn rewalk_to_copy(self: &Arc<Self>, ino: u64, opened: &Opened) -> bool {
-        if opened.pin.is_none() || !self.redirect.enabled() {
-            return false;
-        }
-        let Ok(node) = self.node(ino) else {
-            return false;
-        };
-        if node.redirect || self.inodes.is_gone(ino) {
-            return false;
-        }
-        let (this, stamp) = (Arc::clone(self), opened.stamp);
-        // Presented now, the copy is held for the lookup that comes next.
-        let presented = self
-            .runtime
-            .spawn_blocking(move || this.presented(&node.path, stamp))
-            .await;
-        matches!(presented, Ok(Presented::Link(_))) && self.rewalks.tell(ino)
     }
 
     /// Stages `node`, or serves a stored copy of exactly this version while the source

@@ -10,15 +10,16 @@
 //! - never with `--allow-other`: copies are readable by the mounting user only, so a
 //!   link into the cache would fail other users with EACCES;
 //! - the copy must be whole and untouched since it was hashed (the store checks);
-//!   otherwise the regular file is presented, and its open re-checks or re-stages.
+//!   otherwise the regular file is presented, and its open re-checks or re-stages;
+//! - an open of the regular file is answered with that file, served by the daemon,
+//!   even once its copy could be presented: a program that saw the file before it
+//!   opened it (`cp` and `tar -h` compare what they stat'ed with what they opened)
+//!   would take a link in its place for a file replaced under it, and skip it. New
+//!   lookups present the link once the kernel's 1 s entry timeout has passed.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use stagefs_source::Stamp;
-use stagefs_source::locks::lock;
 
 use crate::FsConfig;
 
@@ -67,32 +68,6 @@ impl RedirectPolicy {
     }
 }
 
-/// How long an inode told to walk again is not told so again.
-const REWALK_GUARD: Duration = Duration::from_secs(2);
-
-/// Opens answered "walk the path again", so that the kernel finds a file staged by
-/// that very open as a link to its copy, and opens the copy itself: Linux retries an
-/// open that fails with ESTALE once, looking every name up again. An inode is told so
-/// at most once per [`REWALK_GUARD`]: a walk that comes back to the same inode did not
-/// find the link (the copy went in between), and that open is served as usual.
-#[derive(Debug, Default)]
-pub(crate) struct Rewalks {
-    told: Mutex<HashMap<u64, Instant>>,
-}
-
-impl Rewalks {
-    /// Whether inode `ino` may be told to walk again now; if so, it is recorded.
-    pub(crate) fn tell(&self, ino: u64) -> bool {
-        let mut told = lock(&self.told);
-        told.retain(|_, at| at.elapsed() < REWALK_GUARD);
-        if told.contains_key(&ino) {
-            return false;
-        }
-        told.insert(ino, Instant::now());
-        true
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
@@ -123,14 +98,6 @@ mod tests {
 
     fn staged() -> Option<PathBuf> {
         Some(PathBuf::from(COPY))
-    }
-
-    #[test]
-    fn an_inode_is_told_to_walk_again_once_and_then_served() {
-        let rewalks = Rewalks::default();
-        assert!(rewalks.tell(7));
-        assert!(!rewalks.tell(7), "the walk came back: serve it");
-        assert!(rewalks.tell(8), "another inode is told on its own");
     }
 
     #[test]
