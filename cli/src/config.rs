@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::bail;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use stagefs_mount::MountSpec;
@@ -16,6 +16,41 @@ use stagefs_stage::defaults;
 
 use crate::args::{BackendArg, MountOptions, OnFullArg};
 use crate::units::{parse_duration, parse_size, parse_source_dir};
+
+/// Why the config file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigError {
+    /// It could not be read (a wrong path given to `--config` or `STAGEFS_CONFIG`).
+    #[error("reading config file {}: {}", path.display(), stagefs_source::io_text(error))]
+    Unreadable {
+        /// The file named.
+        path: PathBuf,
+        /// What the system said (in the message, so not a source to print twice).
+        error: std::io::Error,
+    },
+    /// A line of it is wrong: `what` names the line and the key.
+    #[error("config file {}, {what}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The line, the key and what is wrong with it.
+        what: String,
+    },
+}
+
+impl ConfigError {
+    /// What a user does about it.
+    pub(crate) fn advice(&self) -> &'static str {
+        match self {
+            ConfigError::Unreadable { .. } => {
+                "check the path given to --config or STAGEFS_CONFIG; the checks below ran without the file"
+            }
+            ConfigError::Invalid { .. } => {
+                "fix that line (keys and values are the flags'; see the README); the checks below ran without the file"
+            }
+        }
+    }
+}
 
 /// The keys a config file may hold; each is optional.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -79,9 +114,14 @@ impl Config {
                 _ => return Ok(Config::default()),
             },
         };
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading config file {}", path.display()))?;
-        let file = parse(&text).map_err(|e| anyhow!("config file {}, {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|error| ConfigError::Unreadable {
+            path: path.clone(),
+            error,
+        })?;
+        let file = parse(&text).map_err(|e| ConfigError::Invalid {
+            path: path.clone(),
+            what: e.to_string(),
+        })?;
         Ok(Config {
             path: Some(std::path::absolute(&path)?),
             file,

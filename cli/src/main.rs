@@ -48,10 +48,12 @@ fn main() -> ExitCode {
 }
 
 /// The error, and the flag to try when the core reports a condition a user can change.
+/// The system's words stay ("No such file or directory"), its error numbers go.
 fn with_hint(e: &anyhow::Error) -> String {
+    let said = stagefs_source::without_os_error(&format!("{e:#}"));
     match remedy_of(e) {
-        Some(remedy) => format!("{e:#}; {}", args::flag_hint(remedy)),
-        None => format!("{e:#}"),
+        Some(remedy) => format!("{said}; {}", args::flag_hint(remedy)),
+        None => said,
     }
 }
 
@@ -148,7 +150,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => {
             return match config() {
                 Ok(config) => doctor::run(args, &config, None),
-                Err(e) => doctor::run(args, &Config::default(), Some(format!("{e:#}"))),
+                Err(e) => match e.downcast_ref::<config::ConfigError>() {
+                    Some(error) => doctor::run(args, &Config::default(), Some(error)),
+                    None => Err(e),
+                },
             };
         }
         Command::Service(command) => service::run(command, &config()?),

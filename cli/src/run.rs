@@ -61,8 +61,9 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let (program, rest) = args.command.split_first().context("no COMMAND given")?;
     let error = Command::new(program).args(rest).envs(env).exec();
     eprintln!(
-        "stagefs: cannot run {}: {error}",
-        Path::new(program).display()
+        "stagefs: cannot run {}: {}",
+        Path::new(program).display(),
+        stagefs_source::io_text(&error)
     );
     // The shell's codes, so scripts can tell "not found" from "not executable".
     Ok(ExitCode::from(match error.kind() {

@@ -58,6 +58,21 @@ pub fn stat(path: &Path, deadline: Duration) -> Result<io::Result<Kind>, Unanswe
     }))
 }
 
+/// Whether the directory at `path` can be listed by this process (read and search
+/// permission): a source its user cannot read mounts as an empty tree otherwise.
+pub fn list(path: &Path, deadline: Duration) -> Result<io::Result<()>, Unanswered> {
+    let path = path.to_path_buf();
+    let answer = in_child(deadline, move || {
+        encode(
+            std::fs::read_dir(&path).and_then(|mut entries| match entries.next() {
+                Some(Err(e)) => Err(e),
+                _ => Ok(Vec::new()),
+            }),
+        )
+    })?;
+    Ok(decode(&answer).map(drop))
+}
+
 /// `path` with every link resolved, as [`std::fs::canonicalize`].
 pub fn canonicalize(path: &Path, deadline: Duration) -> Result<io::Result<PathBuf>, Unanswered> {
     let path = path.to_path_buf();

@@ -23,7 +23,8 @@ pub struct Checked {
 impl MountSpec {
     /// Refuses a mount that cannot work, before anything is created or mounted: the
     /// source must answer a `stat` within `fs.source_timeout` (asked by a child
-    /// process, so a dead share cannot hang the caller) and be a directory; the mount
+    /// process, so a dead share cannot hang the caller) and be a directory this user
+    /// can list; the mount
     /// point an empty directory that is not a mount already, outside the source; the
     /// cache directory outside both; the size limit no smaller than the smallest
     /// staged file. A mount point left dead by a crashed daemon is unmounted first.
@@ -129,6 +130,9 @@ fn answering_dir(source: &Path, timeout: Duration) -> Result<PathBuf, MountError
         }
         Err(e) => return Err(dir_error(e, "source", source)),
     }
+    bounded::list(source, timeout)
+        .map_err(unanswered)?
+        .map_err(|e| dir_error(e, "source", source))?;
     bounded::canonicalize(source, timeout)
         .map_err(unanswered)?
         .map_err(|e| dir_error(e, "source", source))

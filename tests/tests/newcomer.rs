@@ -345,6 +345,31 @@ fn durations_accept_what_the_help_says_and_a_bad_one_lists_only_that() {
     );
 }
 
+/// A config file that is not there is a wrong path, not a wrong line: doctor says
+/// where to look, without the system's error number.
+#[test]
+fn doctor_of_a_missing_config_file_names_the_path_to_check() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let missing = s.dir.path().join("missing.toml");
+    let (ok, out, err) = user.run(&[&"--config", &missing, &"doctor"]);
+    assert!(!ok, "a missing config fails doctor: {out}{err}");
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next().unwrap_or_default(),
+        format!(
+            "fail  config       reading config file {}: No such file or directory",
+            missing.display()
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        lines.next().unwrap_or_default().trim(),
+        "check the path given to --config or STAGEFS_CONFIG; the checks below ran without the file"
+    );
+    assert!(err.is_empty(), "{err}");
+}
+
 #[test]
 fn doctor_reports_a_broken_config_file_and_a_repository_by_its_id() {
     let s = Scratch::new();

@@ -1115,3 +1115,28 @@ fn cp_of_a_cold_model_copies_every_file() {
         assert!(got == want, "{} differs from the source", file.name);
     }
 }
+
+/// A source the mounting user cannot list would mount as an empty tree that looks
+/// like a mount of nothing: the mount is refused, in one line, and nothing is mounted.
+#[test]
+fn a_source_the_user_cannot_read_is_refused() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    generate(&s.hub, "acme/private", 1, "2M");
+    fs::set_permissions(&s.hub, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let out = user.output(
+        user.command(stagefs_bin())
+            .arg("--no-config")
+            .arg("mount")
+            .arg(&s.hub)
+            .arg(&s.mnt)
+            .arg("--cache-dir")
+            .arg(&s.cache),
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("stagefs: source {}: Permission denied\n", s.hub.display())
+    );
+    assert!(!is_mounted(&s.mnt));
+}

@@ -107,7 +107,7 @@ struct Report {
 pub(crate) fn run(
     args: &DoctorArgs,
     config: &Config,
-    config_error: Option<String>,
+    config_error: Option<&crate::config::ConfigError>,
 ) -> anyhow::Result<ExitCode> {
     if args.worker {
         return worker::serve();
@@ -125,8 +125,7 @@ pub(crate) fn run(
     let last = crate::mounts::recorded(&cache_dir).and_then(|r| r.source_fs);
     let mut report = examine(args.target.as_deref(), &cache_dir, &config, last.as_ref())?;
     if let Some(error) = config_error {
-        let check = Check::fail("config", error)
-            .advise("fix that line (keys and values are the flags'; see the README); the checks below ran without the file");
+        let check = Check::fail("config", error.to_string()).advise(error.advice());
         report.checks.insert(0, check);
         report.failed = true;
     }
