@@ -78,8 +78,12 @@ fn dry_run(
     }
     let names = Names::of(dir, files.iter().map(|f| f.path.clone()).collect(), verbose);
     for f in &files {
-        match f.state {
+        match &f.state {
             FileState::AlreadyStaged => println!("already staged {}", names.show(&f.path)),
+            FileState::Failed { error, remedy } => println!(
+                "{}",
+                failed_line(&names.show(&f.path), &f.path, error, *remedy)
+            ),
             _ => println!(
                 "would stage {} ({})",
                 names.show(&f.path),
@@ -87,17 +91,28 @@ fn dry_run(
             ),
         }
     }
-    let (staged, to_copy): (Vec<_>, Vec<_>) = files
-        .iter()
-        .partition(|f| f.state == FileState::AlreadyStaged);
+    let of = |want: fn(&FileState) -> bool| -> Vec<&FileProgress> {
+        files.iter().filter(|f| want(&f.state)).collect()
+    };
+    let staged = of(|s| *s == FileState::AlreadyStaged);
+    let failed = of(|s| matches!(s, FileState::Failed { .. }));
+    let to_copy = of(|s| !matches!(s, FileState::AlreadyStaged | FileState::Failed { .. }));
     let bytes = |files: &[&FileProgress]| format_bytes(files.iter().map(|f| f.total).sum());
-    println!(
+    let summary = format!(
         "dry run: {} to stage ({}), {} already staged ({}); nothing was copied",
         to_copy.len(),
         bytes(&to_copy),
         staged.len(),
         bytes(&staged)
     );
+    // A prefetch would fail on these: so does its dry run.
+    if !failed.is_empty() {
+        bail!(
+            "{summary}; {} could not be staged",
+            count(failed.len(), "file", "files")
+        );
+    }
+    println!("{summary}");
     Ok(())
 }
 

@@ -213,7 +213,9 @@ pub fn plan(
 
 fn plan_locally(dir: &Path, targets: &[Target]) -> Result<Vec<FileProgress>, CacheDirError> {
     let local = local_files(dir, targets)?;
-    Ok(prefetch_plan::plan(&local.stager, &local.files))
+    let mut files = prefetch_plan::plan(&local.stager, &local.files);
+    files.extend(local.failed);
+    Ok(files)
 }
 
 fn prefetch_locally(

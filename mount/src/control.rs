@@ -164,8 +164,12 @@ impl ControlServer {
     async fn plan(&self, targets: Vec<Target>) -> Response {
         let (asked, min_size) = (targets.clone(), self.min_stage_size);
         let planned = self.while_the_source_answers(move |stager, source| {
-            prefetch_plan::resolve(source, &asked, min_size)
-                .map(|files| prefetch_plan::plan(stager, &files))
+            prefetch_plan::resolve(source, &asked, min_size).map(|files| {
+                let mut planned = prefetch_plan::plan(stager, &files);
+                // Links that cannot be followed would fail the prefetch: said now.
+                planned.extend(prefetch_plan::unfollowable(source, &asked));
+                planned
+            })
         });
         match planned.await {
             Some(Ok(files)) => return Response::Planned { files, note: None },

@@ -319,7 +319,7 @@ fn a_prefetch_names_links_that_loop_or_leave_the_source() {
     let outside = snapshot.join("model.safetensors.index.json");
     fs::remove_file(&outside).ok();
     std::os::unix::fs::symlink("/etc/hostname", &outside).expect("outside link");
-    let _mount = s.mount(&["--no-prefetch"]);
+    let mut mount = Some(s.mount(&["--no-prefetch"]));
     let cache: &dyn AsRef<std::ffi::OsStr> = &s.cache;
     let (ok, out, err) = run_stagefs(&[&"prefetch", &"acme/links", &"--cache-dir", cache]);
     assert!(!ok, "{out}{err}");
@@ -329,8 +329,33 @@ fn a_prefetch_names_links_that_loop_or_leave_the_source() {
         "FAILED acme/links: model.safetensors.index.json: it links to /etc/hostname, outside the source".into(),
         "stagefs: 1 staged, 0 already staged, 2 failed (2.0 MiB): 2 files could not be staged".into(),
     ];
-    for line in lines {
+    for line in &lines {
         assert!(err.lines().any(|l| l == line), "{line}\n{out}{err}");
+    }
+    // Its dry run names the same links, and fails as the prefetch does, with and
+    // without a mount to ask.
+    for mounted in [true, false] {
+        if !mounted && let Some(mount) = mount.take() {
+            mount.unmount();
+        }
+        let (ok, out, err) = run_stagefs(&[
+            &"prefetch",
+            &"--dry-run",
+            &"acme/links",
+            &"--cache-dir",
+            cache,
+        ]);
+        assert!(!ok, "mounted {mounted}: {out}{err}");
+        for line in &lines[..2] {
+            assert!(
+                out.lines().any(|l| l == line),
+                "mounted {mounted}: {line}\n{out}{err}"
+            );
+        }
+        assert!(
+            err.ends_with("; 2 files could not be staged\n"),
+            "mounted {mounted}: {out}{err}"
+        );
     }
 }
 
