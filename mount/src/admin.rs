@@ -220,7 +220,9 @@ fn select(
             let id = checked_id(id)?;
             let chosen: Vec<EntryInfo> = entries
                 .into_iter()
-                .filter(|i| models::id_matches(id, &i.entry.source))
+                .filter(|i| {
+                    models::id_matches(id, &i.entry.source) && !is_repo_bookkeeping(&i.entry.source)
+                })
                 .collect();
             if chosen.is_empty() {
                 known_model(source, id)?;
@@ -448,11 +450,17 @@ fn add_totals(
 /// `.no_exist/` are bookkeeping that no revision lists, and counting them would make
 /// the model's line disagree with its revisions' (`4 staged files` beside `3/3`).
 fn is_model_file(model: &ModelRef, path: &Path) -> bool {
-    if model.kind != ModelKind::HfRepo {
-        return true;
-    }
-    let inside = path.strip_prefix(&model.path).unwrap_or(path);
-    inside.starts_with("blobs") || inside.starts_with("snapshots")
+    model.kind != ModelKind::HfRepo || !is_repo_bookkeeping(path)
+}
+
+/// Whether `path` lies in an HF repository outside its `blobs/` and `snapshots/`
+/// (`refs/main`, `.no_exist/`): a copy of it goes with no model's files, so `evict`
+/// and `verify` of a model leave it out, as `status` does.
+fn is_repo_bookkeeping(path: &Path) -> bool {
+    hf::repo_of(path).is_some_and(|repo| {
+        let inside = path.strip_prefix(&repo).unwrap_or(path);
+        !(inside.starts_with("blobs") || inside.starts_with("snapshots"))
+    })
 }
 
 fn empty_status(model: &ModelRef) -> ModelStatus {
@@ -674,6 +682,36 @@ mod tests {
             assert_eq!(evicted, [Path::new(path)], "{id}");
         }
         assert!(store.entries().is_empty());
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn evict_and_verify_of_a_repository_count_its_files_not_its_refs()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (_dir, stager) = mixed().await?;
+        // A kept copy of refs/main, as a mount keeps one of every small file it reads.
+        stager
+            .stage(Path::new("hub/models--org--r/refs/main"))
+            .await?;
+        let store = stager.store();
+        let repo = EvictSelector::Model { id: "org/r".into() };
+        assert_eq!(
+            verify(store, None, &repo, false)?.checked,
+            1,
+            "the blob only"
+        );
+        let report = evict(store, None, &repo, false, 0)?;
+        let evicted: Vec<&Path> = report.evicted.iter().map(|f| f.path.as_path()).collect();
+        assert_eq!(evicted, [Path::new("hub/models--org--r/blobs/w")]);
+        let left: Vec<PathBuf> = store
+            .entries()
+            .into_iter()
+            .map(|i| i.entry.source)
+            .collect();
+        assert!(
+            left.contains(&PathBuf::from("hub/models--org--r/refs/main")),
+            "{left:?}"
+        );
         Ok(())
     }
 

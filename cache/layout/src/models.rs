@@ -526,10 +526,15 @@ pub fn find(source: &SourceTree, id: &str, model_dirs: &[PathBuf]) -> Result<Mod
 /// Whether source path `path` belongs to the model `id` names, judged by the path
 /// alone, so copies of a model no longer in the source (or while the source is away)
 /// are still found: it lies in the repository `id` names, or at or under a folder or
-/// file whose path ends with `id`.
+/// file whose path ends with `id`, or in the repository directory `id` names as a
+/// path (`hub/models--org--a`).
 pub fn id_matches(id: &str, path: &Path) -> bool {
     if let Some(repo) = hf::repo_of(path) {
-        return hf::repo_dir_for(id).is_some_and(|dir| repo.file_name() == Some(dir.as_os_str()));
+        let by_id =
+            hf::repo_dir_for(id).is_some_and(|dir| repo.file_name() == Some(dir.as_os_str()));
+        // The repository's directory as a path in the source (`hub/models--org--a`).
+        let by_dir = Path::new(id).file_name() == repo.file_name() && repo.ends_with(id);
+        return by_id || by_dir;
     }
     let wanted = Path::new(id);
     path.ancestors()
@@ -911,6 +916,10 @@ mod tests {
         ));
         assert!(matches("q/m.gguf", "gguf/q/m.gguf"));
         assert!(!matches("org/a", "org/ab/config.json"));
+        assert!(matches("hub/models--org--a", "hub/models--org--a/blobs/x"));
+        assert!(matches("models--org--a", "hub/models--org--a/refs/main"));
+        assert!(!matches("hub/models--org--a", "hub/models--org--ab/blobs/x"));
+        assert!(!matches("blobs", "hub/models--org--a/blobs/x"));
     }
 
     #[test]
