@@ -918,7 +918,10 @@ mod tests {
         assert!(!matches("org/a", "org/ab/config.json"));
         assert!(matches("hub/models--org--a", "hub/models--org--a/blobs/x"));
         assert!(matches("models--org--a", "hub/models--org--a/refs/main"));
-        assert!(!matches("hub/models--org--a", "hub/models--org--ab/blobs/x"));
+        assert!(!matches(
+            "hub/models--org--a",
+            "hub/models--org--ab/blobs/x"
+        ));
         assert!(!matches("blobs", "hub/models--org--a/blobs/x"));
     }
 

@@ -29,6 +29,9 @@ const SLOW_RATE: f64 = 25.0 * (1 << 20) as f64;
 const SLOW_LATENCY_MS: f64 = 100.0;
 /// Staging longer than this is worth doing ahead of time.
 const LONG_STAGING_SECS: f64 = 600.0;
+/// The least read that says anything about a source's rate: a read of a few bytes is
+/// all latency, and would pass any source for a slow one.
+const RATE_NEEDS_BYTES: u64 = 1 << 20;
 
 /// What doctor was asked to look at: nothing (no argument and no configured source),
 /// a directory or file (the argument, or the configured source), or a model id in
@@ -311,7 +314,9 @@ impl Findings {
         let check = match arrived(got!(gathered, Measured), "speed")? {
             Ok(Some(probe)) => {
                 report.probe = Some(probe.clone());
-                if let Some(model) = &mut self.model {
+                if let Some(model) = &mut self.model
+                    && probe.bytes_read >= RATE_NEEDS_BYTES
+                {
                     model.staging_seconds = Some(staging_seconds(probe, model));
                 }
                 speed_check(probe, self.model.as_ref())
@@ -579,7 +584,17 @@ fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
         ..=24 => name.into_owned(),
         _ => name.chars().take(12).collect::<String>() + "…",
     };
-    let (shown_latency, shown_rate) = (format_latency(latency), format_rate(rate));
+    let shown_latency = format_latency(latency);
+    if probe.bytes_read < RATE_NEEDS_BYTES {
+        let summary =
+            format!("latency {shown_latency} ({read} of {name}: too little to measure a rate)");
+        let verdict = match latency > SLOW_LATENCY_MS {
+            true => Verdict::Warn,
+            false => Verdict::Ok,
+        };
+        return Check::new("speed", verdict, summary);
+    }
+    let shown_rate = format_rate(rate);
     let mut summary = format!("latency {shown_latency}, {shown_rate} ({read} of {name})");
     let staging = model.map(|m| (m, staging_seconds(probe, m)));
     if let Some((model, seconds)) = staging {
@@ -653,6 +668,18 @@ mod tests {
         let huge = speed_check(&probe(500.0, 0.2)?, Some(&model(1 << 40)?));
         assert_eq!(huge.verdict, Verdict::Ok);
         assert!(huge.advice.unwrap_or_default().contains("prefetch o/m"));
+        let mut tiny = probe(0.001, 0.2)?;
+        tiny.bytes_read = 3;
+        let tiny = speed_check(&tiny, None);
+        assert_eq!(
+            tiny.verdict,
+            Verdict::Ok,
+            "a 3-byte read says nothing of the rate"
+        );
+        assert_eq!(
+            tiny.summary,
+            "latency 200 µs (3 B of abc: too little to measure a rate)"
+        );
         let summary = model_check(&model(1 << 20)?).summary;
         assert_eq!(summary, "o/m: 3 files, 1.0 MiB (snapshot 0123456789ab)");
         let latencies = [0.084, 1.54, 42.4, 2300.0].map(format_latency);
