@@ -551,6 +551,70 @@ fn a_mount_of_plain_folders_gets_their_advice_its_size_limit_and_short_names() {
     drop(mount);
 }
 
+/// Issue 36: doctor of a model folder inside a source of plain folders (through the
+/// mount, or in the source) judged the folder as a source of its own ("plain model
+/// folders holding 1 plain model folder"), named the model by its last part, and,
+/// for a path in the mount, advised `export HF_HUB_CACHE=…`.
+#[test]
+fn a_folder_inside_a_source_of_plain_folders_is_judged_as_part_of_it() {
+    let s = Scratch::new();
+    let nested = s.hub.join("me/other");
+    fs::create_dir_all(&nested).expect("mkdir");
+    fs::write(nested.join("config.json"), "{}\n").expect("config");
+    fs::write(nested.join("model.safetensors"), vec![7u8; 2_000_000]).expect("weights");
+    plain_folder(&s.hub);
+    let mount = Mount::start(&s.hub, &s.mnt, &s.cache, &[]);
+    for examined in [s.mnt.join("me/other"), nested.clone()] {
+        let run = stagefs(
+            &[
+                &"--no-config",
+                &"doctor",
+                &examined,
+                &"--cache-dir",
+                &s.cache,
+            ],
+            &[],
+        );
+        let out = &run.stdout;
+        assert_eq!(
+            run.code,
+            Some(0),
+            "{}: {out}\n{}",
+            examined.display(),
+            run.stderr
+        );
+        let lines = [
+            format!(
+                "ok    shape        {}: plain model folders holding 2 plain model folders",
+                s.hub.display()
+            ),
+            format!(
+                "ok    model        me/other: 2 files, 1.9 MiB (plain model folder {})",
+                nested.display()
+            ),
+        ];
+        for line in lines {
+            assert!(
+                out.lines().any(|l| l == line),
+                "{}: {line}\n{out}",
+                examined.display()
+            );
+        }
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("note  hub-cache    the source holds plain model folders")),
+            "{}: {out}",
+            examined.display()
+        );
+        assert!(
+            !out.contains("HF_HUB_CACHE="),
+            "{}: {out}",
+            examined.display()
+        );
+    }
+    drop(mount);
+}
+
 /// Issue 36: a source whose only file is empty gave "fail speed … the file is empty".
 #[test]
 fn an_empty_file_is_nothing_to_measure_not_a_failure() {

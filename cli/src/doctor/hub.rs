@@ -218,7 +218,7 @@ pub(crate) fn hub_cache_check(
         (_, None) => Check::note(
             NAME,
             format!(
-                "the source holds plain model folders, loaded by path under {m}; the hub cache ({shown}) does not matter to them"
+                "the source holds plain model folders, loaded by path under {m}; the hub cache, {shown}, does not matter to them"
             ),
         ),
         (None, Some(true)) => Check::ok(NAME, format!("the hub cache is the mount: {shown}")),

@@ -232,9 +232,12 @@ fn environment_target(
 ) -> (Option<PathBuf>, Option<Shape>) {
     let shape = found.survey.as_ref().map(|s| s.shape);
     match found.report.as_ref() {
-        Some(report) if report.is_mount() => (Some(report.fs.mount_point.clone()), shape),
+        // The mount, or a path in it: the survey is of the mount's source.
+        Some(report) if report.fs.stagefs_source.is_some() => {
+            (Some(report.fs.mount_point.clone()), shape)
+        }
         report => {
-            let configured = report.is_some_and(|r| r.configured);
+            let configured = report.is_some_and(|r| r.configured) || found.within.is_some();
             (mountpoint.map(Into::into), shape.filter(|_| configured))
         }
     }

@@ -75,8 +75,9 @@ pub(crate) fn find(root: &Path, id: &str, model_dirs: &[PathBuf]) -> anyhow::Res
 
 /// The model a path is, or lies in: a repository directory or anything in it (the
 /// snapshot it is in, else the repository's main or newest), a model folder or a
-/// file in it (or in its subdirectory), a GGUF file.
-pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
+/// file in it (or in its subdirectory), a GGUF file. Inside source `root`, a folder
+/// or file is named by its path there (`me/other`).
+pub(crate) fn containing(path: &Path, root: Option<&Path>) -> anyhow::Result<Option<Model>> {
     if let Some(repo) = models::repo_containing(path) {
         let (Some(hub), Some(name)) = (repo.path.parent(), repo.path.file_name()) else {
             return Ok(None);
@@ -90,6 +91,19 @@ pub(crate) fn containing(path: &Path) -> anyhow::Result<Option<Model>> {
             ..repo
         };
         return Ok(describe(&SourceTree::new(hub)?, &model, snapshot));
+    }
+    if let Some(root) = root
+        && let Ok(rel) = path.strip_prefix(root)
+    {
+        let tree = SourceTree::new(root)?;
+        let is_dir = fs::metadata(path)?.is_dir();
+        let folders = rel.ancestors().skip(usize::from(!is_dir)).take(2);
+        let itself = (!is_dir).then_some(rel);
+        let named = folders
+            .chain(itself)
+            .filter(|candidate| !candidate.as_os_str().is_empty())
+            .find_map(|candidate| models::model_at(&tree, candidate));
+        return Ok(named.and_then(|model| describe(&tree, &model, None)));
     }
     let is_dir = fs::metadata(path)?.is_dir();
     // A file is its own model (a GGUF) only when no folder holds it.
@@ -297,7 +311,7 @@ mod tests {
         fs::write(folder.join("original/params.json"), "{}")?;
         fs::write(dir.path().join("models/solo.gguf"), [0u8; 5])?;
         let named = |path: PathBuf| -> anyhow::Result<_> {
-            Ok(containing(&path)?.map(|m| (m.id, m.kind, m.size_bytes)))
+            Ok(containing(&path, None)?.map(|m| (m.id, m.kind, m.size_bytes)))
         };
         let in_folder = Some(("m".to_string(), ModelKind::Folder, 34));
         for inside in ["", "config.json", "original/params.json"] {

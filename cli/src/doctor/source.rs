@@ -102,14 +102,6 @@ pub(crate) struct SourceReport {
     pub(crate) configured: bool,
 }
 
-impl SourceReport {
-    /// Whether the path is a stagefs mount itself (not a path in one).
-    pub(crate) fn is_mount(&self) -> bool {
-        let fs = &self.fs;
-        fs.kind == FsKind::Stagefs && self.canonical.as_ref() == Some(&fs.mount_point)
-    }
-}
-
 /// Everything the source checks found: the shape of the directory examined (of a
 /// stagefs mount's source for a mount) and its models, and the `roots` where the
 /// cache must not be (the source, and a stagefs mount's source).
@@ -120,6 +112,8 @@ pub(crate) struct Findings {
     pub(crate) model: Option<Model>,
     pub(crate) survey: Option<Survey>,
     pub(crate) roots: Vec<PathBuf>,
+    /// The source the examined path lies inside, which the survey describes.
+    pub(crate) within: Option<PathBuf>,
 }
 
 /// A path's place: resolved, its filesystem, and whether it is a file.
@@ -165,12 +159,23 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
         send(Line::SourceFs(fs.ok()));
     }
     let readable = readable_path(&located);
-    let dirs = if configured { dirs } else { Vec::new() };
-    if !located.is_file {
+    // A path inside a source is judged as part of it: the source's shape, and its
+    // model named as in the source (`me/other`, not `other`).
+    let within = source_root(&located, source).filter(|root| *root != readable);
+    let dirs = if configured || within.is_some() {
+        dirs
+    } else {
+        Vec::new()
+    };
+    if let Some(root) = &within {
+        send(Line::Within(root.clone()));
+    }
+    let surveyed = within.clone().unwrap_or_else(|| readable.clone());
+    if !located.is_file || within.is_some() {
         // The survey skips what it cannot list: a source nobody may read would look
         // empty ("no model found") instead of refused.
-        let listed = std::fs::read_dir(&readable).map_err(StepError::of);
-        let tree = listed.and_then(|_| SourceTree::new(&readable).map_err(StepError::of));
+        let listed = std::fs::read_dir(&surveyed).map_err(StepError::of);
+        let tree = listed.and_then(|_| SourceTree::new(&surveyed).map_err(StepError::of));
         let survey = tree.map(|tree| models::survey(&tree, &dirs));
         let listed = survey.is_ok();
         send(Line::Survey(survey));
@@ -180,7 +185,7 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     }
     let model = match model_id {
         Some(id) => model::find(&readable, id, &dirs),
-        None => model::containing(&readable),
+        None => model::containing(&readable, within.as_deref()),
     }
     .map_err(StepError::of);
     send(Line::Model(model.clone()));
@@ -196,6 +201,16 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     let measured = file.map(|file| model::measure(&file)).transpose();
     let measured = measured.map(Option::flatten);
     send(Line::Measured(measured.map_err(StepError::of)));
+}
+
+/// The source `located` lies inside, resolved: a stagefs mount's source for a path
+/// in the mount, else the configured `source` if it holds the path.
+fn source_root(located: &Located, source: Option<&Path>) -> Option<PathBuf> {
+    if let Some(mounted) = &located.fs.stagefs_source {
+        return std::fs::canonicalize(mounted).ok();
+    }
+    let source = std::fs::canonicalize(source?).ok()?;
+    located.canonical.starts_with(&source).then_some(source)
 }
 
 /// Why the checks ended early: a probe did not answer (the check named fails), the
@@ -276,12 +291,15 @@ impl Findings {
             return Err(Stop::Failed);
         }
         self.checks.push(fs_check(report));
-        if !located.is_file {
+        self.within = got!(gathered, Within).cloned();
+        if !located.is_file || self.within.is_some() {
             match arrived(got!(gathered, Survey), "shape")? {
                 Ok(survey) => {
                     self.survey = Some(survey.clone());
-                    let advise_mounting = !report.configured && !report.is_mount();
-                    let check = hub::shape_check(&report.path, survey, advise_mounting);
+                    let in_mount = located.fs.stagefs_source.is_some();
+                    let advise_mounting = !report.configured && !in_mount;
+                    let examined = self.within.as_deref().unwrap_or(&report.path);
+                    let check = hub::shape_check(examined, survey, advise_mounting);
                     self.checks.push(check);
                 }
                 // A dead mount can still answer a stat of its root (the kernel's

@@ -57,6 +57,9 @@ pub(crate) enum Line {
     /// The filesystem of a stagefs mount's source.
     SourceFs(Option<FsInfo>),
     Survey(Result<Survey, StepError>),
+    /// The source root the examined path lies inside (a stagefs mount's source, or
+    /// the configured source), whose shape the survey describes.
+    Within(PathBuf),
     Model(Result<Option<Model>, StepError>),
     /// The measurement; None when there is no file to measure.
     Measured(Result<Option<Probe>, StepError>),
