@@ -40,7 +40,8 @@ pub(crate) fn cache_dir(
             Ok(mount.cache_dir.clone())
         }
         Picked::None => config.cache_dir(None),
-        Picked::Several => Err(several(&known)),
+        Picked::Several => Err(several(&known, None)),
+        Picked::Unheld(ids) => Err(several(&known, Some(&ids))),
     }
 }
 
@@ -84,20 +85,32 @@ fn names_cache_dir(config: &Config, flag: Option<&Path>) -> bool {
 #[error("{0}")]
 struct Several(String);
 
-fn several(known: &[KnownMount]) -> anyhow::Error {
-    Several(format!(
-        "{} stagefs mounts are running ({}); name one with --cache-dir",
-        known.len(),
-        known
-            .iter()
-            .map(|m| format!(
+/// The refusal when several mounts run; `unheld`: the model ids named, which no
+/// running mount's source holds (a typo, or a model since deleted whose copies one of
+/// the caches may still hold).
+fn several(known: &[KnownMount], unheld: Option<&[&str]>) -> anyhow::Error {
+    let mounts = known
+        .iter()
+        .map(|m| {
+            format!(
                 "{} with cache {}",
                 m.mountpoint.display(),
                 m.cache_dir.display()
-            ))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Several(match unheld {
+        Some(ids) => format!(
+            "no running mount's source holds {} ({}); for copies left in one of their caches, name it with --cache-dir",
+            ids.join(", "),
+            mounts
+        ),
+        None => format!(
+            "{} stagefs mounts are running ({mounts}); name one with --cache-dir",
+            known.len()
+        ),
+    })
     .into()
 }
 
@@ -105,9 +118,11 @@ enum Picked<'a> {
     One(&'a KnownMount),
     None,
     Several,
+    /// Several run, and the targets are model ids none of their sources holds.
+    Unheld(Vec<&'a str>),
 }
 
-fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
+fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
     let inside = |mount: &KnownMount, target: &str| {
         let Ok(path) = table::resolve(Path::new(target)) else {
             return false;
@@ -126,10 +141,15 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
             .filter(|m| targets.iter().any(|t| holds_model(m, t)))
             .collect();
     }
+    let all_ids = !targets.is_empty()
+        && targets.iter().all(|t| {
+            std::fs::symlink_metadata(t).is_err() && stagefs_layout::models::is_model_id(t)
+        });
     match (by_path.as_slice(), known) {
         ([one], _) => Picked::One(one),
         (_, []) => Picked::None,
         (_, [one]) => Picked::One(one),
+        ([], _) if all_ids => Picked::Unheld(targets.to_vec()),
         _ => Picked::Several,
     }
 }
@@ -137,21 +157,17 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&str]) -> Picked<'a> {
 /// How long asking a mount's source whether it holds a model may take.
 const MODEL_LOOKUP_WAIT: Duration = Duration::from_secs(2);
 
-/// Whether `mount`'s source holds the model `id` where a repository id or a
-/// folder's path puts it (the root, `hub/`): asked in a child process under a
-/// deadline, since the source may be a dead share.
+/// Whether `mount`'s source holds the model `id` as prefetch finds it (a repository
+/// id, a folder's path, a short name): asked in a child process under a deadline,
+/// since the source may be a dead share.
 fn holds_model(mount: &KnownMount, id: &str) -> bool {
-    if !stagefs_layout::models::is_model_id(id) {
-        return false;
-    }
-    let source = &mount.record.source;
-    let mut places = vec![source.join(id)];
-    if let Some(repo) = stagefs_layout::hf::repo_dir_for(id) {
-        places.extend([source.join(&repo), source.join("hub").join(&repo)]);
-    }
-    places
-        .iter()
-        .any(|place| matches!(bounded::stat(place, MODEL_LOOKUP_WAIT), Ok(Ok(_))))
+    stagefs_layout::models::is_model_id(id)
+        && bounded::holds_model(
+            &mount.record.source,
+            id,
+            &mount.record.model_dirs,
+            MODEL_LOOKUP_WAIT,
+        )
 }
 
 /// The mount point `unmount` acts on: the argument, the config file's, else the one

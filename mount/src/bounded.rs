@@ -73,6 +73,20 @@ pub fn list(path: &Path, deadline: Duration) -> Result<io::Result<()>, Unanswere
     Ok(decode(&answer).map(drop))
 }
 
+/// Whether the source at `root` holds the model `id` as `stagefs prefetch` finds it
+/// ([`models::find`]: a repository id, a folder's path, or a short name one found
+/// model ends with), answered within `deadline`: the walk may meet a dead share.
+/// False when it did not answer.
+pub fn holds_model(root: &Path, id: &str, model_dirs: &[PathBuf], deadline: Duration) -> bool {
+    let (root, id, dirs) = (root.to_path_buf(), id.to_string(), model_dirs.to_vec());
+    let answer = in_child(deadline, move || {
+        let found =
+            SourceTree::new(&root).is_ok_and(|tree| models::find(&tree, &id, &dirs).is_ok());
+        vec![u8::from(found)]
+    });
+    matches!(answer.as_deref(), Ok([1]))
+}
+
 /// `path` with every link resolved, as [`std::fs::canonicalize`].
 pub fn canonicalize(path: &Path, deadline: Duration) -> Result<io::Result<PathBuf>, Unanswered> {
     let path = path.to_path_buf();

@@ -412,6 +412,11 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
     fs::create_dir_all(&hub2).expect("mkdir");
     fs::create_dir_all(&mnt2).expect("mkdir");
     let b = generate(&hub2, "acme/second", 1, "2M");
+    // A plain folder beside it, named by a short name (issue 36).
+    let tiny = hub2.join("models/Tiny-Fake");
+    fs::create_dir_all(&tiny).expect("mkdir");
+    fs::write(tiny.join("config.json"), "{}\n").expect("config");
+    fs::write(tiny.join("model.safetensors"), vec![3u8; 2_000_000]).expect("weights");
     let (_c1, _c2) = (Cleanup(s.mnt.clone()), Cleanup(mnt2.clone()));
     user.mount(&s);
     let reserve = TEST_RESERVE.to_string();
@@ -450,6 +455,28 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
     let (ok, out, err) = user.run(&[&"evict", &b.repo]);
     assert!(ok, "{out}{err}");
     assert!(out.contains(&format!("evicted {}: ", b.repo)), "{out}");
+    // A short name that only the second source holds picks it too, for doctor as
+    // for prefetch; a model neither holds is named as such.
+    let (ok, out, err) = user.run(&[&"prefetch", &"Tiny-Fake"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains(&format!("using the mount at {}", mnt2.display())),
+        "{err}"
+    );
+    let (_, out, err) = user.run(&[&"doctor", &"Tiny-Fake"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("ok    model        models/Tiny-Fake: 2 files")),
+        "{out}{err}"
+    );
+    for command in ["verify", "evict", "prefetch"] {
+        let (ok, out, err) = user.run(&[&command, &"acme/nonexistent"]);
+        assert!(!ok, "{command}: {out}{err}");
+        assert!(
+            err.starts_with("stagefs: no running mount's source holds acme/nonexistent ("),
+            "{command}: {err}"
+        );
+    }
     let (ok, _, err) = user.run(&[&"unmount"]);
     assert!(!ok && err.contains("name the one to unmount"), "{err}");
     for mnt in [&s.mnt, &mnt2] {
