@@ -227,8 +227,9 @@ pub(crate) struct MountOptions {
     #[arg(long, value_parser = parse_size)]
     pub(crate) min_stage_size: Option<u64>,
     /// Do not use kernel passthrough (Linux 6.9+ as root), even where it works:
-    /// staged files are then presented as links to their local copies (or, with
-    /// --no-redirect, read through the daemon).
+    /// staged files are then presented as links to their local copies on a
+    /// --read-only mount, and read through the daemon on a writable one (root's
+    /// writes through a link would land in the copy) or with --no-redirect.
     #[arg(long)]
     pub(crate) no_passthrough: bool,
     /// Where kernel passthrough is not used (macOS, an ordinary user, --no-passthrough),

@@ -167,6 +167,8 @@ struct View {
     dir: PathBuf,
     verbose: bool,
     results: Results,
+    /// Since when every byte has been copied, and whether the wait was announced.
+    settling: (Option<std::time::Instant>, bool),
 }
 
 impl View {
@@ -184,10 +186,39 @@ impl View {
             dir: dir.to_path_buf(),
             verbose: stage.verbose,
             results: stage.results,
+            settling: (None, false),
+        }
+    }
+
+    /// Once every byte is copied, a file is reported staged only when its copy is
+    /// checked and on disk, which can take seconds for a large model with nothing
+    /// moving on screen: a wait past [`SETTLING_UNTOLD`] is said once, with its reason.
+    fn tell_settling(&mut self, files: &[FileProgress]) {
+        let copied = |f: &FileProgress| f.is_settled() || f.copied >= f.total;
+        let settling = files.iter().filter(|f| !f.is_settled()).count();
+        if settling == 0 || !files.iter().all(copied) {
+            self.settling.0 = None;
+            return;
+        }
+        let since = *self.settling.0.get_or_insert_with(std::time::Instant::now);
+        if self.settling.1 || since.elapsed() < SETTLING_UNTOLD {
+            return;
+        }
+        self.settling.1 = true;
+        let said = format!(
+            "stagefs: every byte is copied; waiting for {} to be checked and written to disk",
+            count(settling, "copy", "copies")
+        );
+        match &self.bars {
+            Some((multi, _, _)) => {
+                let _ = multi.println(said);
+            }
+            None => eprintln!("{said}"),
         }
     }
 
     fn update(&mut self, files: &[FileProgress]) {
+        self.tell_settling(files);
         let names = self.names.get_or_insert_with(|| {
             Names::of(
                 &self.dir,
@@ -274,6 +305,9 @@ impl View {
 /// The total bar's label.
 const TOTAL: &str = "total";
 
+/// How long the wait after the last byte goes unexplained.
+const SETTLING_UNTOLD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A bar labelled by its message, the file's whole name: a name cut to fit
 /// (`model-00001-of-00002.saf`) cannot be told from its neighbours, so the bar takes
 /// the width the name leaves (none, on a narrow terminal), and a line wider than the
@@ -351,5 +385,34 @@ mod tests {
             "FAILED o/m/model.safetensors: needs 3.0 MiB but the cache cannot make room; raise --max-size, lower --min-free, free disk space, or close models in use"
         );
         assert!(line(&failed(None)).ends_with("cannot make room"));
+    }
+
+    #[test]
+    fn a_wait_after_the_last_byte_is_told_once_and_only_once_it_lasts() {
+        let stage = Stage {
+            parallel: 1,
+            verbose: false,
+            results: Results::Stderr,
+        };
+        let mut view = View::new(false, Path::new("/cache"), &stage);
+        let file = |copied, state| FileProgress {
+            path: PathBuf::from("o/m/model.safetensors"),
+            total: 8,
+            copied,
+            state,
+        };
+        view.tell_settling(&[file(4, FileState::Copying)]);
+        assert_eq!(view.settling, (None, false), "still copying");
+        view.tell_settling(&[file(8, FileState::Copying)]);
+        assert!(
+            view.settling.0.is_some() && !view.settling.1,
+            "not yet: {:?}",
+            view.settling
+        );
+        view.settling.0 = std::time::Instant::now().checked_sub(SETTLING_UNTOLD);
+        view.tell_settling(&[file(8, FileState::Copying)]);
+        assert!(view.settling.1, "told once the wait lasted");
+        view.tell_settling(&[file(8, FileState::Staged)]);
+        assert_eq!(view.settling.0, None, "settled");
     }
 }
