@@ -222,7 +222,14 @@ impl Running {
         {
             warn!(error = %e, mountpoint = %spec.mountpoint.display(), "could not record the mount for commands run without --cache-dir");
         }
-        info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), backend = %spec.backend, "mounted");
+        match spec.mountpoint.as_os_str().is_empty() {
+            true => {
+                info!(source = %spec.source.display(), cache = %spec.cache_dir.display(), backend = %spec.backend, "serving, not mounted")
+            }
+            false => {
+                info!(source = %spec.source.display(), mountpoint = %spec.mountpoint.display(), cache = %spec.cache_dir.display(), backend = %spec.backend, "mounted")
+            }
+        }
         info!("{serving}");
         Ok(self)
     }
@@ -286,7 +293,8 @@ impl Running {
     }
 
     fn stop_with(mut self, patience: Patience) -> Result<(), MountError> {
-        info!("unmounting");
+        let mounted = !matches!(self.session, Session::Nfs { mounted: false, .. });
+        info!("{}", if mounted { "unmounting" } else { "stopping" });
         let waited = match &mut self.session {
             Session::Fuse { unmounter, done } => {
                 stop_fuse(&self.runtime, unmounter, done, &self.mountpoint, patience)

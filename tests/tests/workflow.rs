@@ -305,7 +305,20 @@ fn service_files_start_the_configured_mount() {
     assert!(shown.contains("WantedBy=default.target\n"));
     assert!(shown.contains("would run: systemctl --user enable --now stagefs.service"));
     assert!(!unit.exists(), "a dry run writes nothing");
+    assert!(text(&out.stderr).is_empty(), "{}", text(&out.stderr));
     verify_unit(&s, &shown);
+    // A mount point that is not there now: the service would fail at every start.
+    fs::remove_dir(&s.mnt).expect("rmdir");
+    let out = service(&["install", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "stagefs: warning: the mount point {0} is not a directory now; create it (mkdir -p {0}) or the service fails at every start\n",
+            s.mnt.display()
+        )
+    );
+    fs::create_dir(&s.mnt).expect("mkdir");
 
     let out = service(&["uninstall", "--dry-run"]);
     assert!(

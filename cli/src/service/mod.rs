@@ -91,6 +91,7 @@ fn service(config: &Config) -> anyhow::Result<Service> {
 
 fn install(service: &Service, dry_run: bool) -> anyhow::Result<()> {
     let plan = manager::install_plan(service)?;
+    warn_unstartable(service);
     if dry_run {
         println!("would write {}:\n{}", plan.file.display(), plan.content);
         print_commands("would run", &plan.load);
@@ -115,6 +116,20 @@ fn install(service: &Service, dry_run: bool) -> anyhow::Result<()> {
         service.mountpoint.display()
     );
     Ok(())
+}
+
+/// Says so when the mount point is not a directory now: the service would fail at
+/// every start (and retry every 30 s) until it is made. The source is not checked:
+/// a share mounted at login may come up after the service.
+fn warn_unstartable(service: &Service) {
+    let mnt = &service.mountpoint;
+    if !mnt.is_dir() {
+        eprintln!(
+            "stagefs: warning: the mount point {} is not a directory now; create it (mkdir -p {}) or the service fails at every start",
+            mnt.display(),
+            mnt.display()
+        );
+    }
 }
 
 fn uninstall(dry_run: bool) -> anyhow::Result<()> {
