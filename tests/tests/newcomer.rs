@@ -779,6 +779,18 @@ fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
         assert!(out.contains(&line), "{line} in {out}");
     }
 
+    // doctor with nothing to examine names the mounts it could.
+    let out = user.command(&[&"doctor"]).output().expect("doctor");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mounts = format!(
+        "note  mounts       2 stagefs mounts are running: {} (of {}), {} (of {})\n                   name one to examine it: `stagefs doctor MOUNTPOINT`\n",
+        s.mnt.display(),
+        s.hub.display(),
+        mnt2.display(),
+        s.dir.path().join("hub2").display()
+    );
+    assert!(stdout.contains(&mounts), "{mounts}\n{stdout}");
+
     // doctor of a source not mounted, and of a broken config file, runs.
     let elsewhere = s.dir.path().join("hub3");
     generate(&elsewhere, "acme/third", 1, "2M");

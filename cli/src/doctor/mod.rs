@@ -124,6 +124,16 @@ pub(crate) fn run(
     // since leaves a directory that looks like any other.
     let last = crate::mounts::recorded(&cache_dir).and_then(|r| r.source_fs);
     let mut report = examine(args.target.as_deref(), &cache_dir, &config, last.as_ref())?;
+    if args.target.is_none()
+        && config.source().is_none()
+        && let Some(check) = running_mounts()
+    {
+        // Beside the source note, which says there is nothing to examine.
+        let at = report.checks.iter().position(|c| c.name == "source");
+        report
+            .checks
+            .insert(at.map_or(report.checks.len(), |i| i + 1), check);
+    }
     if let Some(error) = config_error {
         let check = Check::fail("config", error.to_string()).advise(error.advice());
         report.checks.insert(0, check);
@@ -134,6 +144,31 @@ pub(crate) fn run(
         false => print!("{}", render(&report.checks)),
     }
     Ok(ExitCode::from(u8::from(report.failed)))
+}
+
+/// With nothing to examine and several mounts running (none picked), the mounts
+/// doctor could examine: one is named by its mount point or source.
+fn running_mounts() -> Option<Check> {
+    let known = stagefs_mount::registry::known();
+    if known.len() < 2 {
+        return None;
+    }
+    let mounts = known
+        .iter()
+        .map(|m| {
+            format!(
+                "{} (of {})",
+                m.mountpoint.display(),
+                m.record.source.display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let summary = format!("{} stagefs mounts are running: {mounts}", known.len());
+    Some(
+        Check::note("mounts", summary)
+            .advise("name one to examine it: `stagefs doctor MOUNTPOINT`"),
+    )
 }
 
 /// The report for a terminal: `ok    fuse         summary`, advice indented below
