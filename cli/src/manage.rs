@@ -65,7 +65,8 @@ pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyho
             dir.display()
         );
         match args.json {
-            true => bail!("{line}"),
+            // No cache, no mount: an empty list of them, as several are an array.
+            true => println!("[]"),
             false => println!("{line}"),
         }
         return Ok(());

@@ -631,6 +631,10 @@ fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
             user.home.join(".cache/stagefs").display()
         )
     );
+    // For a script, no cache is an empty list of reports, as several are an array.
+    let (ok, out, err) = user.run(&[&"status", &"--json"]);
+    assert!(ok && err.is_empty(), "{err}");
+    assert_eq!(out, "[]\n");
     let model = generate(&s.hub, "acme/counted", 2, "2M");
     let _cleanup = Cleanup(s.mnt.clone());
     let reserve = TEST_RESERVE.to_string();
