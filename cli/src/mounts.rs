@@ -56,7 +56,8 @@ pub(crate) fn cache_dir_or_default(
 ) -> anyhow::Result<PathBuf> {
     match cache_dir(config, flag, targets) {
         Ok(dir) => Ok(dir),
-        Err(e) if e.is::<Several>() => config.cache_dir(None),
+        // A model no running mount's source holds is the argument's fault: said so.
+        Err(e) if e.downcast_ref::<Several>().is_some_and(|s| !s.unheld) => config.cache_dir(None),
         Err(e) => Err(e),
     }
 }
@@ -82,8 +83,12 @@ fn names_cache_dir(config: &Config, flag: Option<&Path>) -> bool {
 
 /// Several mounts run and nothing the command names picks one.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Several(String);
+#[error("{message}")]
+struct Several {
+    message: String,
+    /// The targets were model ids that none of the mounts' sources holds.
+    unheld: bool,
+}
 
 /// The refusal when several mounts run; `unheld`: the model ids named, which no
 /// running mount's source holds (a typo, or a model since deleted whose copies one of
@@ -100,7 +105,7 @@ fn several(known: &[KnownMount], unheld: Option<&[&str]>) -> anyhow::Error {
         })
         .collect::<Vec<_>>()
         .join(", ");
-    Several(match unheld {
+    let message = match unheld {
         Some(ids) => format!(
             "no running mount's source holds {} ({}); for copies left in one of their caches, name it with --cache-dir",
             ids.join(", "),
@@ -110,7 +115,11 @@ fn several(known: &[KnownMount], unheld: Option<&[&str]>) -> anyhow::Error {
             "{} stagefs mounts are running ({mounts}); name one with --cache-dir",
             known.len()
         ),
-    })
+    };
+    Several {
+        message,
+        unheld: unheld.is_some(),
+    }
     .into()
 }
 

@@ -194,9 +194,14 @@ impl View {
     /// checked and on disk, which can take seconds for a large model with nothing
     /// moving on screen: a wait past [`SETTLING_UNTOLD`] is said once, with its reason.
     fn tell_settling(&mut self, files: &[FileProgress]) {
-        let copied = |f: &FileProgress| f.is_settled() || f.copied >= f.total;
-        let settling = files.iter().filter(|f| !f.is_settled()).count();
-        if settling == 0 || !files.iter().all(copied) {
+        // A file shows as staged once its copy is in the index, and the prefetch
+        // answers once every copy is also checked and durable: what it waits for is
+        // every file this run copies, whatever its line says.
+        let copying = |f: &&FileProgress| {
+            !matches!(f.state, FileState::AlreadyStaged | FileState::Failed { .. })
+        };
+        let settling = files.iter().filter(copying).count();
+        if settling == 0 || !files.iter().filter(copying).all(|f| f.copied >= f.total) {
             self.settling.0 = None;
             return;
         }
@@ -412,7 +417,10 @@ mod tests {
         view.settling.0 = std::time::Instant::now().checked_sub(SETTLING_UNTOLD);
         view.tell_settling(&[file(8, FileState::Copying)]);
         assert!(view.settling.1, "told once the wait lasted");
-        view.tell_settling(&[file(8, FileState::Staged)]);
-        assert_eq!(view.settling.0, None, "settled");
+        let mut again = View::new(false, Path::new("/cache"), &stage);
+        again.tell_settling(&[file(8, FileState::Staged)]);
+        assert!(again.settling.0.is_some(), "staged, and not yet answered");
+        again.tell_settling(&[file(8, FileState::AlreadyStaged)]);
+        assert_eq!(again.settling.0, None, "nothing to wait for");
     }
 }

@@ -86,10 +86,10 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
         args.mountpoint.as_deref(),
         &args.options(),
     );
-    let Err(missing) = asked else {
-        return asked;
-    };
     let flag = args.options.cache_dir.as_deref();
+    let Err(missing) = asked else {
+        return with_running_cache(asked?, args, config, flag);
+    };
     let cache_dir = crate::mounts::cache_dir(config, flag, &targets(args))?;
     let known = match live_mount(&cache_dir)? {
         Some(live) => Some(live),
@@ -109,6 +109,26 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
         ),
         None => Err(missing),
     }
+}
+
+/// `spec` with the cache of the mount already running at its mount point, when no
+/// cache directory was named: a mount made with its own `--cache-dir` is found by its
+/// mount point, as every other command finds it, instead of being mounted over.
+fn with_running_cache(
+    spec: MountSpec,
+    args: &RunArgs,
+    config: &Config,
+    flag: Option<&Path>,
+) -> anyhow::Result<MountSpec> {
+    if flag.is_some() || config.configured_cache_dir().is_some() {
+        return Ok(spec);
+    }
+    let Some(running) = stagefs_mount::registry::known_at(&spec.mountpoint) else {
+        return Ok(spec);
+    };
+    let mut options = args.options();
+    options.cache_dir = Some(running.cache_dir);
+    config.mount_spec(args.source.as_deref(), args.mountpoint.as_deref(), &options)
 }
 
 /// What picks one of several running mounts: the models to stage (by the source

@@ -611,6 +611,7 @@ fn a_folder_inside_a_source_of_plain_folders_is_judged_as_part_of_it() {
             "{}: {out}",
             examined.display()
         );
+        assert!(!out.contains("once mounted"), "mounted already: {out}");
     }
     drop(mount);
 }

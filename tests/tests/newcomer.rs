@@ -463,13 +463,20 @@ fn with_two_mounts_a_path_or_a_model_picks_one_and_nothing_asks_for_one() {
         err.contains(&format!("using the mount at {}", mnt2.display())),
         "{err}"
     );
+    let repo_dir = format!("models--{}", b.repo.replace('/', "--"));
+    let (ok, out, err) = user.run(&[&"verify", &repo_dir]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains(&format!("using the mount at {}", mnt2.display())),
+        "{err}"
+    );
     let (_, out, err) = user.run(&[&"doctor", &"Tiny-Fake"]);
     assert!(
         out.lines()
             .any(|l| l.starts_with("ok    model        models/Tiny-Fake: 2 files")),
         "{out}{err}"
     );
-    for command in ["verify", "evict", "prefetch"] {
+    for command in ["verify", "evict", "prefetch", "doctor"] {
         let (ok, out, err) = user.run(&[&command, &"acme/nonexistent"]);
         assert!(!ok, "{command}: {out}{err}");
         assert!(
@@ -771,6 +778,14 @@ fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
     let (out, err) = hub_cache(&by_mountpoint);
     assert_eq!(out, format!("{}\n", mnt2.display()));
     assert!(err.starts_with(&using), "{err}");
+    // Both flags, for a mount made with its own --cache-dir: found by its mount
+    // point, not mounted over ("already a mount point").
+    let hub2 = s.dir.path().join("hub2");
+    let mut by_both: Vec<&dyn AsRef<std::ffi::OsStr>> =
+        vec![&"run", &"--source", &hub2, &"--mountpoint", &mnt2];
+    by_both.extend(echo);
+    let (out, _) = hub_cache(&by_both);
+    assert_eq!(out, format!("{}\n", mnt2.display()));
 
     // status lists both, one block each.
     let (out, _) = hub_cache(&[&"status"]);

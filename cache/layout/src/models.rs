@@ -489,7 +489,10 @@ pub fn is_model_id(text: &str) -> bool {
 /// model found (see [`discover`]) whose id is `id` or whose path ends with it.
 pub fn find(source: &SourceTree, id: &str, model_dirs: &[PathBuf]) -> Result<ModelRef, ModelError> {
     let wanted = checked_id(id)?;
-    if let Some(repo_dir) = hf::repo_dir_for(id) {
+    // A repository's directory name (`models--org--name`) names it as its id does.
+    let named_by_dir = hf::id_of_repo_dir(id);
+    let repo_id = named_by_dir.as_deref().unwrap_or(id);
+    if let Some(repo_dir) = hf::repo_dir_for(repo_id) {
         let places = [PathBuf::new(), PathBuf::from("hub")];
         for place in places.iter().chain(model_dirs) {
             if let Some(model) = repo_at(source, &place.join(&repo_dir)) {
@@ -504,7 +507,7 @@ pub fn find(source: &SourceTree, id: &str, model_dirs: &[PathBuf]) -> Result<Mod
         .models
         .into_iter()
         .filter(|m| match m.kind {
-            ModelKind::HfRepo => m.id == id && repo_at(source, &m.path).is_some(),
+            ModelKind::HfRepo => m.id == repo_id && repo_at(source, &m.path).is_some(),
             ModelKind::Folder | ModelKind::File => m.path.ends_with(&wanted),
         })
         .collect();
@@ -790,6 +793,11 @@ mod tests {
         fs::write(dir.path().join("models/solo.gguf"), "g")?;
         let found = |id: &str| find(&source, id, &[]);
         assert_eq!(found("org/a")?.path, Path::new("hub/models--org--a"));
+        assert_eq!(
+            found("models--org--a")?.id,
+            "org/a",
+            "by its directory's name"
+        );
         let folder = found("models/mlx-community/m")?;
         assert_eq!(folder.kind, ModelKind::Folder);
         assert_eq!(folder.id, "models/mlx-community/m");

@@ -296,8 +296,10 @@ impl Findings {
             match arrived(got!(gathered, Survey), "shape")? {
                 Ok(survey) => {
                     self.survey = Some(survey.clone());
+                    // A mount, a path in one, or a path in the configured source (whose
+                    // mount the mount check reports on) needs no advice to mount it.
                     let in_mount = located.fs.stagefs_source.is_some();
-                    let advise_mounting = !report.configured && !in_mount;
+                    let advise_mounting = !report.configured && !in_mount && self.within.is_none();
                     let examined = self.within.as_deref().unwrap_or(&report.path);
                     let check = hub::shape_check(examined, survey, advise_mounting);
                     self.checks.push(check);
