@@ -566,11 +566,15 @@ fn snapshot_files(source: &SourceTree, dir: &Path) -> Vec<(PathBuf, u64)> {
     )
 }
 
-/// Each file that can be stat'ed, with its size.
+/// Each regular file, with its size: a link that leads to no file (a loop, one out
+/// of the source) is listed among the unfollowable, not counted as one of the files.
 fn sized(source: &SourceTree, files: Vec<PathBuf>) -> Vec<(PathBuf, u64)> {
     files
         .into_iter()
-        .filter_map(|file| source.stat(&file).ok().map(|m| (file, m.len())))
+        .filter_map(|file| {
+            let meta = source.stat(&file).ok().filter(|m| m.is_file())?;
+            Some((file, meta.len()))
+        })
         .collect()
 }
 

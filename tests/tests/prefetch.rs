@@ -332,6 +332,19 @@ fn a_prefetch_names_links_that_loop_or_leave_the_source() {
     for line in &lines {
         assert!(err.lines().any(|l| l == line), "{line}\n{out}{err}");
     }
+    // status counts the files a load can read, and lists the two links apart.
+    let status = stagefs_tests::status_json(&s.cache);
+    let revision = &status["models"][0]["revisions"][0];
+    assert_eq!(
+        revision["total_files"].as_u64(),
+        Some(model.files.len() as u64 - 2),
+        "{status}"
+    );
+    assert_eq!(
+        revision["unfollowable"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
     // Its dry run names the same links, and fails as the prefetch does, with and
     // without a mount to ask.
     for mounted in [true, false] {
