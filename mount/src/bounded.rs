@@ -43,13 +43,18 @@ pub enum Kind {
 
 /// Stats `path` (following links) and asks its filesystem for its free space, which
 /// a network filesystem always forwards to the server: a share whose attributes the
-/// kernel still caches but whose server is gone does not pass. Errors are the stat's.
+/// kernel still caches but whose server is gone does not pass. A directory must also
+/// be one this process can list: a source its user cannot read would mount as an
+/// empty tree. Errors are the stat's or the listing's.
 pub fn stat(path: &Path, deadline: Duration) -> Result<io::Result<Kind>, Unanswered> {
     let path = path.to_path_buf();
     let answer = in_child(deadline, move || {
-        encode(std::fs::metadata(&path).map(|meta| {
+        encode(std::fs::metadata(&path).and_then(|meta| {
+            if meta.is_dir() {
+                listable(&path)?;
+            }
             statvfs_answered(&path);
-            vec![u8::from(meta.is_dir())]
+            Ok(vec![u8::from(meta.is_dir())])
         }))
     })?;
     Ok(decode(&answer).map(|bytes| match bytes {
@@ -58,19 +63,13 @@ pub fn stat(path: &Path, deadline: Duration) -> Result<io::Result<Kind>, Unanswe
     }))
 }
 
-/// Whether the directory at `path` can be listed by this process (read and search
-/// permission): a source its user cannot read mounts as an empty tree otherwise.
-pub fn list(path: &Path, deadline: Duration) -> Result<io::Result<()>, Unanswered> {
-    let path = path.to_path_buf();
-    let answer = in_child(deadline, move || {
-        encode(
-            std::fs::read_dir(&path).and_then(|mut entries| match entries.next() {
-                Some(Err(e)) => Err(e),
-                _ => Ok(Vec::new()),
-            }),
-        )
-    })?;
-    Ok(decode(&answer).map(drop))
+/// Lists the first entry of directory `path`: where one without read or search
+/// permission fails.
+fn listable(path: &Path) -> io::Result<()> {
+    match std::fs::read_dir(path)?.next() {
+        Some(Err(e)) => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Whether the source at `root` holds the model `id` as `stagefs prefetch` finds it

@@ -130,9 +130,6 @@ fn answering_dir(source: &Path, timeout: Duration) -> Result<PathBuf, MountError
         }
         Err(e) => return Err(dir_error(e, "source", source)),
     }
-    bounded::list(source, timeout)
-        .map_err(unanswered)?
-        .map_err(|e| dir_error(e, "source", source))?;
     bounded::canonicalize(source, timeout)
         .map_err(unanswered)?
         .map_err(|e| dir_error(e, "source", source))
