@@ -299,7 +299,7 @@ fn selector(args: &EvictArgs, dir: &Path) -> anyhow::Result<EvictSelector> {
 /// What `evict` and `verify` take as a target: a path inside the mount or the source,
 /// turned into a source path, or a model id.
 fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
-    if names_a_path(target) {
+    if crate::mounts::names_a_path(target) {
         return Ok(EvictSelector::Path {
             path: cache_dir::source_relative(Path::new(target), dir)?,
         });
@@ -310,13 +310,6 @@ fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
         });
     }
     bail!("{target}: neither an existing path nor a model id like org/name or a path in the source")
-}
-
-/// Whether `text` names something on disk. The name itself is not followed: in a
-/// mount without kernel passthrough a staged file is a link to its copy, and
-/// following it would count as a use of that copy.
-pub(crate) fn names_a_path(text: &str) -> bool {
-    std::fs::symlink_metadata(text).is_ok()
 }
 
 /// The status report; `names` show the files being copied (with `-v`, their paths

@@ -151,9 +151,9 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
             .collect();
     }
     let all_ids = !targets.is_empty()
-        && targets.iter().all(|t| {
-            std::fs::symlink_metadata(t).is_err() && stagefs_layout::models::is_model_id(t)
-        });
+        && targets
+            .iter()
+            .all(|t| !names_a_path(t) && stagefs_layout::models::is_model_id(t));
     match (by_path.as_slice(), known) {
         ([one], _) => Picked::One(one),
         (_, []) => Picked::None,
@@ -161,6 +161,13 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
         ([], _) if all_ids => Picked::Unheld(targets.to_vec()),
         _ => Picked::Several,
     }
+}
+
+/// Whether `text` names something on disk. The name itself is not followed: in a
+/// mount without kernel passthrough a staged file is a link to its copy, and
+/// following it would count as a use of that copy.
+pub(crate) fn names_a_path(text: &str) -> bool {
+    std::fs::symlink_metadata(text).is_ok()
 }
 
 /// How long asking a mount's source whether it holds a model may take.

@@ -14,7 +14,8 @@ use stagefs_stage::prefetch::{FileProgress, FileState, Target};
 
 use crate::args::PrefetchArgs;
 use crate::config::Config;
-use crate::manage::{Names, names_a_path};
+use crate::manage::Names;
+use crate::mounts::names_a_path;
 use crate::units::{count, format_bytes};
 
 /// Runs the command; fails if any file could not be staged.

@@ -92,29 +92,25 @@ pub(crate) fn containing(path: &Path, root: Option<&Path>) -> anyhow::Result<Opt
         };
         return Ok(describe(&SourceTree::new(hub)?, &model, snapshot));
     }
-    if let Some(root) = root
-        && let Ok(rel) = path.strip_prefix(root)
-    {
-        let tree = SourceTree::new(root)?;
-        let is_dir = fs::metadata(path)?.is_dir();
-        let folders = rel.ancestors().skip(usize::from(!is_dir)).take(2);
-        let itself = (!is_dir).then_some(rel);
-        let named = folders
-            .chain(itself)
-            .filter(|candidate| !candidate.as_os_str().is_empty())
-            .find_map(|candidate| models::model_at(&tree, candidate));
-        return Ok(named.and_then(|model| describe(&tree, &model, None)));
-    }
+    // A path in `root` is named by its path there; any other by its own name.
+    let root = root.filter(|root| path.starts_with(root));
     let is_dir = fs::metadata(path)?.is_dir();
     // A file is its own model (a GGUF) only when no folder holds it.
     let itself = (!is_dir).then_some(path);
     let folders = path.ancestors().skip(usize::from(!is_dir)).take(2);
     for candidate in folders.chain(itself) {
-        let (Some(parent), Some(name)) = (candidate.parent(), candidate.file_name()) else {
-            continue;
+        let (base, rel) = match root {
+            Some(root) => match candidate.strip_prefix(root) {
+                Ok(rel) if !rel.as_os_str().is_empty() => (root, rel),
+                _ => continue,
+            },
+            None => match (candidate.parent(), candidate.file_name()) {
+                (Some(parent), Some(name)) => (parent, Path::new(name)),
+                _ => continue,
+            },
         };
-        let tree = SourceTree::new(parent)?;
-        if let Some(model) = models::model_at(&tree, Path::new(name)) {
+        let tree = SourceTree::new(base)?;
+        if let Some(model) = models::model_at(&tree, rel) {
             return Ok(describe(&tree, &model, None));
         }
     }
