@@ -483,6 +483,49 @@ fn a_share_that_refuses_snapshot_links_fails_the_model_and_names_the_option() {
     drop(remote);
 }
 
+/// Issue 36: `doctor SRC` of a whole stock-sshfs share named no model, so it was all
+/// ok while every snapshot link was refused: a few of its models' links are read.
+#[test]
+fn a_whole_share_that_refuses_snapshot_links_fails_and_names_the_option() {
+    let s = Scratch::new();
+    generate(&s.hub, "acme/big-llm", 1, "2M");
+    let nas = s.dir.path().join("nas");
+    let remote = NetFs::up_with(&s.hub, &nas, "1gbit", "contain_symlinks");
+    let run = stagefs(
+        &[
+            &"--no-config",
+            &"doctor",
+            &remote.mnt,
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}\n{}", run.stdout, run.stderr);
+    let lines = [
+        "fail  model        acme/big-llm: 3 links cannot be followed (0 of its files can be read); config.json: the source refuses to read the link (sshfs does unless mounted with `-o no_contain_symlinks`)",
+        "                   mount the share again with `-o no_contain_symlinks`: sshfs refuses links with `..` by default, and every snapshot file links to ../../blobs/",
+    ];
+    for line in lines {
+        assert!(
+            run.stdout.lines().any(|l| l == line),
+            "{line}\n{}",
+            run.stdout
+        );
+    }
+    drop(remote);
+    // The same source read directly, whose links lead to their blobs: no such line.
+    let direct = stagefs(
+        &[&"--no-config", &"doctor", &s.hub, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert!(
+        !direct.stdout.contains("cannot be followed"),
+        "{}",
+        direct.stdout
+    );
+}
+
 /// A plain model folder `Llama-Fake-4bit` in `dir` (2 files, 1.9 MiB).
 fn plain_folder(dir: &Path) -> PathBuf {
     let folder = dir.join("Llama-Fake-4bit");

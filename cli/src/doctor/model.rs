@@ -117,6 +117,23 @@ pub(crate) fn containing(path: &Path, root: Option<&Path>) -> anyhow::Result<Opt
     Ok(None)
 }
 
+/// Most models of a source a doctor of the whole source reads the links of.
+const SAMPLED_MODELS: usize = 3;
+
+/// The first of the first few models of the source `root` (as `survey` found them)
+/// with links that lead to no file: a doctor of the whole source names no model, and
+/// a share that refuses every link (sshfs's `contain_symlinks`) still lists every
+/// model, so only reading a few models' links shows it.
+pub(crate) fn sample_unfollowable(root: &Path, catalog: &models::Catalog) -> Option<Model> {
+    let tree = SourceTree::new(root).ok()?;
+    catalog
+        .models
+        .iter()
+        .take(SAMPLED_MODELS)
+        .filter_map(|model| describe(&tree, model, None))
+        .find(|model| !model.unfollowable.is_empty())
+}
+
 /// Counts a model's files and finds its largest weight; None for a repository
 /// without a snapshot.
 fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> Option<Model> {

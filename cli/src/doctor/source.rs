@@ -171,17 +171,19 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
         send(Line::Within(root.clone()));
     }
     let surveyed = within.clone().unwrap_or_else(|| readable.clone());
+    let mut catalog = None;
     if !located.is_file || within.is_some() {
         // The survey skips what it cannot list: a source nobody may read would look
         // empty ("no model found") instead of refused.
         let listed = std::fs::read_dir(&surveyed).map_err(StepError::of);
         let tree = listed.and_then(|_| SourceTree::new(&surveyed).map_err(StepError::of));
         let survey = tree.map(|tree| models::survey(&tree, &dirs));
-        let listed = survey.is_ok();
-        send(Line::Survey(survey));
-        if !listed {
+        let Ok(found) = &survey else {
+            send(Line::Survey(survey));
             return;
-        }
+        };
+        catalog = Some(found.catalog.clone());
+        send(Line::Survey(survey));
     }
     let model = match model_id {
         Some(id) => model::find(&readable, id, &dirs),
@@ -190,6 +192,11 @@ pub(crate) fn probe(arg: Option<&str>, source: Option<&Path>, dirs: Vec<PathBuf>
     .map_err(StepError::of);
     send(Line::Model(model.clone()));
     let model = model.ok().flatten();
+    if let (None, Some(catalog)) = (&model, &catalog) {
+        send(Line::Unfollowable(model::sample_unfollowable(
+            &surveyed, catalog,
+        )));
+    }
     if model_id.is_some() && model.is_none() {
         return;
     }
@@ -331,6 +338,11 @@ impl Findings {
             }
         };
         self.checks.extend(self.model.as_ref().map(model_check));
+        // A whole source: a model of it whose links cannot be followed fails here, or
+        // doctor would call a share that refuses every link all ok.
+        if let Some(Some(sample)) = got!(gathered, Unfollowable).filter(|_| self.model.is_none()) {
+            self.checks.extend(links_check(sample));
+        }
         let check = match arrived(got!(gathered, Measured), "speed")? {
             Ok(Some(probe)) => {
                 report.probe = Some(probe.clone());

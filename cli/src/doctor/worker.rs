@@ -61,6 +61,9 @@ pub(crate) enum Line {
     /// the configured source), whose shape the survey describes.
     Within(PathBuf),
     Model(Result<Option<Model>, StepError>),
+    /// For a whole source (no model named or containing the path): the first of a few
+    /// of its models whose links lead to no file.
+    Unfollowable(Option<Model>),
     /// The measurement; None when there is no file to measure.
     Measured(Result<Option<Probe>, StepError>),
     Cache(Result<Place, StepError>),
