@@ -16,6 +16,24 @@ pub(crate) fn command() -> clap::Command {
     Cli::command()
         .mut_subcommand("mount", show_defaults)
         .mut_subcommand("run", show_defaults)
+        .mut_subcommand("serve", |serve| show_defaults(hide_fuse_only(serve)))
+}
+
+/// The argument ids of the mount options only a FUSE mount has
+/// ([`MountOptions::fuse_only_flags`]).
+const FUSE_ONLY: [&str; 4] = [
+    "no_passthrough",
+    "no_redirect",
+    "redirect_grace",
+    "allow_other",
+];
+
+/// `serve` keeps the FUSE-only flags (so that giving one is refused with a reason,
+/// not as an unknown argument) but does not list them.
+fn hide_fuse_only(command: clap::Command) -> clap::Command {
+    FUSE_ONLY.into_iter().fold(command, |command, id| {
+        command.mut_arg(id, |arg| arg.hide(true))
+    })
 }
 
 /// Each mount option that has a default, by argument id, and the default as shown.
@@ -283,6 +301,20 @@ pub(crate) struct MountOptions {
 }
 
 impl MountOptions {
+    /// The flags given that only a FUSE mount has, as typed.
+    pub(crate) fn fuse_only_flags(&self) -> Vec<&'static str> {
+        let given = [
+            (self.no_passthrough, "--no-passthrough"),
+            (self.no_redirect, "--no-redirect"),
+            (self.redirect_grace.is_some(), "--redirect-grace"),
+            (self.allow_other, "--allow-other"),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(given, flag)| given.then_some(flag))
+            .collect()
+    }
+
     fn with(&self, backend: BackendOption) -> MountOptions {
         MountOptions {
             backend: backend.backend,
@@ -551,6 +583,23 @@ mod tests {
         let help = help_of("prefetch");
         let parallel = defaults::PREFETCH_COMMAND_PARALLEL;
         assert!(help.contains(&format!("[default: {parallel}]")), "{help}");
+    }
+
+    #[test]
+    fn serve_shows_its_defaults_and_not_the_fuse_only_flags() {
+        let help = help_of("serve");
+        assert!(help.contains("[default: 30s]"), "{help}");
+        assert!(help.contains("[default: fail]"), "{help}");
+        for flag in [
+            "--no-passthrough",
+            "--no-redirect",
+            "--redirect-grace",
+            "--allow-other",
+        ] {
+            assert!(!help.contains(flag), "{flag} in {help}");
+        }
+        let mount = help_of("mount");
+        assert!(mount.contains("--allow-other"), "{mount}");
     }
 
     #[test]

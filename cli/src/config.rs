@@ -200,7 +200,9 @@ impl Config {
         // The source first: its absence is the first thing a newcomer hears about.
         let source = self.required(source, self.file.source.as_deref(), "source")?;
         let mountpoint = self.mountpoint(mountpoint)?;
-        self.spec(Some(&source), mountpoint, flags)
+        let spec = self.spec(Some(&source), mountpoint, flags)?;
+        refuse_fuse_only_flags(flags, spec.backend)?;
+        Ok(spec)
     }
 
     /// The spec `stagefs serve` serves: NFS on `listen`, and no mount point.
@@ -210,6 +212,7 @@ impl Config {
         listen: std::net::SocketAddr,
         flags: &MountOptions,
     ) -> anyhow::Result<MountSpec> {
+        refuse_fuse_only_flags(flags, stagefs_control::Backend::Nfs)?;
         let mut spec = self.spec(source, PathBuf::new(), flags)?;
         spec.backend = stagefs_control::Backend::Nfs;
         spec.nfs_listen = listen;
@@ -416,6 +419,33 @@ impl Visitor<'_> for Text {
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
         (self.0)(&v.to_string()).map_err(E::custom)
     }
+}
+
+/// Refuses the flags only a FUSE mount has (kernel passthrough, links to copies,
+/// other users) on an NFS export (`serve`, `--backend nfs`), where they would be
+/// taken and do nothing: the NFS server reads every file itself and serves only the
+/// mounting user and root. The config file's keys are left alone: one file may
+/// serve both backends.
+fn refuse_fuse_only_flags(
+    flags: &MountOptions,
+    backend: stagefs_control::Backend,
+) -> anyhow::Result<()> {
+    let given = flags.fuse_only_flags();
+    if backend != stagefs_control::Backend::Nfs || given.is_empty() {
+        return Ok(());
+    }
+    let (names, what) = match given.as_slice() {
+        [one] => (one.to_string(), "is a FUSE mount's option"),
+        [rest @ .., last] => (
+            format!("{} and {last}", rest.join(", ")),
+            "are FUSE mount options",
+        ),
+        [] => unreachable!("checked above"),
+    };
+    bail!(
+        "{names} {what}: an NFS export (`serve`, `--backend nfs`) reads every file itself and serves only its user and root; leave {} out",
+        if given.len() == 1 { "it" } else { "them" }
+    )
 }
 
 #[cfg(test)]

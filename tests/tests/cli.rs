@@ -133,3 +133,49 @@ fn bad_input_is_refused_with_one_clear_line() {
         "nothing was created inside the source"
     );
 }
+
+/// Issue 36: `serve` took FUSE-only flags without a word, and did nothing with them;
+/// so did `mount --backend nfs`. Both refuse them, in one line, and mount nothing.
+#[test]
+fn an_nfs_export_refuses_the_flags_only_fuse_has() {
+    let s = Scratch::new();
+    let (hub, mnt, cache) = (&s.hub, &s.mnt, &s.cache);
+    let one = "stagefs: --allow-other is a FUSE mount's option: an NFS export (`serve`, `--backend nfs`) reads every file itself and serves only its user and root; leave it out\n";
+    let two = "stagefs: --no-passthrough and --redirect-grace are FUSE mount options: an NFS export (`serve`, `--backend nfs`) reads every file itself and serves only its user and root; leave them out\n";
+    let cases: Vec<(Vec<&dyn AsRef<std::ffi::OsStr>>, &str)> = vec![
+        (
+            vec![
+                &"--no-config",
+                &"serve",
+                hub,
+                &"--cache-dir",
+                cache,
+                &"--allow-other",
+            ],
+            one,
+        ),
+        (
+            vec![
+                &"--no-config",
+                &"mount",
+                &"--backend",
+                &"nfs",
+                hub,
+                mnt,
+                &"--cache-dir",
+                cache,
+                &"--no-passthrough",
+                &"--redirect-grace",
+                &"5s",
+            ],
+            two,
+        ),
+    ];
+    for (args, expected) in cases {
+        let (ok, out, err) = run_stagefs(&args);
+        assert!(!ok, "should fail: {expected}");
+        assert_eq!(err, expected);
+        assert_eq!(out, "");
+        assert!(!is_mounted(&s.mnt));
+    }
+}
