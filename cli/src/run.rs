@@ -3,8 +3,10 @@
 //! COMMAND (exec), so COMMAND's exit code and signals are the caller's without any
 //! forwarding.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::ErrorKind;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -33,6 +35,11 @@ pub(crate) const RELAX_WATCHDOG_VAR: &str = "AGX_RELAX_CDM_CTXSTORE_TIMEOUT";
 
 /// Runs the command; only returns if COMMAND could not be started.
 pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
+    let (program, rest) = args.command.split_first().context("no COMMAND given")?;
+    // A mistyped command is said before anything is mounted, staged or announced.
+    if let Err(error) = runnable(program) {
+        return Ok(cannot_run(program, &error));
+    }
     let spec = mount_spec(args, config)?;
     ensure_mounted(&spec)?;
     if !args.models.is_empty() {
@@ -58,18 +65,51 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
         args.relax_gpu_watchdog,
     );
     announce(&env, shape, &spec.mountpoint, args.relax_gpu_watchdog);
-    let (program, rest) = args.command.split_first().context("no COMMAND given")?;
     let error = Command::new(program).args(rest).envs(env).exec();
+    Ok(cannot_run(program, &error))
+}
+
+/// Says why COMMAND could not be run; the shell's exit codes, so scripts can tell
+/// "not found" (127) from "not executable" (126).
+fn cannot_run(program: &OsStr, error: &std::io::Error) -> ExitCode {
     eprintln!(
         "stagefs: cannot run {}: {}",
         Path::new(program).display(),
-        stagefs_source::io_text(&error)
+        stagefs_source::io_text(error)
     );
-    // The shell's codes, so scripts can tell "not found" from "not executable".
-    Ok(ExitCode::from(match error.kind() {
+    ExitCode::from(match error.kind() {
         ErrorKind::NotFound => 127,
         _ => 126,
-    }))
+    })
+}
+
+/// Whether `program` names a file `exec` can run, as `execvp` looks for it: a name
+/// with a slash as it is, any other in the directories of `PATH`. What exec would
+/// say if not: not found, or permission denied for a file without an execute bit.
+fn runnable(program: &OsStr) -> std::io::Result<()> {
+    let executable = |path: &Path| {
+        std::fs::metadata(path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let denied = || std::io::Error::from_raw_os_error(libc::EACCES);
+    if program.as_bytes().contains(&b'/') {
+        return match executable(Path::new(program))? {
+            true => Ok(()),
+            false => Err(denied()),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut found_unexecutable = false;
+    for dir in std::env::split_paths(&path) {
+        match executable(&dir.join(program)) {
+            Ok(true) => return Ok(()),
+            Ok(false) => found_unexecutable = true,
+            Err(_) => {}
+        }
+    }
+    Err(match found_unexecutable {
+        true => denied(),
+        false => std::io::Error::from_raw_os_error(libc::ENOENT),
+    })
 }
 
 /// The mount asked for; with none given or configured, the one the cache directory

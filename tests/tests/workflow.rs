@@ -206,9 +206,30 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
 
     let out = stagefs(&config, &["run", "--", "sh", "-c", "kill -TERM $$"]);
     assert_eq!(out.status.signal(), Some(libc::SIGTERM), "signal passed on");
+    // Issue 36: a command that cannot run is said alone, not after "running with".
     let out = stagefs(&config, &["run", "--", "/nonexistent/program"]);
     assert_eq!(out.status.code(), Some(127));
-    assert!(text(&out.stderr).contains("cannot run /nonexistent/program"));
+    assert_eq!(
+        text(&out.stderr),
+        "stagefs: cannot run /nonexistent/program: No such file or directory\n"
+    );
+    let out = stagefs(&config, &["run", "--", "no-such-program-anywhere"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert_eq!(
+        text(&out.stderr),
+        "stagefs: cannot run no-such-program-anywhere: No such file or directory\n"
+    );
+    let script = s.dir.path().join("not-executable.sh");
+    fs::write(&script, "#!/bin/sh\n").expect("script");
+    let out = stagefs(&config, &["run", "--", script.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(126));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "stagefs: cannot run {}: Permission denied\n",
+            script.display()
+        )
+    );
 }
 
 #[test]
