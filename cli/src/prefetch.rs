@@ -21,7 +21,9 @@ use crate::units::{count, format_bytes};
 /// Runs the command; fails if any file could not be staged.
 pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
     let targets: Vec<&str> = args.targets.iter().map(String::as_str).collect();
-    let dir = crate::mounts::cache_dir(config, args.cache.cache_dir.as_deref(), &targets)?;
+    let flag = args.cache.cache_dir.as_deref();
+    let dir = crate::mounts::cache_dir(config, flag, &targets)?;
+    refuse_a_forgotten_source(config, flag, &dir, &targets)?;
     if args.dry_run {
         return dry_run(&dir, &args.targets, args.revision.as_deref(), verbose);
     }
@@ -33,6 +35,43 @@ pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow
     let summary = stage.run(&dir, &args.targets, args.revision.as_deref())?;
     println!("{summary}");
     Ok(())
+}
+
+/// With no mount running, a prefetch stages from the source the cache recorded last.
+/// A record left in a cache nobody named (not `--cache-dir`, not the config file's
+/// `cache_dir`) by an old mount is history, as it is for `run`: a model id is not
+/// looked up in it unless it is the configured `source`. A path names its source
+/// itself, and is taken.
+fn refuse_a_forgotten_source(
+    config: &Config,
+    flag: Option<&Path>,
+    dir: &Path,
+    targets: &[&str],
+) -> anyhow::Result<()> {
+    if targets.iter().all(|t| names_a_path(t))
+        || crate::mounts::standing(config, flag, dir).is_some()
+    {
+        return Ok(());
+    }
+    let Some(record) = crate::mounts::recorded(dir) else {
+        return Ok(());
+    };
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if config
+        .source()
+        .is_some_and(|source| same(source, &record.source))
+    {
+        return Ok(());
+    }
+    bail!(
+        "no stagefs mount is running, and the cache {} last served {}, which nothing names now: mount the source first (`stagefs mount SOURCE MOUNTPOINT`), or pass --cache-dir {} to stage from it into that cache",
+        dir.display(),
+        record.source.display(),
+        dir.display()
+    )
 }
 
 /// Where the lines naming each staged file go: stdout for `prefetch`, whose results

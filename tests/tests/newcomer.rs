@@ -879,6 +879,51 @@ fn run_with_nothing_mounted_refuses_rather_than_bring_back_an_old_mount() {
     );
 }
 
+/// Issue 36: `prefetch` with nothing mounted staged from the source an old mount had
+/// recorded in the default cache. It refuses as `run` does; naming that cache, or a
+/// path in the source, still stages from it.
+#[test]
+fn prefetch_with_nothing_mounted_refuses_an_old_mounts_source() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    let model = generate(&s.hub, "acme/old", 1, "2M");
+    let _cleanup = Cleanup(s.mnt.clone());
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[&"mount", &s.hub, &s.mnt, &"--min-free", &reserve]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    let cache = user.home.join(".cache/stagefs");
+
+    let (ok, out, err) = user.run(&[&"prefetch", &"acme/old"]);
+    assert!(!ok);
+    assert_eq!(out, "");
+    assert_eq!(
+        err,
+        format!(
+            "stagefs: no stagefs mount is running, and the cache {} last served {}, which nothing names now: mount the source first (`stagefs mount SOURCE MOUNTPOINT`), or pass --cache-dir {} to stage from it into that cache\n",
+            cache.display(),
+            s.hub.display(),
+            cache.display()
+        )
+    );
+    let (ok, out, err) = user.run(&[&"prefetch", &"--dry-run", &"acme/old"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("which nothing names now"), "{err}");
+
+    // Named, the same cache stages from the source it recorded.
+    let (ok, out, err) = user.run(&[&"prefetch", &"--cache-dir", &cache, &"acme/old"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1 staged"), "{out}");
+    // So does a path in that source, which names the source itself.
+    let (ok, _, err) = user.run(&[&"evict", &"--all"]);
+    assert!(ok, "{err}");
+    let shard = s.hub.join(&model.shards()[0]);
+    let (ok, out, err) = user.run(&[&"prefetch", &shard]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1 staged"), "{out}");
+}
+
 #[test]
 fn status_names_a_copy_in_progress_by_its_file_and_v_adds_its_path() {
     let s = Scratch::new();

@@ -340,6 +340,51 @@ fn service_files_start_the_configured_mount() {
         )
     );
     fs::create_dir(&s.mnt).expect("mkdir");
+    // Issue 36: a source that is not there now is said too (a share may come later).
+    let away = s.dir.path().join("hub-away");
+    fs::rename(&s.hub, &away).expect("move the source away");
+    let out = service(&["install", "--dry-run"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "stagefs: warning: the source {}: No such file or directory; the service's mount fails until it is there (mount the share, or fix `source` in the config file)\n",
+            s.hub.display()
+        )
+    );
+    fs::rename(&away, &s.hub).expect("move the source back");
+    // A mount point inside the source could never start: refused, nothing written.
+    let inner = s.hub.join("inner");
+    fs::create_dir(&inner).expect("mkdir");
+    let inside = awkward.join("inside.toml");
+    fs::write(
+        &inside,
+        format!(
+            "source = \"{}\"\nmountpoint = \"{}\"\ncache_dir = \"{}\"\n",
+            s.hub.display(),
+            inner.display(),
+            s.cache.display()
+        ),
+    )
+    .expect("config");
+    let out = Command::new(stagefs_bin())
+        .arg("--config")
+        .arg(&inside)
+        .args(["service", "install"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .expect("running stagefs service");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "stagefs: mount point {} must not be inside the source {}: the mount would contain itself without end\n",
+            inner.display(),
+            s.hub.display()
+        )
+    );
+    assert!(!unit.exists(), "nothing written");
+    fs::remove_dir(&inner).expect("rmdir");
 
     let out = service(&["uninstall", "--dry-run"]);
     assert!(

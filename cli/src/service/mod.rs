@@ -10,11 +10,14 @@ mod launchd;
 #[cfg_attr(target_os = "macos", allow(dead_code))]
 mod systemd;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use stagefs_control::Backend;
+use stagefs_mount::MountError;
+use stagefs_mount::bounded::{self, Kind};
 
 use crate::args::{MountOptions, ServiceCommand};
 use crate::config::Config;
@@ -76,6 +79,7 @@ fn service(config: &Config) -> anyhow::Result<Service> {
         );
     };
     let spec = config.mount_spec(None, None, &MountOptions::default())?;
+    refuse_a_mountpoint_inside_the_source(&spec.source, &spec.mountpoint)?;
     let exe = std::env::current_exe()
         .and_then(std::fs::canonicalize)
         .context("finding the stagefs executable")?;
@@ -118,10 +122,50 @@ fn install(service: &Service, dry_run: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Says so when the mount point is not a directory now: the service would fail at
-/// every start (and retry every 30 s) until it is made. The source is not checked:
-/// a share mounted at login may come up after the service.
+/// How long installing waits for the source to answer a `stat`.
+const SOURCE_WAIT: Duration = Duration::from_secs(3);
+
+/// Refuses what could never start: a mount point inside the source, which `mount`
+/// refuses at every start. Compared as written and, where each answers within
+/// [`SOURCE_WAIT`], with links resolved (a share may be away now).
+fn refuse_a_mountpoint_inside_the_source(source: &Path, mountpoint: &Path) -> anyhow::Result<()> {
+    let resolved = |path: &Path| match bounded::canonicalize(path, SOURCE_WAIT) {
+        Ok(Ok(real)) => Some(real),
+        _ => None,
+    };
+    let written = |path: &Path| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let inside = mountpoint.starts_with(source)
+        || written(mountpoint).starts_with(written(source))
+        || resolved(mountpoint)
+            .zip(resolved(source))
+            .is_some_and(|(mnt, src)| mnt.starts_with(src));
+    if inside {
+        return Err(MountError::MountpointInside {
+            mountpoint: mountpoint.to_path_buf(),
+            source_dir: source.to_path_buf(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Says so when the service would fail at its next start (and retry every 30 s): the
+/// mount point is not a directory, or the source is not one or does not answer.
+/// Neither is refused: a share mounted at login may come up after the service, and
+/// the mount point may be made later.
 fn warn_unstartable(service: &Service) {
+    let source = service.source.display();
+    let problem = match bounded::stat(&service.source, SOURCE_WAIT) {
+        Ok(Ok(Kind::Directory)) => None,
+        Ok(Ok(Kind::Other)) => Some("is not a directory".to_string()),
+        Ok(Err(e)) => Some(stagefs_source::io_text(&e)),
+        Err(_) => Some(format!("did not answer in {}s", SOURCE_WAIT.as_secs())),
+    };
+    if let Some(problem) = problem {
+        eprintln!(
+            "stagefs: warning: the source {source}: {problem}; the service's mount fails until it is there (mount the share, or fix `source` in the config file)"
+        );
+    }
     let mnt = &service.mountpoint;
     if !mnt.is_dir() {
         eprintln!(
