@@ -526,6 +526,56 @@ fn a_whole_share_that_refuses_snapshot_links_fails_and_names_the_option() {
     );
 }
 
+/// Issue 36: a model folder examined with no source known to hold it is judged as a
+/// source of its own; doctor says so, and how to have it judged as part of one.
+#[test]
+fn a_folder_no_source_is_known_to_hold_is_said_to_be_judged_alone() {
+    let s = Scratch::new();
+    let models = s.dir.path().join("models");
+    let folder = plain_folder(&models.join("acme"));
+    let alone = stagefs(
+        &[&"--no-config", &"doctor", &folder, &"--cache-dir", &s.cache],
+        &[],
+    );
+    let note = format!(
+        "note  source       no mount or config file names a source holding {}, so it is judged as a source of its own",
+        folder.display()
+    );
+    let lines = [
+        note.as_str(),
+        "                   if it lies in a larger source you mount, set `source` in the config file (or mount that source) and run doctor again to judge it as part of that source",
+        "ok    model        Llama-Fake-4bit: 2 files, 1.9 MiB (plain model folder ",
+    ];
+    for line in lines {
+        assert!(
+            alone.stdout.lines().any(|l| l.starts_with(line)),
+            "{line}\n{}",
+            alone.stdout
+        );
+    }
+    let config = s.dir.path().join("config.toml");
+    fs::write(&config, format!("source = \"{}\"\n", models.display())).expect("config");
+    let within = stagefs(
+        &[
+            &"--config",
+            &config,
+            &"doctor",
+            &folder,
+            &"--cache-dir",
+            &s.cache,
+        ],
+        &[],
+    );
+    assert!(!within.stdout.contains("note  source"), "{}", within.stdout);
+    assert!(
+        within
+            .stdout
+            .contains("ok    model        acme/Llama-Fake-4bit: 2 files, 1.9 MiB"),
+        "{}",
+        within.stdout
+    );
+}
+
 /// A plain model folder `Llama-Fake-4bit` in `dir` (2 files, 1.9 MiB).
 fn plain_folder(dir: &Path) -> PathBuf {
     let folder = dir.join("Llama-Fake-4bit");

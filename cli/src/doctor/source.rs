@@ -338,6 +338,12 @@ impl Findings {
             }
         };
         self.checks.extend(self.model.as_ref().map(model_check));
+        self.checks.extend(own_source_note(
+            report,
+            located,
+            self.within.as_deref(),
+            self.model.as_ref(),
+        ));
         // A whole source: a model of it whose links cannot be followed fails here, or
         // doctor would call a share that refuses every link all ok.
         if let Some(Some(sample)) = got!(gathered, Unfollowable).filter(|_| self.model.is_none()) {
@@ -558,6 +564,31 @@ fn stagefs_check(report: &SourceReport) -> Check {
     Check::new("source", verdict, summary).advise(format!(
         "the checks below read {source}; a stagefs mount is no source for another mount: use {source} itself"
     ))
+}
+
+/// The note for a model folder examined with no source known to hold it (no mount of
+/// one runs, the config file names none): it is judged as a source of its own, which
+/// is what it is if mounted alone, and its model is named by its own name. Nothing
+/// could tell which larger directory, if any, the user means to mount instead.
+fn own_source_note(
+    report: &SourceReport,
+    located: &Located,
+    within: Option<&Path>,
+    model: Option<&Model>,
+) -> Option<Check> {
+    let in_a_source = report.configured || located.fs.stagefs_source.is_some() || within.is_some();
+    let itself = model.is_some_and(|m| m.path == located.canonical && m.snapshot.is_none());
+    if in_a_source || !itself {
+        return None;
+    }
+    let path = located.canonical.display();
+    Some(
+        Check::note(
+            "source",
+            format!("no mount or config file names a source holding {path}, so it is judged as a source of its own"),
+        )
+        .advise("if it lies in a larger source you mount, set `source` in the config file (or mount that source) and run doctor again to judge it as part of that source"),
+    )
 }
 
 fn model_check(model: &Model) -> Check {
