@@ -452,6 +452,47 @@ impl Filesystem for StageFs {
         );
     }
 
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let ttl = self.policy.config().attr_ttl;
+        let name = newname.to_owned();
+        self.serve(
+            "link",
+            |p| async move { p.link(ino.0, newparent.0, &name).await },
+            entry_reply(reply, ttl),
+        );
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let ttl = self.policy.config().attr_ttl;
+        // The type bits stay; the umask narrows only the permissions.
+        let mode = mode & !(umask & 0o7777);
+        let (name, caller) = (name.to_owned(), caller(req));
+        self.serve(
+            "mknod",
+            |p| async move {
+                p.mknod(parent.0, &name, mode, u64::from(rdev), caller)
+                    .await
+            },
+            entry_reply(reply, ttl),
+        );
+    }
+
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_owned();
         self.serve(

@@ -284,6 +284,16 @@ impl Source for FaultySource {
         self.dir.symlink(target, rel)
     }
 
+    fn link(&self, existing: &Path, rel: &Path) -> Result<(), SourceError> {
+        self.enter_to_grow(rel)?;
+        self.dir.link(existing, rel)
+    }
+
+    fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> Result<(), SourceError> {
+        self.enter_to_grow(rel)?;
+        self.dir.mknod(rel, mode, rdev)
+    }
+
     fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
         self.enter_to_change(rel)?;
         self.dir.set_mode(rel, mode)

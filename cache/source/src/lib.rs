@@ -400,6 +400,18 @@ pub trait Source: Send + Sync + fmt::Debug {
         let _ = target;
         Err(SourceError::read_only(rel))
     }
+    /// Makes `rel` a new name (a hard link) of the existing entry `existing`, which is
+    /// not followed if it is a symlink.
+    fn link(&self, existing: &Path, rel: &Path) -> Result<(), SourceError> {
+        let _ = existing;
+        Err(SourceError::read_only(rel))
+    }
+    /// Creates special file `rel` (a fifo, a socket, a character or block device:
+    /// `mode` holds the type and exactly the permission bits; `rdev` the device).
+    fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> Result<(), SourceError> {
+        let _ = (mode, rdev);
+        Err(SourceError::read_only(rel))
+    }
     /// Sets the permission bits of `rel` (a symlink's own, where the system allows).
     fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
         let _ = mode;
@@ -647,6 +659,22 @@ impl Source for LocalDir {
         self.still_mounted()?;
         std::os::unix::fs::symlink(target, self.root.join(rel))
             .map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn link(&self, existing: &Path, rel: &Path) -> Result<(), SourceError> {
+        self.still_mounted()?;
+        // linkat without AT_SYMLINK_FOLLOW: a link to a symlink names the symlink.
+        fs::hard_link(self.root.join(existing), self.root.join(rel))
+            .map_err(|e| SourceError::write(rel, e))
+    }
+
+    fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> Result<(), SourceError> {
+        self.still_mounted()?;
+        let path = self.root.join(rel);
+        let fail = |e| SourceError::write(rel, e);
+        crate::sys::mknod(&path, mode, rdev).map_err(fail)?;
+        // The daemon's umask must not narrow the mode the caller asked for.
+        chmod_no_follow(&path, mode & 0o7777).map_err(fail)
     }
 
     fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
@@ -930,6 +958,19 @@ impl SourceTree {
     pub fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
         self.check_named(rel)?;
         self.backend.symlink(target, rel)
+    }
+
+    /// Makes `rel` a new name of the existing entry `existing`; see [`Source::link`].
+    pub fn link(&self, existing: &Path, rel: &Path) -> Result<(), SourceError> {
+        self.check(existing)?;
+        self.check_named(rel)?;
+        self.backend.link(existing, rel)
+    }
+
+    /// Creates special file `rel`; see [`Source::mknod`].
+    pub fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> Result<(), SourceError> {
+        self.check_named(rel)?;
+        self.backend.mknod(rel, mode, rdev)
     }
 
     /// Sets the permission bits of `rel`.

@@ -19,6 +19,22 @@ pub fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     Ok(unsafe { out.assume_init() })
 }
 
+/// `mknod(2)`: creates special file `path` of the type and permissions in `mode`
+/// (the process's umask applies), for device `rdev`.
+pub fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    // mode_t and dev_t differ in width between Linux and macOS.
+    let mode =
+        libc::mode_t::try_from(mode).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let rdev =
+        libc::dev_t::try_from(rdev).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c_path is NUL-terminated; mknod reads nothing else from memory.
+    if unsafe { libc::mknod(c_path.as_ptr(), mode, rdev) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Creates (or truncates) `path` for writing, readable by its owner only: the cache
 /// says which models a user runs, which is nobody else's business.
 pub fn create_private(path: &Path) -> io::Result<File> {

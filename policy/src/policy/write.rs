@@ -570,6 +570,55 @@ impl Policy {
         .await
     }
 
+    /// Makes `new_name` in `new_parent` another name (a hard link) of `ino`, on the
+    /// source. Each name is its own entry here (its own inode number), staged and
+    /// tainted by its path: a write through one name changes the source file's
+    /// times, so the other name's stored copy no longer matches its version and is
+    /// never served for it. The attributes the kernel keeps of the other name (link
+    /// count, mode) are its own, for up to `attr_ttl`.
+    pub async fn link(
+        self: &Arc<Self>,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+    ) -> Result<Attr, FsError> {
+        let path = self.child(new_parent, new_name)?;
+        let existing = self.node(ino)?.path;
+        let work_path = path.clone();
+        self.change(&path, move |p| {
+            let source = p.stager.source();
+            source.link(&existing, &work_path)?;
+            let meta = source.stat(&work_path)?;
+            Ok(p.new_entry(&work_path, &meta))
+        })
+        .await
+    }
+
+    /// Creates special file `name` in `parent` (a fifo, a socket, or, as root, a
+    /// device): `mode` holds its type and exactly its permission bits. Such a file is
+    /// mirrored, never opened through the mount.
+    pub async fn mknod(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        let path = self.child(parent, name)?;
+        let work_path = path.clone();
+        self.change(&path, move |p| {
+            let source = p.stager.source();
+            source.mknod(&work_path, mode, rdev)?;
+            if let Some((uid, gid)) = Self::owner_for(caller) {
+                source.set_owner(&work_path, Some(uid), Some(gid))?;
+            }
+            let meta = source.stat(&work_path)?;
+            Ok(p.new_entry(&work_path, &meta))
+        })
+        .await
+    }
+
     /// Whether the stored copy of `path` may be used now, removing it first where a
     /// change through the mount made it suspect. May block: the store's removal
     /// commits and syncs.

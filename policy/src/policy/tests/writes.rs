@@ -2,6 +2,7 @@
 //! copies staged as they are written.
 
 use super::*;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 
 // ------------------------------------------------------------ writing through the mount
 
@@ -315,6 +316,78 @@ async fn directories_links_modes_and_renamed_trees() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_write_through_one_hard_link_is_read_through_the_other() {
+    let f = writable(|c, _, _| c.prefetch = false);
+    let old = f.source_bytes("weights.bin");
+    assert_eq!(f.read_all("weights.bin").await.expect("stage"), old);
+    let ino = f.lookup("weights.bin").await.expect("lookup").ino;
+    let linked = f
+        .policy
+        .link(ino, ROOT_INO, OsStr::new("other.bin"))
+        .await
+        .expect("link");
+    assert_eq!((linked.kind, linked.nlink), (EntryKind::File, 2));
+    let (a, b) = (f.src.join("weights.bin"), f.src.join("other.bin"));
+    assert_eq!(
+        fs::metadata(&a).expect("a").ino(),
+        fs::metadata(&b).expect("b").ino(),
+        "one file, two names, on the source"
+    );
+    assert_eq!(f.read_all("other.bin").await.expect("stage"), old);
+    assert!(f.stored("weights.bin") && f.stored("other.bin"));
+    // Rewritten in place through one name, with its mtime set back as `cp -p` would.
+    let attr = f.lookup("weights.bin").await.expect("lookup");
+    let new = bytes(old.len(), 41);
+    let fh = f
+        .policy
+        .open_write(attr.ino, stagefs_source::WriteOpen::default())
+        .await
+        .expect("open for writing");
+    f.policy.write(fh, 0, new.clone()).await.expect("write");
+    let back = SetAttr {
+        mtime: Some(stagefs_source::SetTime::At(attr.mtime_ns)),
+        ..SetAttr::default()
+    };
+    f.policy
+        .setattr(attr.ino, Some(fh), back)
+        .await
+        .expect("utimes");
+    f.policy.release(fh);
+    assert_eq!(
+        f.read_all("other.bin").await.expect("read"),
+        new,
+        "the other name's staged copy is stale and not served"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn special_files_are_made_on_the_source_with_exactly_their_mode() {
+    let f = writable(|_, _, _| {});
+    let mode = libc::S_IFIFO as u32 | 0o640;
+    let fifo = f
+        .policy
+        .mknod(ROOT_INO, OsStr::new("pipe"), mode, 0, me())
+        .await
+        .expect("mkfifo");
+    assert_eq!((fifo.kind, fifo.perm), (EntryKind::Fifo, 0o640));
+    let meta = fs::symlink_metadata(f.src.join("pipe")).expect("stat");
+    assert!(meta.file_type().is_fifo());
+    assert_eq!(
+        meta.permissions().mode() & 0o7777,
+        0o640,
+        "no umask narrowing"
+    );
+    let again = f
+        .policy
+        .mknod(ROOT_INO, OsStr::new("pipe"), mode, 0, me())
+        .await;
+    assert_eq!(errno(again), libc::EEXIST);
+    let ino = f.lookup("pipe").await.expect("lookup").ino;
+    let linked = f.policy.link(ino, ROOT_INO, OsStr::new("pipe2")).await;
+    assert_eq!(linked.expect("link a fifo").kind, EntryKind::Fifo);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_read_only_mount_refuses_every_change_with_erofs() {
     let f = fixture(|c, _, _| c.read_only = true);
     assert_eq!(errno(f.write_new("x", b"x").await), libc::EROFS);
@@ -335,7 +408,22 @@ async fn a_read_only_mount_refuses_every_change_with_erofs() {
         ),
         libc::EROFS
     );
+    let ino = f.lookup("config.json").await.expect("lookup").ino;
+    assert_eq!(
+        errno(f.policy.link(ino, ROOT_INO, OsStr::new("c2")).await),
+        libc::EROFS
+    );
+    let fifo = libc::S_IFIFO as u32 | 0o644;
+    assert_eq!(
+        errno(
+            f.policy
+                .mknod(ROOT_INO, OsStr::new("p"), fifo, 0, me())
+                .await
+        ),
+        libc::EROFS
+    );
     assert!(f.src.join("config.json").exists());
+    assert!(!f.src.join("c2").exists() && !f.src.join("p").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

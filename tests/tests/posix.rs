@@ -1,0 +1,48 @@
+//! POSIX operations through a writable FUSE mount, grouped by operation, each
+//! checked on the mount and on the source: tests/py/posix_checks.py is the one body,
+//! which the NFS backend's kernel-client guest can run as well. As root (who makes
+//! devices) and as an ordinary user through fusermount3 (who is refused them).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use stagefs_tests::{Mount, Scratch, python, workspace_root};
+
+/// The checks the body runs when given no group.
+const CHECKS: usize = 7;
+
+fn posix_checks(mut python: Command, mount: &Mount, source: &Path) -> Output {
+    python
+        .arg(workspace_root().join("tests/py/posix_checks.py"))
+        .arg(&mount.mnt)
+        .arg(source)
+        .output()
+        .expect("running posix_checks.py")
+}
+
+#[track_caller]
+fn all_passed(out: &Output) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && text.ends_with(&format!("{CHECKS} passed, 0 failed\n")),
+        "{text}{stderr}"
+    );
+}
+
+#[test]
+fn links_fifos_sockets_and_devices_as_root() {
+    let s = Scratch::new();
+    let mount = s.mount(&[]);
+    all_passed(&posix_checks(Command::new(python()), &mount, &s.hub));
+}
+
+#[test]
+fn links_fifos_and_sockets_as_an_ordinary_user_who_is_refused_devices() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    // The mount is writable where its user can write the source.
+    user.chown(&s.hub);
+    let mount = s.mount(&[]);
+    all_passed(&posix_checks(user.python(), &mount, &s.hub));
+}
