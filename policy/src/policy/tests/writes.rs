@@ -24,6 +24,9 @@ fn me() -> Caller {
     }
 }
 
+/// The fifo type bits of a mode (`libc::S_IFIFO` is a u16 on macOS).
+const S_IFIFO: u32 = 0o010_000;
+
 const NEW: stagefs_source::CreateFile = stagefs_source::CreateFile {
     mode: 0o644,
     exclusive: true,
@@ -363,7 +366,7 @@ async fn a_write_through_one_hard_link_is_read_through_the_other() {
 #[tokio::test(flavor = "multi_thread")]
 async fn special_files_are_made_on_the_source_with_exactly_their_mode() {
     let f = writable(|_, _, _| {});
-    let mode = libc::S_IFIFO as u32 | 0o640;
+    let mode = S_IFIFO | 0o640;
     let fifo = f
         .policy
         .mknod(ROOT_INO, OsStr::new("pipe"), mode, 0, me())
@@ -413,7 +416,7 @@ async fn a_read_only_mount_refuses_every_change_with_erofs() {
         errno(f.policy.link(ino, ROOT_INO, OsStr::new("c2")).await),
         libc::EROFS
     );
-    let fifo = libc::S_IFIFO as u32 | 0o644;
+    let fifo = S_IFIFO | 0o644;
     assert_eq!(
         errno(
             f.policy
