@@ -408,7 +408,7 @@ impl Policy {
             return Presented::File;
         }
         let passthrough = self.kernel_passthrough.load(Ordering::Relaxed);
-        self.redirect.present(version, passthrough, || {
+        self.redirect.present(path, version, passthrough, || {
             self.stager.copy_path(path, version, Handout::Present)
         })
     }

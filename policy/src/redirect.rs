@@ -9,6 +9,10 @@
 //!   file and sees every open, which a redirect cannot;
 //! - never with `--allow-other`: copies are readable by the mounting user only, so a
 //!   link into the cache would fail other users with EACCES;
+//! - on a writable mount, only content-addressed files (HF blobs, named by their
+//!   sha256) are: any other file may be rewritten in place (`save_pretrained` over
+//!   the folder a model was loaded from opens its shards with O_TRUNC), which a link
+//!   to a read-only copy would refuse with EACCES;
 //! - the copy must be whole and untouched since it was hashed (the store checks);
 //!   otherwise the regular file is presented, and its open re-checks or re-stages;
 //! - an open of the regular file is answered with that file, served by the daemon,
@@ -17,9 +21,10 @@
 //!   would take a link in its place for a file replaced under it, and skip it. New
 //!   lookups present the link once the kernel's 1 s entry timeout has passed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use stagefs_source::Stamp;
+use stagefs_stage::is_content_addressed;
 
 use crate::FsConfig;
 
@@ -28,6 +33,8 @@ use crate::FsConfig;
 pub(crate) struct RedirectPolicy {
     enabled: bool,
     min_stage_size: u64,
+    /// Changes pass through: only files nothing rewrites in place may be links.
+    writable: bool,
 }
 
 /// How a regular file of the source is presented to the kernel.
@@ -44,6 +51,7 @@ impl RedirectPolicy {
         RedirectPolicy {
             enabled: config.redirects_allowed(),
             min_stage_size: config.min_stage_size,
+            writable: !config.read_only,
         }
     }
 
@@ -52,16 +60,19 @@ impl RedirectPolicy {
         self.enabled
     }
 
-    /// How version `version` of a file is presented. `passthrough` says whether kernel
-    /// passthrough currently serves staged files; `copy` finds a whole, untouched
-    /// staged copy of exactly this version, and is asked only when a link is possible.
+    /// How version `version` of source file `rel` is presented. `passthrough` says
+    /// whether kernel passthrough currently serves staged files; `copy` finds a whole,
+    /// untouched staged copy of exactly this version, and is asked only when a link is
+    /// possible.
     pub(crate) fn present(
         &self,
+        rel: &Path,
         version: Stamp,
         passthrough: bool,
         copy: impl FnOnce() -> Option<PathBuf>,
     ) -> Presented {
-        if !self.enabled || passthrough || version.size < self.min_stage_size {
+        let rewritable = self.writable && !is_content_addressed(rel);
+        if !self.enabled || passthrough || version.size < self.min_stage_size || rewritable {
             return Presented::File;
         }
         copy().map_or(Presented::File, Presented::Link)
@@ -76,6 +87,11 @@ mod tests {
     use super::*;
 
     const COPY: &str = "/cache/v1/data/sha256-00";
+    /// A file of a plain model folder.
+    const FILE: &str = "me/model/model.safetensors";
+    /// An HF blob, named by its sha256.
+    const BLOB: &str =
+        "models--acme--x/blobs/e46fde39aab19ef2e6d9b2f3421106cb6bf4f35b381c7f8a7fa9ab5b13c9bfe8";
 
     fn policy(edit: impl FnOnce(&mut FsConfig)) -> RedirectPolicy {
         let mut config = FsConfig {
@@ -102,14 +118,14 @@ mod tests {
 
     #[test]
     fn a_staged_large_file_is_presented_as_a_link_to_its_copy() {
-        let presented = policy(|_| {}).present(version(8 << 20), false, staged);
+        let presented = policy(|_| {}).present(Path::new(FILE), version(8 << 20), false, staged);
         assert_eq!(presented, Presented::Link(Path::new(COPY).into()));
     }
 
     #[test]
     fn a_file_without_a_usable_copy_stays_a_file() {
         assert_eq!(
-            policy(|_| {}).present(version(8 << 20), false, || None),
+            policy(|_| {}).present(Path::new(FILE), version(8 << 20), false, || None),
             Presented::File
         );
     }
@@ -117,29 +133,48 @@ mod tests {
     #[test]
     fn a_file_under_the_stage_size_stays_a_file_and_the_store_is_not_asked() {
         let asked = Cell::new(false);
-        let presented = policy(|_| {}).present(version((1 << 20) - 1), false, || {
-            asked.set(true);
-            staged()
-        });
+        let presented =
+            policy(|_| {}).present(Path::new(FILE), version((1 << 20) - 1), false, || {
+                asked.set(true);
+                staged()
+            });
         assert_eq!(presented, Presented::File);
         assert!(!asked.get());
     }
 
     #[test]
     fn a_file_of_exactly_the_stage_size_is_redirected() {
-        let presented = policy(|_| {}).present(version(1 << 20), false, staged);
+        let presented = policy(|_| {}).present(Path::new(FILE), version(1 << 20), false, staged);
         assert!(matches!(presented, Presented::Link(_)));
     }
 
     #[test]
     fn kernel_passthrough_keeps_files_regular() {
         let asked = Cell::new(false);
-        let presented = policy(|_| {}).present(version(8 << 20), true, || {
+        let presented = policy(|_| {}).present(Path::new(FILE), version(8 << 20), true, || {
             asked.set(true);
             staged()
         });
         assert_eq!(presented, Presented::File);
         assert!(!asked.get());
+    }
+
+    #[test]
+    fn a_writable_mount_presents_only_blobs_as_links() {
+        // As an ordinary user's writable mount has it (root's presents no links).
+        let writable = RedirectPolicy {
+            writable: true,
+            ..policy(|_| {})
+        };
+        let asked = Cell::new(false);
+        let file = writable.present(Path::new(FILE), version(8 << 20), false, || {
+            asked.set(true);
+            staged()
+        });
+        assert_eq!(file, Presented::File, "a file saved over in place");
+        assert!(!asked.get());
+        let blob = writable.present(Path::new(BLOB), version(8 << 20), false, staged);
+        assert_eq!(blob, Presented::Link(Path::new(COPY).into()));
     }
 
     #[test]
@@ -147,7 +182,7 @@ mod tests {
         let policy = policy(|c| c.redirect = false);
         assert!(!policy.enabled());
         assert_eq!(
-            policy.present(version(8 << 20), false, staged),
+            policy.present(Path::new(FILE), version(8 << 20), false, staged),
             Presented::File
         );
     }
@@ -157,7 +192,7 @@ mod tests {
         let policy = policy(|c| c.allow_other = true);
         assert!(!policy.enabled());
         assert_eq!(
-            policy.present(version(8 << 20), false, staged),
+            policy.present(Path::new(FILE), version(8 << 20), false, staged),
             Presented::File
         );
     }

@@ -7,6 +7,8 @@
                                       with the sha256 of its bytes and the blob its link names
     hub_client.py save DIR            save_pretrained-like: config.json and model.safetensors
                                       written into DIR, the shard first as a temp name
+    hub_client.py save-in-place DIR   as transformers' save_pretrained: each file written
+                                      straight over its name (O_TRUNC), no temp name
     hub_client.py load-folder DIR     load DIR's model by path
     hub_client.py hub-download REPO   each file of the model by hf_hub_download, online
     hub_client.py local-dir DIR       `hf download $REPO --local-dir DIR`, online
@@ -38,10 +40,12 @@ def sha256(path):
 
 
 def tensors():
-    """The model's weights: 3 MiB, or $MODEL_MIB (bench/download-load.sh, fault_client.py)."""
+    """The model's weights: 3 MiB, or $MODEL_MIB (bench/download-load.sh, fault_client.py);
+    $TENSORS_OFFSET (default 0) is added to them, to tell one save from another."""
     mib = int(os.environ.get("MODEL_MIB", "3"))
+    offset = float(os.environ.get("TENSORS_OFFSET", "0"))
     return {
-        "embed": np.arange(mib * 2**18, dtype=np.float32).reshape(-1, 1024),
+        "embed": np.arange(mib * 2**18, dtype=np.float32).reshape(-1, 1024) + offset,
         "head": np.linspace(0, 1, 4096, dtype=np.float32),
     }
 
@@ -106,6 +110,18 @@ def save(d):
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(d, "model.safetensors"))
+    return {name: sha256(os.path.join(d, name)) for name in sorted(os.listdir(d))}
+
+
+def save_in_place(d):
+    """As transformers' save_pretrained does: the config and the shard each written
+    straight over the file of that name (open with O_TRUNC), no temp name."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"model_type": "tiny", "hidden_size": 1024}, f, indent=2)
+    save_file(tensors(), os.path.join(d, "model.safetensors"))
     return {name: sha256(os.path.join(d, name)) for name in sorted(os.listdir(d))}
 
 
@@ -239,6 +255,7 @@ MODES = {
     "snapshot": snapshot,
     "load": load,
     "save": save,
+    "save-in-place": save_in_place,
     "load-folder": load_folder,
     "hub-download": hub_download,
     "local-dir": local_dir,

@@ -458,6 +458,79 @@ fn a_model_saved_into_a_plain_folder_on_a_users_mount_loads_by_path() {
     save_into_a_plain_folder(true);
 }
 
+/// Issue 35: a model loaded from a plain folder on the mount, then saved over in
+/// place as transformers' `save_pretrained` does (O_TRUNC on the shard it just
+/// loaded), then loaded again: the new tensors, on every read path. On an ordinary
+/// user's mount staged files were links to read-only copies, and the save failed
+/// with EACCES.
+fn save_over_the_loaded_model(user: bool, flags: &[&str]) {
+    let s = if user {
+        Scratch::for_user()
+    } else {
+        Scratch::new()
+    };
+    let who = match &s.user {
+        Some(u) => {
+            u.chown(&s.hub);
+            As::User(u)
+        }
+        None => As::Root,
+    };
+    let folder = s.hub.join("models/acme/tuned");
+    who.ok(HUB_CLIENT, "save", &folder, &[]);
+    let mount = s.mount(flags);
+    let dir = mount.path("models/acme/tuned");
+    // Loaded twice: staged by the first load, served from the copy to the second.
+    for _ in 0..2 {
+        let loaded = who.ok(HUB_CLIENT, "load-folder", &dir, &[]);
+        assert_eq!(loaded["tensors_match"], true, "{loaded}");
+    }
+    // Past the kernel's 1 s entry timeout a new lookup is asked, which is where a
+    // staged file would be presented as a link to its copy.
+    std::thread::sleep(Duration::from_millis(1500));
+    if let Some(u) = &s.user {
+        let shard = dir.join("model.safetensors");
+        assert_eq!(u.readlink(&shard), None, "presented as the file itself");
+    }
+    let offset = Path::new("7");
+    let saved = who.ok(
+        HUB_CLIENT,
+        "save-in-place",
+        &dir,
+        &[("TENSORS_OFFSET", offset)],
+    );
+    let shard = folder.join("model.safetensors");
+    assert_eq!(
+        saved["model.safetensors"],
+        sha256_of(&shard).as_str(),
+        "{saved}"
+    );
+    let loaded = who.ok(
+        HUB_CLIENT,
+        "load-folder",
+        &dir,
+        &[("TENSORS_OFFSET", offset)],
+    );
+    assert_eq!(loaded["tensors_match"], true, "the new tensors: {loaded}");
+    assert_eq!(loaded["sha256"], saved["model.safetensors"], "{loaded}");
+    mount.unmount();
+}
+
+#[test]
+fn saving_over_the_loaded_model_in_place_then_loading_it_as_root() {
+    save_over_the_loaded_model(false, &[]);
+}
+
+#[test]
+fn saving_over_the_loaded_model_in_place_then_loading_it_without_passthrough() {
+    save_over_the_loaded_model(false, &["--no-passthrough"]);
+}
+
+#[test]
+fn saving_over_the_loaded_model_in_place_then_loading_it_as_an_ordinary_user() {
+    save_over_the_loaded_model(true, &[]);
+}
+
 /// A source too small for the model: the writer gets ENOSPC, and no file is left
 /// under a final name (the download's blob and snapshot link are not created; the
 /// mount itself creates nothing); nothing is left in the cache's tmp.

@@ -83,6 +83,7 @@ use stagefs_store::{OpenCopy, Store};
 pub use written::{SourceVersion, WrittenCopy};
 // Store types that are part of this layer's API: what a staged copy holds open, and
 // what a failed stage carries.
+pub use stagefs_store::key::is_content_addressed;
 pub use stagefs_store::{Handout, Pin, StoreError};
 pub use tee::TeeWriter;
 

@@ -52,6 +52,12 @@ impl fmt::Display for Key {
     }
 }
 
+/// Whether source file `rel` is content-addressed (an HF LFS blob, `<repo>/blobs/<sha256>`):
+/// its bytes never change under its name, so nothing rewrites it in place.
+pub fn is_content_addressed(rel: &Path) -> bool {
+    lfs_sha256(rel).is_some()
+}
+
 /// The sha256 in the name of an HF LFS blob path (`<repo>/blobs/<sha256>`).
 fn lfs_sha256(rel: &Path) -> Option<&str> {
     let name = rel.file_name()?.to_str()?;
