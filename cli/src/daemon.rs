@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
+use stagefs_control::Backend;
 use stagefs_mount::{MountError, MountSpec, Running, UnmountError, Unmounted};
 use stagefs_policy::OnFull;
 
@@ -187,7 +188,6 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
         format!("--min-stage-size={}", fs.min_stage_size).into(),
         format!("--copy-streams={}", spec.copy.streams).into(),
         format!("--source-timeout={}s", fs.source_timeout.as_secs()).into(),
-        format!("--redirect-grace={}s", spec.redirect_grace.as_secs()).into(),
         format!(
             "--on-full={}",
             match fs.on_full {
@@ -205,12 +205,22 @@ fn foreground_args(spec: &MountSpec) -> Vec<OsString> {
             (true, Some(parallel)) => Some(format!("--prefetch-parallel={parallel}")),
             (true, None) => None,
         },
-        (!fs.passthrough).then(|| "--no-passthrough".into()),
-        (!fs.redirect).then(|| "--no-redirect".into()),
-        fs.allow_other.then(|| "--allow-other".into()),
         fs.read_only.then(|| "--read-only".into()),
     ];
     args.extend(optional.into_iter().flatten().map(OsString::from));
+    // The daemon of an NFS mount refuses these, as `mount --backend nfs` does.
+    if spec.backend == Backend::Fuse {
+        let fuse_only = [
+            Some(format!(
+                "--redirect-grace={}s",
+                spec.redirect_grace.as_secs()
+            )),
+            (!fs.passthrough).then(|| "--no-passthrough".into()),
+            (!fs.redirect).then(|| "--no-redirect".into()),
+            fs.allow_other.then(|| "--allow-other".into()),
+        ];
+        args.extend(fuse_only.into_iter().flatten().map(OsString::from));
+    }
     args.extend(
         spec.model_dirs
             .iter()
@@ -251,4 +261,44 @@ pub(crate) fn describe(spec: &MountSpec, log: &Path) -> String {
         spec.cache_dir.display(),
         log.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::FromArgMatches;
+
+    /// The daemon's command line as the daemon parses it: the options it was given.
+    fn reparsed(spec: &MountSpec) -> crate::args::MountOptions {
+        let args = std::iter::once(OsString::from("stagefs")).chain(foreground_args(spec));
+        let matches = crate::args::command()
+            .try_get_matches_from(args)
+            .expect("the daemon's arguments parse");
+        match crate::args::Cli::from_arg_matches(&matches).expect("a command") {
+            crate::args::Cli {
+                command: crate::args::Command::Mount(mount),
+                ..
+            } => mount.options(),
+            other => panic!("not a mount: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_nfs_daemon_is_given_no_fuse_only_flag_and_a_fuse_daemon_all_of_its_own() {
+        let mut spec = MountSpec::new("/src", "/mnt", "/cache");
+        (spec.fs.passthrough, spec.fs.redirect, spec.fs.allow_other) = (false, false, true);
+        spec.backend = Backend::Nfs;
+        assert_eq!(reparsed(&spec).fuse_only_flags(), Vec::<&str>::new());
+        spec.backend = Backend::Fuse;
+        let fuse = reparsed(&spec);
+        assert_eq!(
+            fuse.fuse_only_flags(),
+            [
+                "--no-passthrough",
+                "--no-redirect",
+                "--redirect-grace",
+                "--allow-other"
+            ]
+        );
+    }
 }
