@@ -78,6 +78,12 @@ fn show_defaults(command: clap::Command) -> clap::Command {
         })
 }
 
+/// Arguments that parse but cannot go together, found after parsing: reported as
+/// clap's own usage errors are, exit status 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct UsageError(pub(crate) String);
+
 /// The flag to try for a condition the core reports, added to its message.
 pub(crate) fn flag_hint(remedy: Remedy) -> &'static str {
     match remedy {

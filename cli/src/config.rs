@@ -442,10 +442,11 @@ fn refuse_fuse_only_flags(
         ),
         [] => unreachable!("checked above"),
     };
-    bail!(
-        "{names} {what}: an NFS export (`serve`, `--backend nfs`) reads every file itself and serves only its user and root; leave {} out",
-        if given.len() == 1 { "it" } else { "them" }
-    )
+    let them = if given.len() == 1 { "it" } else { "them" };
+    Err(crate::args::UsageError(format!(
+        "{names} {what}: an NFS export (`serve`, `--backend nfs`) reads every file itself and serves only its user and root; leave {them} out"
+    ))
+    .into())
 }
 
 #[cfg(test)]

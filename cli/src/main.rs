@@ -42,7 +42,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("stagefs: {}", with_hint(&e));
-            ExitCode::FAILURE
+            match e.downcast_ref::<args::UsageError>() {
+                Some(_) => ExitCode::from(2),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }
