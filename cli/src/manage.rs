@@ -272,10 +272,23 @@ fn kept_because(kept: &[FileRef]) -> Option<String> {
 }
 
 fn ask(dir: &Path, request: Request) -> anyhow::Result<Response> {
-    cache_dir::ask(dir, request).map_err(|e| match e {
-        CacheDirError::NotACache(_) => anyhow!("{e} (pass --cache-dir)"),
+    cache_dir::ask(dir, request).map_err(with_cache_hint)
+}
+
+/// A cache directory error as users read it: a cache that does not exist yet is a
+/// fresh account's (nothing was ever mounted with it), not a wrong directory.
+pub(crate) fn with_cache_hint(e: CacheDirError) -> anyhow::Error {
+    match e {
+        CacheDirError::NotACache(dir) if !dir.exists() => anyhow!(
+            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
+            dir.display()
+        ),
+        CacheDirError::NotACache(dir) => anyhow!(
+            "{} is not a stagefs cache directory; name the cache directory of a mount with --cache-dir",
+            dir.display()
+        ),
         e => anyhow!(e),
-    })
+    }
 }
 
 fn unexpected(response: Response) -> anyhow::Error {

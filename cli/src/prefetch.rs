@@ -6,15 +6,15 @@ use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail};
+use anyhow::bail;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use stagefs_control::Remedy;
-use stagefs_mount::cache_dir::{self, CacheDirError};
+use stagefs_mount::cache_dir;
 use stagefs_stage::prefetch::{FileProgress, FileState, Target};
 
 use crate::args::PrefetchArgs;
 use crate::config::Config;
-use crate::manage::Names;
+use crate::manage::{Names, with_cache_hint};
 use crate::mounts::names_a_path;
 use crate::units::{count, format_bytes};
 
@@ -112,7 +112,7 @@ fn dry_run(
         .iter()
         .map(|t| target(t, revision, dir))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (files, note) = cache_dir::plan(dir, targets).map_err(with_hint)?;
+    let (files, note) = cache_dir::plan(dir, targets).map_err(with_cache_hint)?;
     if let Some(note) = note {
         eprintln!("note: {note}");
     }
@@ -156,13 +156,6 @@ fn dry_run(
     Ok(())
 }
 
-fn with_hint(e: CacheDirError) -> anyhow::Error {
-    match e {
-        CacheDirError::NotACache(_) => anyhow!("{e} (pass --cache-dir)"),
-        e => anyhow!(e),
-    }
-}
-
 impl Stage {
     /// Stages `targets` (model ids or paths) into the cache at `dir`, through its
     /// mount if one is running, showing progress on stderr; returns a one-line summary.
@@ -178,7 +171,7 @@ impl Stage {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut view = View::new(std::io::stderr().is_terminal(), dir, self);
         let files = cache_dir::prefetch(dir, targets, self.parallel, |files| view.update(files))
-            .map_err(with_hint)?;
+            .map_err(with_cache_hint)?;
         view.finish(&files)
     }
 }

@@ -380,7 +380,7 @@ fn blob_names(source: &SourceTree, repo: &Path) -> HashMap<PathBuf, PathBuf> {
 /// Why a copy does not hold what was staged, if it does not.
 fn mismatch(store: &Store, key: &Key, info: &EntryInfo) -> Option<String> {
     let reason = match compare_with_record(&store.data_path(key), key, &info.entry) {
-        Err(e) => return Some(format!("unreadable: {e}")),
+        Err(e) => return Some(format!("unreadable: {}", stagefs_source::io_text(&e))),
         Ok(CopyCheck::Matches) => return None,
         Ok(CopyCheck::Blake3Differs) => "blake3 differs from the one recorded when it was staged",
         // Staging checked the copy against the name, so the copy changed since.

@@ -642,6 +642,20 @@ fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
     let (ok, out, err) = user.run(&[&"status", &"--json"]);
     assert!(ok && err.is_empty(), "{err}");
     assert_eq!(out, "[]\n");
+    // The commands that need a cache say the same of a fresh account.
+    let fresh = format!(
+        "stagefs: nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`\n",
+        user.home.join(".cache/stagefs").display()
+    );
+    for args in [
+        &[&"verify" as &dyn AsRef<std::ffi::OsStr>][..],
+        &[&"evict", &"--all"],
+        &[&"prefetch", &"acme/counted"],
+    ] {
+        let (ok, out, err) = user.run(args);
+        assert!(!ok && out.is_empty(), "{out}");
+        assert_eq!(err, fresh);
+    }
     let model = generate(&s.hub, "acme/counted", 2, "2M");
     let _cleanup = Cleanup(s.mnt.clone());
     let reserve = TEST_RESERVE.to_string();
