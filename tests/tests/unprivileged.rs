@@ -505,7 +505,9 @@ fn a_source_change_after_staging_serves_the_new_bytes_never_the_old() {
     let replacement: Vec<u8> = original.iter().map(|b| b ^ 0x5A).collect();
     let (old_sha, new_sha) = (sha256_hex(&original), sha256_hex(&replacement));
     fs::write(s.hub.join(&rel), &original).expect("write");
-    let mount = s.mount(&[]);
+    // Read-only: a writable mount presents only sha256-named blobs as links (a plain
+    // file may be saved over in place), and this is about a path-keyed link.
+    let mount = s.mount(&["--read-only"]);
     let path = mount.path(&rel);
 
     assert_eq!(user.sha256(&path), Ok(old_sha.clone()));
