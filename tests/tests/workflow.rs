@@ -335,11 +335,21 @@ fn service_files_start_the_configured_mount() {
     assert_eq!(
         text(&out.stderr),
         format!(
-            "stagefs: warning: the mount point {0} is not a directory now; create it (mkdir -p {0}) or the service fails at every start\n",
+            "stagefs: warning: the mount point {0} does not exist; create it (mkdir -p {0}), or the service fails at every start\n",
             s.mnt.display()
         )
     );
     fs::create_dir(&s.mnt).expect("mkdir");
+    fs::write(s.mnt.join("left-over"), "x").expect("write");
+    let out = service(&["install", "--dry-run"]);
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "stagefs: warning: the mount point {} is not empty; empty it or pick another, or the service fails at every start\n",
+            s.mnt.display()
+        )
+    );
+    fs::remove_file(s.mnt.join("left-over")).expect("rm");
     // Issue 36: a source that is not there now is said too (a share may come later).
     let away = s.dir.path().join("hub-away");
     fs::rename(&s.hub, &away).expect("move the source away");

@@ -150,7 +150,8 @@ fn refuse_a_mountpoint_inside_the_source(source: &Path, mountpoint: &Path) -> an
 }
 
 /// Says so when the service would fail at its next start (and retry every 30 s): the
-/// mount point is not a directory, or the source is not one or does not answer.
+/// mount point is missing, not empty or not a directory, or the source is not a
+/// directory or does not answer.
 /// Neither is refused: a share mounted at login may come up after the service, and
 /// the mount point may be made later.
 fn warn_unstartable(service: &Service) {
@@ -166,12 +167,18 @@ fn warn_unstartable(service: &Service) {
             "stagefs: warning: the source {source}: {problem}; the service's mount fails until it is there (mount the share, or fix `source` in the config file)"
         );
     }
-    let mnt = &service.mountpoint;
-    if !mnt.is_dir() {
+    let mnt = service.mountpoint.display();
+    let problem = match std::fs::read_dir(&service.mountpoint).map(|mut e| e.next().is_some()) {
+        Ok(true) => Some("is not empty; empty it or pick another".to_string()),
+        Ok(false) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some(format!("does not exist; create it (mkdir -p {mnt})"))
+        }
+        Err(e) => Some(format!("cannot be used: {}", stagefs_source::io_text(&e))),
+    };
+    if let Some(problem) = problem {
         eprintln!(
-            "stagefs: warning: the mount point {} is not a directory now; create it (mkdir -p {}) or the service fails at every start",
-            mnt.display(),
-            mnt.display()
+            "stagefs: warning: the mount point {mnt} {problem}, or the service fails at every start"
         );
     }
 }
