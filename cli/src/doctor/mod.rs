@@ -26,6 +26,7 @@ pub(crate) use hub::usage as shape_usage;
 
 use crate::args::{BackendArg, DoctorArgs};
 use crate::config::Config;
+use crate::manage::escaped;
 use crate::run::RELAX_WATCHDOG_VAR;
 use source::{Findings, Target};
 use worker::{DEADLINE, Gathered, Task};
@@ -174,10 +175,15 @@ fn running_mounts() -> Option<Check> {
 /// The report for a terminal: `ok    fuse         summary`, advice indented below
 /// (the columns are 6 and 13 wide).
 fn render(checks: &[Check]) -> String {
+    // A file name with a newline in it stays on its check's line.
     let line = |check: &Check| {
         let verdict = format!("{:?}", check.verdict).to_lowercase();
-        let advice = check.advice.as_ref().map(|a| format!("{:19}{a}\n", ""));
-        let (name, summary, advice) = (check.name, &check.summary, advice.unwrap_or_default());
+        let advice = check
+            .advice
+            .as_ref()
+            .map(|a| format!("{:19}{}\n", "", escaped(a)));
+        let (summary, advice) = (escaped(&check.summary), advice.unwrap_or_default());
+        let name = check.name;
         format!("{verdict:<6}{name:<13}{summary}\n{advice}")
     };
     checks.iter().map(line).collect()
@@ -302,6 +308,15 @@ fn watchdog_notes(value: Option<&OsStr>) -> Vec<Check> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_newline_in_a_name_stays_on_its_line() {
+        let check = Check::fail("model", "me/x: a\nb.safetensors: it links to nothing");
+        assert_eq!(
+            render(&[check]),
+            "fail  model        me/x: a\\nb.safetensors: it links to nothing\n"
+        );
+    }
 
     #[test]
     fn renders_aligned_lines_with_advice_below() {
