@@ -1,7 +1,9 @@
 //! POSIX operations through a writable FUSE mount, grouped by operation, each
 //! checked on the mount and on the source: tests/py/posix_checks.py is the one body,
 //! which the NFS backend's kernel-client guest can run as well. As root (who makes
-//! devices) and as an ordinary user through fusermount3 (who is refused them).
+//! devices) and as an ordinary user through fusermount3 (who is refused them). And
+//! random operations on one file against a model (tests/py/fsx.py), on every read
+//! path: root's kernel passthrough, root without it, an ordinary user.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -45,4 +47,53 @@ fn links_fifos_and_sockets_as_an_ordinary_user_who_is_refused_devices() {
     user.chown(&s.hub);
     let mount = s.mount(&[]);
     all_passed(&posix_checks(user.python(), &mount, &s.hub));
+}
+
+/// Random writes, truncates, mmap writes, reads and reopens of one file, each checked
+/// against a model (tests/py/fsx.py), bounded in count and time; a failure names its
+/// seed and the operations that led to it.
+fn fsx(python: Command, mount: &Mount, seed: u64) {
+    let mut python = python;
+    let out = python
+        .arg(workspace_root().join("tests/py/fsx.py"))
+        .arg(mount.path(format!("fsx-{seed}.bin")))
+        .args([
+            "--ops",
+            "1500",
+            "--seconds",
+            "60",
+            "--seed",
+            &seed.to_string(),
+        ])
+        .output()
+        .expect("running fsx.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("\"ok\": true"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn random_operations_on_one_file_match_a_model_as_root() {
+    let s = Scratch::new();
+    let mount = s.mount(&[]);
+    fsx(Command::new(python()), &mount, 1);
+}
+
+#[test]
+fn random_operations_on_one_file_match_a_model_without_passthrough() {
+    let s = Scratch::new();
+    let mount = s.mount(&["--no-passthrough"]);
+    fsx(Command::new(python()), &mount, 2);
+}
+
+#[test]
+fn random_operations_on_one_file_match_a_model_as_an_ordinary_user() {
+    let s = Scratch::for_user();
+    let user = s.user();
+    user.chown(&s.hub);
+    let mount = s.mount(&[]);
+    fsx(user.python(), &mount, 3);
 }
