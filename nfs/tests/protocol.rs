@@ -285,6 +285,144 @@ async fn calls_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get_t
     f.source.set(Behaviour::Healthy);
 }
 
+/// Makes the call `$call` (an `async` expression answering `Result<_, nfsstat3>`)
+/// until it is answered other than JUKEBOX, sleeping between tries as Apple's client
+/// does (4 s, then 8); gives its answer, the longest any one try waited, and how
+/// many JUKEBOXes came first.
+macro_rules! until_answered {
+    ($call:expr) => {{
+        let (mut longest, mut jukeboxes) = (Duration::ZERO, 0u32);
+        loop {
+            let sent = Instant::now();
+            let answer = $call.await;
+            longest = longest.max(sent.elapsed());
+            match answer {
+                Err(nfsstat3::NFS3ERR_JUKEBOX) => {
+                    assert!(jukeboxes < 5, "still JUKEBOX after {jukeboxes} retries");
+                    tokio::time::sleep(Backoff::Apple.delay(jukeboxes)).await;
+                    jukeboxes += 1;
+                }
+                answer => break (answer, longest, jukeboxes),
+            }
+        }
+    }};
+}
+
+/// A source that takes 10 s to make any change: a CREATE, a REMOVE, a RENAME, a
+/// WRITE and a SETATTR are each answered within 5 s (a Mac says "not responding"
+/// past that), JUKEBOX while the source works, and the retry the client sends after
+/// its back-off, with a new xid, gets the first call's own result (which may still
+/// be coming: the retry at 8.5 s waits for it): the file the CREATE made, not
+/// EXIST; OK for the REMOVE and the RENAME, not NOENT. The source made each change
+/// once.
+#[tokio::test(flavor = "multi_thread")]
+async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get_their_result() {
+    let f = fixture(PATIENT).await;
+    for name in ["doomed.txt", "moving.txt", "written.bin"] {
+        fs::write(f.src.join(name), b"x").expect("write");
+    }
+    fs::write(f.src.join("cut.bin"), bytes(4096, 3)).expect("write");
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let written = lookup(&mut client, "written.bin").await.expect("lookup");
+    let cut = lookup(&mut client, "cut.bin").await.expect("lookup");
+    let made_before = f.source.changes().len();
+    f.source
+        .set(Behaviour::SlowChanges(Duration::from_secs(10)));
+
+    let (mut c1, mut c2, mut c3, mut c4, mut c5) = (
+        f.client().await,
+        f.client().await,
+        f.client().await,
+        f.client().await,
+        f.client().await,
+    );
+    let data = bytes(1000, 5);
+    let (created, removed, renamed, wrote, truncated) = tokio::join!(
+        async { until_answered!(create_guarded(&mut c1, &root, "new.txt")) },
+        async { until_answered!(remove(&mut c2, &root, "doomed.txt")) },
+        async { until_answered!(rename(&mut c3, (&root, "moving.txt"), (&root, "moved.txt"))) },
+        async { until_answered!(write(&mut c4, &written, 0, &data)) },
+        async { until_answered!(truncate(&mut c5, &cut, 100)) },
+    );
+    f.source.set(Behaviour::Healthy);
+
+    let longest = [created.1, removed.1, renamed.1, wrote.1, truncated.1]
+        .into_iter()
+        .max()
+        .expect("five calls");
+    eprintln!("the longest a change waited for an answer: {longest:?}");
+    assert!(
+        longest < Duration::from_secs(5),
+        "a change waited {longest:?}"
+    );
+    for (call, jukeboxes) in [
+        ("CREATE", created.2),
+        ("REMOVE", removed.2),
+        ("RENAME", renamed.2),
+        ("WRITE", wrote.2),
+        ("SETATTR", truncated.2),
+    ] {
+        assert!(jukeboxes >= 1, "{call} never waited on the slow source");
+    }
+    let new = created
+        .0
+        .expect("the retried CREATE gets the first one's result");
+    assert_eq!(
+        lookup(&mut client, "new.txt").await.expect("lookup"),
+        new,
+        "the handle of the file the CREATE made"
+    );
+    removed
+        .0
+        .expect("the retried REMOVE gets the first one's result");
+    renamed
+        .0
+        .expect("the retried RENAME gets the first one's result");
+    assert_eq!(wrote.0.expect("WRITE").size, 1000);
+    assert_eq!(truncated.0.expect("SETATTR").size, 100);
+
+    assert!(!f.src.join("doomed.txt").exists());
+    assert!(!f.src.join("moving.txt").exists());
+    assert!(f.source_bytes("moved.txt") == b"x");
+    assert!(f.source_bytes("written.bin") == data);
+    assert_eq!(f.source_bytes("cut.bin").len(), 100);
+    let made = f.source.changes().split_off(made_before);
+    for change in [
+        ("create", "new.txt"),
+        ("unlink", "doomed.txt"),
+        ("rename", "moving.txt"),
+        ("write", "written.bin"),
+        ("truncate", "cut.bin"),
+    ] {
+        let times = made
+            .iter()
+            .filter(|(what, at)| (*what, Path::new(change.1)) == (change.0, at.as_path()))
+            .count();
+        assert_eq!(times, 1, "{change:?} made {times} times: {made:?}");
+    }
+}
+
+/// CREATE GUARDED (as Linux's `open(O_CREAT|O_EXCL)` falls back to) of `name` in
+/// `dir`: EXIST if the name is taken.
+async fn create_guarded(
+    client: &mut Client,
+    dir: &nfs_fh3,
+    name: &str,
+) -> Result<nfs_fh3, nfsstat3> {
+    let args = CREATE3args {
+        where_: dirop(dir, name),
+        how: createhow3::GUARDED(mode(0o644)),
+    };
+    match client.nfs3_client.create(&args).await.expect("CREATE RPC") {
+        Nfs3Result::Ok(ok) => match ok.obj {
+            post_op_fh3::Some(fh) => Ok(fh),
+            post_op_fh3::None => panic!("CREATE returned no handle"),
+        },
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
 /// A LOOKUP of `late.txt`, or a READDIRPLUS of the root.
 async fn unhurried_call(client: &mut Client, call: &str) -> Result<(), nfsstat3> {
     if call == "lookup" {
