@@ -32,6 +32,7 @@ pub mod access;
 pub mod attrs;
 #[cfg(feature = "client")]
 pub mod client;
+mod exclusive;
 mod front;
 pub mod handle;
 mod intents;

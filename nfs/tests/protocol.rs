@@ -21,9 +21,9 @@ use nfs3_client::tokio::TokioConnector;
 use nfs3_server::nfs3_types::nfs3::{
     COMMIT3args, CREATE3args, FSSTAT3args, GETATTR3args, LINK3args, MKDIR3args, MKNOD3args,
     Nfs3Option, Nfs3Result, READ3args, READDIRPLUS3args, READLINK3args, REMOVE3args, RENAME3args,
-    RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args, cookieverf3, createhow3, diropargs3,
-    fattr3, filename3, ftype3, mknoddata3, nfs_fh3, nfspath3, nfsstat3, post_op_fh3, sattr3,
-    sattrguard3, stable_how, symlinkdata3,
+    RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args, cookieverf3, createhow3, createverf3,
+    diropargs3, fattr3, filename3, ftype3, mknoddata3, nfs_fh3, nfspath3, nfsstat3, post_op_fh3,
+    sattr3, sattrguard3, stable_how, symlinkdata3,
 };
 use nfs3_server::nfs3_types::rpc::{
     accept_stat_data, accepted_reply, call_body, msg_body, opaque_auth, reply_body, rpc_msg,
@@ -990,6 +990,80 @@ async fn symlink(
         },
         Nfs3Result::Err((stat, _)) => Err(stat),
     }
+}
+
+/// CREATE EXCLUSIVE (a Mac's `open(O_CREAT|O_EXCL)`) of `name` in `dir` with
+/// `verifier`.
+async fn create_exclusive(
+    client: &mut Client,
+    dir: &nfs_fh3,
+    name: &str,
+    verifier: [u8; 8],
+) -> Result<nfs_fh3, nfsstat3> {
+    let args = CREATE3args {
+        where_: dirop(dir, name),
+        how: createhow3::EXCLUSIVE(createverf3(verifier)),
+    };
+    match client.nfs3_client.create(&args).await.expect("CREATE RPC") {
+        Nfs3Result::Ok(ok) => match ok.obj {
+            post_op_fh3::Some(fh) => Ok(fh),
+            post_op_fh3::None => panic!("CREATE returned no handle"),
+        },
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+/// An exclusive CREATE makes the file on the source (0644: the client sends the
+/// mode next); the same CREATE sent again (its verifier) gets the same file, another
+/// verifier EXIST, as does a name the source had; and of eight clients racing to
+/// create one name exclusively, exactly one succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exclusive_create_is_atomic_and_the_same_one_sent_again_gets_its_file() {
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let root = client.root_nfs_fh3();
+    let fh = create_exclusive(&mut client, &root, "index.lock", [1; 8])
+        .await
+        .expect("an exclusive create");
+    let made = fs::metadata(f.src.join("index.lock")).expect("made on the source");
+    assert!(made.is_file());
+    assert_eq!(made.permissions().mode() & 0o7777, 0o644);
+    assert_eq!(
+        create_exclusive(&mut client, &root, "index.lock", [1; 8]).await,
+        Ok(fh.clone()),
+        "the same verifier: the same CREATE sent again"
+    );
+    assert_eq!(
+        create_exclusive(&mut client, &root, "index.lock", [2; 8]).await,
+        Err(nfsstat3::NFS3ERR_EXIST),
+        "another verifier: another creator"
+    );
+    assert_eq!(
+        create_exclusive(&mut client, &root, "config.json", [1; 8]).await,
+        Err(nfsstat3::NFS3ERR_EXIST),
+        "a name the source had"
+    );
+    assert_eq!(lookup(&mut client, "index.lock").await, Ok(fh));
+
+    // Every racer connected first, then all sent at once.
+    let mut races = Vec::new();
+    for i in 0..8u8 {
+        let (mut racer, root) = (f.client().await, root.clone());
+        races.push(async move { create_exclusive(&mut racer, &root, "race.lock", [i; 8]).await });
+    }
+    let races: Vec<_> = races.into_iter().map(tokio::spawn).collect();
+    let mut won = Vec::new();
+    for race in races {
+        won.push(race.await.expect("racer"));
+    }
+    let winners = won.iter().filter(|won| won.is_ok()).count();
+    assert_eq!(winners, 1, "exactly one creator wins: {won:?}");
+    assert!(
+        won.iter()
+            .all(|won| won.is_ok() || *won == Err(nfsstat3::NFS3ERR_EXIST)),
+        "the others find it exists: {won:?}"
+    );
+    assert!(f.src.join("race.lock").is_file());
 }
 
 #[tokio::test(flavor = "multi_thread")]
