@@ -230,6 +230,21 @@ impl LibraryCalls {
         due
     }
 
+    /// Waits until the library has answered every change answered JUKEBOX here,
+    /// whose replies are kept for their retries; at most [`UNANSWERED`].
+    async fn until_kept_answered(&self) {
+        let since = Instant::now();
+        while self.keeps_any() && since.elapsed() < UNANSWERED {
+            tokio::time::sleep(SWEEP_EVERY).await;
+        }
+    }
+
+    /// Whether a change answered JUKEBOX here waits at the library.
+    fn keeps_any(&self) -> bool {
+        let waiting = self.waiting();
+        waiting.values().any(|w| w.jukeboxed && w.change.is_some())
+    }
+
     /// Whether `waiting` may be answered JUKEBOX as far as its retry goes: a call
     /// that changes nothing always may, a change once it is kept for its retry.
     fn kept_for_retry(&self, waiting: &Waiting) -> bool {
@@ -373,8 +388,11 @@ impl Front {
         let calls = self
             .take_calls(from_client, &mut to_library, &to_client, &at_library)
             .await;
-        relay.abort();
         sweep.abort();
+        // The library drops its replies once its connection closes, and the
+        // retries of the changes answered JUKEBOX here come on a new connection.
+        at_library.until_kept_answered().await;
+        relay.abort();
         calls
     }
 
@@ -870,7 +888,8 @@ async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<Record>> {
     }
 }
 
-/// Passes the library's replies, whole records, to the client.
+/// Passes the library's replies, whole records, to the client, and keeps those to
+/// changes answered JUKEBOX here for their retries ([`Retries`]).
 async fn relay_replies(
     mut from_library: OwnedReadHalf,
     to_client: ToClient,
@@ -887,9 +906,9 @@ async fn relay_replies(
                 continue;
             }
         }
-        if !send(&to_client, Reply::Record(record.0)).await {
-            return;
-        }
+        // A reply the client can no longer get is lost with its connection; the
+        // library's later replies are read all the same, for the kept changes.
+        send(&to_client, Reply::Record(record.0)).await;
     }
 }
 

@@ -19,7 +19,12 @@
 //! later identical call (a program that creates, removes and creates one name
 //! again) is relayed as a new call. A call still at the library is kept for as
 //! long as the front waits for the library to answer it ([`UNANSWERED`], far past
-//! the source's timeout): forgetting it first would let its retry be done twice. When [`MOST_KEPT`] calls are kept, a new
+//! the source's timeout): forgetting it first would let its retry be done twice.
+//!
+//! Kept per server, not per connection: a client whose connection closed sends
+//! the retry on a new one, and the front holds the closed connection's way to the
+//! library open until the library has answered the calls kept (the library drops
+//! the replies of a connection closed). When [`MOST_KEPT`] calls are kept, a new
 //! change is not answered JUKEBOX at all: it waits for the library, as every change
 //! did before, late but never done twice.
 //!
