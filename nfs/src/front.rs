@@ -12,14 +12,15 @@
 //! It answers JUKEBOX itself for a call that has waited at the library past 4.5 s
 //! ([`LibraryCalls`]), and answers the retry of a change so answered with the
 //! change's own result, never relaying it again (`retries`); it relays at most 192
-//! calls a connection at a time. It refuses LINK and MKNOD itself, which the library lacks, with
-//! statuses programs know ([`refused_status`]), and answers FSSTAT with the source's
-//! real figures ([`Front::answer_fsstat`]; the library's are constants). And it
-//! answers the NULL procedure (a ping) of NFS and MOUNT itself, whatever the call's
-//! credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC 5531 lets
-//! a client), and the library refuses every call but the serving user's and root's
-//! AUTH_UNIX ones, NULL included, so the kernel gave up with "server
-//! requires stronger authentication". A NULL call does nothing and serves nothing.
+//! calls a connection at a time. It refuses LINK and MKNOD itself, which the
+//! library lacks, with statuses programs know ([`refused_status`]), and answers
+//! FSSTAT with the source's real figures ([`Front::answer_fsstat`]; the library's
+//! are constants). And it answers the NULL procedure (a ping) of NFS and MOUNT
+//! itself, whatever the call's credentials: Linux's kernel pings with AUTH_NULL
+//! before it mounts (RFC 5531 lets a client), and the library refuses every call
+//! but the serving user's and root's AUTH_UNIX ones, NULL included, so the kernel
+//! gave up with "server requires stronger authentication". A NULL call does
+//! nothing and serves nothing.
 //!
 //! Nothing is decided twice. A READ is taken here only when everything about it is
 //! settled already: an AUTH_UNIX call of the serving user or root, a handle of this
@@ -107,9 +108,10 @@ const LIBRARY_CALLS: usize = 192;
 pub(crate) const UNANSWERED: Duration = Duration::from_secs(300);
 
 /// How long a call may wait at the library before the front answers it
-/// `NFS3ERR_JUKEBOX` itself (a change only if it can be kept for its retry): under the 5 s after which a Mac says the
-/// server is "not responding" (even with `mutejukebox`) or fails a mount, and past
-/// the 4 s a READ is held ([`MAX_HOLD`]), which READ answers itself.
+/// `NFS3ERR_JUKEBOX` itself (a change only once kept for its retry): under the 5 s
+/// after which a Mac says the server is "not responding" (even with `mutejukebox`)
+/// or fails a mount, and past the 4 s a READ is held ([`MAX_HOLD`]), which READ
+/// answers itself.
 const BOUND: Duration = Duration::from_millis(4500);
 
 /// How often a connection's calls are looked at for [`BOUND`].
@@ -379,7 +381,6 @@ impl Front {
             from_library,
             Arc::clone(&to_client),
             Arc::clone(&at_library),
-            Arc::clone(&self.retries),
         ));
         let sweep = tokio::spawn(sweep_overdue(
             Arc::clone(&at_library),
@@ -894,7 +895,6 @@ async fn relay_replies(
     mut from_library: OwnedReadHalf,
     to_client: ToClient,
     at_library: Arc<LibraryCalls>,
-    retries: Arc<Retries>,
 ) {
     while let Ok(Some(record)) = read_record(&mut from_library).await {
         let late = xid_of(&record.body()).map_or(Late::Send, |xid| at_library.answered(xid));
@@ -902,7 +902,7 @@ async fn relay_replies(
             Late::Send => {}
             Late::Drop => continue,
             Late::Keep(key) => {
-                retries.answered(key, record.body().into_owned());
+                at_library.retries.answered(key, record.body().into_owned());
                 continue;
             }
         }
@@ -1018,6 +1018,47 @@ mod tests {
             .concat(),
         );
         assert_eq!(&*pieces.body(), b"abcde");
+    }
+
+    /// The reply body after the RPC header of record `record`.
+    fn results(record: &[u8]) -> Cursor<&[u8]> {
+        let mut cursor = Cursor::new(&record[4..]);
+        rpc_msg::unpack(&mut cursor).expect("an RPC reply");
+        cursor
+    }
+
+    #[test]
+    fn a_changes_jukebox_is_its_procedures_whole_failure_result() {
+        use nfs::NFS_PROGRAM as P;
+        fn check<T: Unpack>(proc: P) {
+            let falses = change_failure_falses(proc as u32).expect("a change");
+            let reply = failure_reply(7, nfsstat3::NFS3ERR_JUKEBOX, falses);
+            let mut cursor = results(&reply);
+            T::unpack(&mut cursor).expect("unpacks");
+            assert_eq!(
+                cursor.position() as usize,
+                reply.len() - 4,
+                "{proc:?}: all of it"
+            );
+        }
+        check::<nfs::SETATTR3res>(P::NFSPROC3_SETATTR);
+        check::<nfs::WRITE3res>(P::NFSPROC3_WRITE);
+        check::<nfs::CREATE3res>(P::NFSPROC3_CREATE);
+        check::<nfs::MKDIR3res>(P::NFSPROC3_MKDIR);
+        check::<nfs::SYMLINK3res>(P::NFSPROC3_SYMLINK);
+        check::<nfs::REMOVE3res>(P::NFSPROC3_REMOVE);
+        check::<nfs::RMDIR3res>(P::NFSPROC3_RMDIR);
+        check::<nfs::RENAME3res>(P::NFSPROC3_RENAME);
+        check::<nfs::COMMIT3res>(P::NFSPROC3_COMMIT);
+    }
+
+    #[test]
+    fn a_kept_reply_answers_a_retry_with_the_retrys_xid() {
+        let first = failure_reply(1, nfsstat3::NFS3ERR_NOENT, 2);
+        let again = record_with_xid(2, &first[4..]);
+        assert_eq!(&again[..4], &first[..4], "the same record mark");
+        assert_eq!(&again[4..8], &2u32.to_be_bytes());
+        assert_eq!(&again[8..], &first[8..]);
     }
 
     #[test]

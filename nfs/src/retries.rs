@@ -34,6 +34,7 @@
 //! cache would answer them.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -119,7 +120,7 @@ pub(crate) struct Awaited {
 #[derive(Debug, Default)]
 pub(crate) struct Retries {
     kept: Mutex<HashMap<Key, Kept>>,
-    next_id: std::sync::atomic::AtomicU64,
+    next_id: AtomicU64,
 }
 
 impl Retries {
@@ -134,9 +135,7 @@ impl Retries {
         if kept.len() >= MOST_KEPT || kept.contains_key(&key) {
             return false;
         }
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (result, _) = watch::channel(None);
         let since = Instant::now();
         kept.insert(key, Kept { id, result, since });
