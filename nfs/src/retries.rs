@@ -31,7 +31,12 @@
 //! What is not told apart: two identical calls from one user, both sent while the
 //! first waits at the library (two `rm x` at once), are taken for a call and its
 //! retry and both answered with the first's result, as a server's duplicate request
-//! cache would answer them.
+//! cache would answer them. Nor is a retry from a new identical call after a call
+//! whose retry never came (its process interrupted on an `intr` mount): for
+//! [`KEPT_FOR`] after its result came, the same call by the same user (`rm x` of a
+//! file made again since) is answered with that result and not done. A client
+//! that goes on retrying comes back within its longest back-off (30 s), so a
+//! shorter [`KEPT_FOR`] would narrow this, at the cost of a slow client's retry.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
