@@ -9,16 +9,18 @@
 //! disk, bounded what the server could serve (see docs/BENCHMARKS.md, "NFS server").
 //! Here the bytes of a staged copy reach the socket with one `sendfile` on Linux.
 //!
-//! It answers JUKEBOX itself for a call that changes nothing and has waited at the
-//! library past 4.5 s ([`LibraryCalls`]), and relays at most 192 calls a connection
-//! at a time. It refuses LINK and MKNOD itself, which the library lacks, with
-//! statuses programs know ([`refused_status`]), and answers FSSTAT with the source's
-//! real figures ([`Front::answer_fsstat`]; the library's are constants). And it
-//! answers the NULL procedure (a ping) of NFS and MOUNT itself, whatever the call's
-//! credentials: Linux's kernel pings with AUTH_NULL before it mounts (RFC 5531 lets
-//! a client), and the library refuses every call but the serving user's and root's
-//! AUTH_UNIX ones, NULL included, so the kernel gave up with "server
-//! requires stronger authentication". A NULL call does nothing and serves nothing.
+//! It answers JUKEBOX itself for a call that has waited at the library past 4.5 s
+//! ([`LibraryCalls`]), and answers the retry of a change so answered with the
+//! change's own result, never relaying it again (`retries`); it relays at most 192
+//! calls a connection at a time. It refuses LINK and MKNOD itself, which the
+//! library lacks, with statuses programs know ([`refused_status`]), and answers
+//! FSSTAT with the source's real figures ([`Front::answer_fsstat`]; the library's
+//! are constants). And it answers the NULL procedure (a ping) of NFS and MOUNT
+//! itself, whatever the call's credentials: Linux's kernel pings with AUTH_NULL
+//! before it mounts (RFC 5531 lets a client), and the library refuses every call
+//! but the serving user's and root's AUTH_UNIX ones, NULL included, so the kernel
+//! gave up with "server requires stronger authentication". A NULL call does
+//! nothing and serves nothing.
 //!
 //! Nothing is decided twice. A READ is taken here only when everything about it is
 //! settled already: an AUTH_UNIX call of the serving user or root, a handle of this
@@ -55,6 +57,7 @@ use crate::attrs::fattr;
 use crate::intents::{self, Intents};
 use crate::jukebox::MAX_HOLD;
 use crate::reads::Reads;
+use crate::retries::{Awaited, Key, Retries};
 use crate::status::nfsstat_logged;
 
 /// The largest record a client may send: a call with a WRITE of the most the library
@@ -86,6 +89,9 @@ pub(crate) struct Front {
     pub(crate) generation: u64,
     /// The library's listener, which answers everything else.
     pub(crate) library: SocketAddr,
+    /// The changes answered JUKEBOX, kept for their retries (by every connection:
+    /// a retry may come on a new one).
+    pub(crate) retries: Arc<Retries>,
 }
 
 /// The most calls one connection has at the library at once. The library answers
@@ -99,12 +105,13 @@ const LIBRARY_CALLS: usize = 192;
 /// How long a call's room at the library is kept with no answer: far longer than
 /// any call waits there (bounded by the source's timeout), so only a call the
 /// library dropped unanswered (a resent xid it had answered) is let go.
-const UNANSWERED: Duration = Duration::from_secs(300);
+pub(crate) const UNANSWERED: Duration = Duration::from_secs(300);
 
-/// How long a call that changes nothing may wait at the library before the front
-/// answers it `NFS3ERR_JUKEBOX` itself: under the 5 s after which a Mac says the
-/// server is "not responding" (even with `mutejukebox`) or fails a mount, and past
-/// the 4 s a READ is held ([`MAX_HOLD`]), which READ answers itself.
+/// How long a call may wait at the library before the front answers it
+/// `NFS3ERR_JUKEBOX` itself (a change only once kept for its retry): under the 5 s
+/// after which a Mac says the server is "not responding" (even with `mutejukebox`)
+/// or fails a mount, and past the 4 s a READ is held ([`MAX_HOLD`]), which READ
+/// answers itself.
 const BOUND: Duration = Duration::from_millis(4500);
 
 /// How often a connection's calls are looked at for [`BOUND`].
@@ -119,35 +126,55 @@ struct Waiting {
     /// For a call bounded in time ([`bounded_failure_falses`]), the XDR FALSEs its
     /// failure reply carries after the status.
     bound: Option<usize>,
-    /// Answered JUKEBOX by the front: the library's late reply is dropped.
+    /// For a change, its key: once answered JUKEBOX, the library's late reply is
+    /// kept for the retry ([`Retries`]).
+    change: Option<Key>,
+    /// Answered JUKEBOX by the front: the library's late reply is not sent.
     jukeboxed: bool,
+}
+
+/// What becomes of the library's reply to a call.
+#[derive(Debug, PartialEq)]
+enum Late {
+    /// Sent to the client: the front did not answer the call.
+    Send,
+    /// Dropped: the front answered JUKEBOX to a call that changes nothing, and the
+    /// policy keeps what the source said for the retry.
+    Drop,
+    /// Kept for the retry of a change the front answered JUKEBOX.
+    Keep(Key),
 }
 
 /// The calls of one connection relayed to the library and not answered yet.
 ///
-/// Calls that change nothing (GETATTR, LOOKUP, ACCESS, READLINK, READDIR(PLUS),
-/// FSINFO, PATHCONF) that wait past [`BOUND`] are answered JUKEBOX here while the
-/// library goes on: the policy keeps what the source said when it answers late, so
-/// the client's retry (a new xid, 4 s later on a Mac, 5 s on Linux) is answered
-/// from memory. A call that changes something is never answered for the library: a
-/// retried CREATE, REMOVE or RENAME would find its own work done and fail.
+/// Calls that wait past [`BOUND`] are answered JUKEBOX here while the library goes
+/// on, and the client sends them again (a new xid, 4 s later on a Mac, 5 s on
+/// Linux). For a call that changes nothing (GETATTR, LOOKUP, ACCESS, READLINK,
+/// READDIR(PLUS), FSINFO, PATHCONF) the library's late reply is dropped: the policy
+/// keeps what the source said when it answers late, so the retry is answered from
+/// memory. A change (WRITE, CREATE, MKDIR, SYMLINK, REMOVE, RMDIR, RENAME, SETATTR,
+/// COMMIT) relayed again would find its own work done and fail, so it is answered
+/// JUKEBOX only once kept in [`Retries`], which answers its retry with the
+/// library's late reply; when no more can be kept, it waits for the library.
 #[derive(Debug)]
 struct LibraryCalls {
     room: Arc<Semaphore>,
     waiting: std::sync::Mutex<HashMap<u32, Waiting>>,
+    retries: Arc<Retries>,
 }
 
 impl LibraryCalls {
-    fn new() -> LibraryCalls {
+    fn new(retries: Arc<Retries>) -> LibraryCalls {
         LibraryCalls {
             room: Arc::new(Semaphore::new(LIBRARY_CALLS)),
             waiting: std::sync::Mutex::default(),
+            retries,
         }
     }
 
     /// Waits for room for call `xid` at the library. A call resent with the same
     /// xid while it waits there takes none: the library answers it once.
-    async fn relaying(&self, xid: u32, bound: Option<usize>) {
+    async fn relaying(&self, xid: u32, bound: Option<usize>, change: Option<Key>) {
         if self.waiting().contains_key(&xid) {
             return;
         }
@@ -161,18 +188,27 @@ impl LibraryCalls {
                 relayed: Instant::now(),
                 _room: room,
                 bound,
+                change,
                 jukeboxed: false,
             };
             self.waiting().insert(xid, waiting);
         }
     }
 
-    /// The library answered call `xid`: its room is free. False when the front
-    /// answered it already, and the library's reply is not to be sent.
-    fn answered(&self, xid: u32) -> bool {
-        self.waiting()
-            .remove(&xid)
-            .is_none_or(|waiting| !waiting.jukeboxed)
+    /// The library answered call `xid`: its room is free. What becomes of its
+    /// reply depends on whether the front answered the call already.
+    fn answered(&self, xid: u32) -> Late {
+        match self.waiting().remove(&xid) {
+            Some(Waiting {
+                jukeboxed: true,
+                change: Some(key),
+                ..
+            }) => Late::Keep(key),
+            Some(Waiting {
+                jukeboxed: true, ..
+            }) => Late::Drop,
+            _ => Late::Send,
+        }
     }
 
     /// The JUKEBOX replies due now, for the bounded calls past [`BOUND`]; each call
@@ -184,11 +220,37 @@ impl LibraryCalls {
                 && !waiting.jukeboxed
                 && waiting.relayed.elapsed() >= BOUND
             {
+                if !self.kept_for_retry(waiting) {
+                    // Nowhere to keep its result: it waits for the library.
+                    waiting.bound = None;
+                    continue;
+                }
                 waiting.jukeboxed = true;
                 due.push(failure_reply(*xid, nfsstat3::NFS3ERR_JUKEBOX, falses));
             }
         }
         due
+    }
+
+    /// Waits until the library has answered every change answered JUKEBOX here,
+    /// whose replies are kept for their retries; at most [`UNANSWERED`].
+    async fn until_kept_answered(&self) {
+        let since = Instant::now();
+        while self.keeps_any() && since.elapsed() < UNANSWERED {
+            tokio::time::sleep(SWEEP_EVERY).await;
+        }
+    }
+
+    /// Whether a change answered JUKEBOX here waits at the library.
+    fn keeps_any(&self) -> bool {
+        let waiting = self.waiting();
+        waiting.values().any(|w| w.jukeboxed && w.change.is_some())
+    }
+
+    /// Whether `waiting` may be answered JUKEBOX as far as its retry goes: a call
+    /// that changes nothing always may, a change once it is kept for its retry.
+    fn kept_for_retry(&self, waiting: &Waiting) -> bool {
+        waiting.change.is_none_or(|key| self.retries.keep(key))
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Waiting>> {
@@ -209,10 +271,45 @@ async fn sweep_overdue(at_library: Arc<LibraryCalls>, to_client: ToClient) {
     }
 }
 
-/// For a procedure that changes nothing and may be answered JUKEBOX for the
-/// library, how many XDR FALSEs (absent attributes) its failure reply carries after
-/// the status; `None` for every other procedure.
-fn bounded_failure_falses(proc: u32) -> Option<usize> {
+/// For a procedure that may be answered JUKEBOX for the library, how many XDR
+/// FALSEs (absent attributes) its failure reply carries after the status; `None`
+/// for every other procedure. A change is bounded only with its key (`change`):
+/// its retry must be told from a new call.
+fn bounded_failure_falses(proc: u32, change: Option<Key>) -> Option<usize> {
+    match change {
+        Some(_) => change_failure_falses(proc),
+        None => query_failure_falses(proc),
+    }
+}
+
+/// For a procedure that changes something, how many XDR FALSEs its failure reply
+/// carries after the status (each `wcc_data` is two absent attributes); `None` for
+/// every other procedure. LINK and MKNOD are refused by the front itself.
+fn change_failure_falses(proc: u32) -> Option<usize> {
+    use nfs::NFS_PROGRAM as P;
+    match proc {
+        p if p == P::NFSPROC3_RENAME as u32 => Some(4),
+        p if [
+            P::NFSPROC3_SETATTR as u32,
+            P::NFSPROC3_WRITE as u32,
+            P::NFSPROC3_CREATE as u32,
+            P::NFSPROC3_MKDIR as u32,
+            P::NFSPROC3_SYMLINK as u32,
+            P::NFSPROC3_REMOVE as u32,
+            P::NFSPROC3_RMDIR as u32,
+            P::NFSPROC3_COMMIT as u32,
+        ]
+        .contains(&p) =>
+        {
+            Some(2)
+        }
+        _ => None,
+    }
+}
+
+/// For a procedure that changes nothing, how many XDR FALSEs its failure reply
+/// carries after the status; `None` for every other procedure.
+fn query_failure_falses(proc: u32) -> Option<usize> {
     use nfs::NFS_PROGRAM as P;
     match proc {
         p if p == P::NFSPROC3_GETATTR as u32 => Some(0),
@@ -279,7 +376,7 @@ impl Front {
         let (from_client, to_client) = client.into_split();
         let (from_library, mut to_library) = library.into_split();
         let to_client: ToClient = Arc::new(Mutex::new(to_client));
-        let at_library = Arc::new(LibraryCalls::new());
+        let at_library = Arc::new(LibraryCalls::new(Arc::clone(&self.retries)));
         let relay = tokio::spawn(relay_replies(
             from_library,
             Arc::clone(&to_client),
@@ -292,8 +389,11 @@ impl Front {
         let calls = self
             .take_calls(from_client, &mut to_library, &to_client, &at_library)
             .await;
-        relay.abort();
         sweep.abort();
+        // The library drops its replies once its connection closes, and the
+        // retries of the changes answered JUKEBOX here come on a new connection.
+        at_library.until_kept_answered().await;
+        relay.abort();
         calls
     }
 
@@ -333,6 +433,11 @@ impl Front {
                 });
                 continue;
             }
+            let change = call.as_ref().and_then(|call| self.change_key(call));
+            if let Some(retry) = call.as_ref().and_then(|call| self.retry_of(call, change)) {
+                self.answer_retry(retry, to_client);
+                continue;
+            }
             match call.as_ref().and_then(|call| self.servable_read(call)) {
                 Some(read) => {
                     let (this, to_client) = (self.clone(), Arc::clone(to_client));
@@ -348,8 +453,8 @@ impl Front {
                     if let Some(xid) = xid_of(&body) {
                         let bound = call
                             .as_ref()
-                            .and_then(|c| bounded_failure_falses(c.body.proc));
-                        at_library.relaying(xid, bound).await;
+                            .and_then(|c| bounded_failure_falses(c.body.proc, change));
+                        at_library.relaying(xid, bound, change).await;
                     }
                     to_library.write_all(&record.0).await?
                 }
@@ -397,6 +502,37 @@ impl Front {
         };
         // FSSTAT3resfail: no attributes.
         failure_reply(xid, stat, 1)
+    }
+
+    /// The key of `call` if it is a change by a caller the export serves, which
+    /// may be answered JUKEBOX and kept for its retry (`retries`).
+    fn change_key(&self, call: &NfsCall<'_>) -> Option<Key> {
+        change_failure_falses(call.body.proc)?;
+        let caller = self.served_caller(call)?;
+        Some(Key::of(call.body.proc, &caller, call.args))
+    }
+
+    /// `call` as the retry of a change the front answered JUKEBOX and keeps.
+    fn retry_of(&self, call: &NfsCall<'_>, change: Option<Key>) -> Option<Retry> {
+        let awaited = self.retries.retry(change?)?;
+        Some(Retry {
+            xid: call.xid,
+            falses: change_failure_falses(call.body.proc)?,
+            awaited,
+        })
+    }
+
+    /// Answers `retry`, on its own task, with the result of the call it repeats,
+    /// once that comes; JUKEBOX again if it has not come within [`BOUND`].
+    fn answer_retry(&self, retry: Retry, to_client: &ToClient) {
+        let (retries, to_client) = (Arc::clone(&self.retries), Arc::clone(to_client));
+        tokio::spawn(async move {
+            let reply = match retries.result_within(retry.awaited, BOUND).await {
+                Some(answer) => record_with_xid(retry.xid, &answer),
+                None => failure_reply(retry.xid, nfsstat3::NFS3ERR_JUKEBOX, retry.falses),
+            };
+            send(&to_client, Reply::Record(reply)).await;
+        });
     }
 
     /// The caller's AUTH_UNIX credentials, if the export serves them.
@@ -615,6 +751,24 @@ fn fsstat_of(st: &libc::statvfs) -> nfs::FSSTAT3resok {
     }
 }
 
+/// The retry of a change the front answered JUKEBOX (`retries`).
+struct Retry {
+    xid: u32,
+    /// The XDR FALSEs of its failure reply, for a JUKEBOX.
+    falses: usize,
+    awaited: Awaited,
+}
+
+/// The whole record of RPC message `message` (a reply to another call) as the
+/// reply to call `xid`: the same message, its xid rewritten.
+fn record_with_xid(xid: u32, message: &[u8]) -> Vec<u8> {
+    let mut record = Vec::with_capacity(4 + message.len());
+    record.extend_from_slice(&(message.len() as u32 | LAST_FRAGMENT).to_be_bytes());
+    record.extend_from_slice(&xid.to_be_bytes());
+    record.extend_from_slice(message.get(4..).unwrap_or_default());
+    record
+}
+
 /// A READ this front answers.
 struct ServableRead {
     xid: u32,
@@ -735,20 +889,26 @@ async fn read_record(from: &mut OwnedReadHalf) -> io::Result<Option<Record>> {
     }
 }
 
-/// Passes the library's replies, whole records, to the client.
+/// Passes the library's replies, whole records, to the client, and keeps those to
+/// changes answered JUKEBOX here for their retries ([`Retries`]).
 async fn relay_replies(
     mut from_library: OwnedReadHalf,
     to_client: ToClient,
     at_library: Arc<LibraryCalls>,
 ) {
     while let Ok(Some(record)) = read_record(&mut from_library).await {
-        let answered_here = xid_of(&record.body()).is_some_and(|xid| !at_library.answered(xid));
-        if answered_here {
-            continue;
+        let late = xid_of(&record.body()).map_or(Late::Send, |xid| at_library.answered(xid));
+        match late {
+            Late::Send => {}
+            Late::Drop => continue,
+            Late::Keep(key) => {
+                at_library.retries.answered(key, record.body().into_owned());
+                continue;
+            }
         }
-        if !send(&to_client, Reply::Record(record.0)).await {
-            return;
-        }
+        // A reply the client can no longer get is lost with its connection; the
+        // library's later replies are read all the same, for the kept changes.
+        send(&to_client, Reply::Record(record.0)).await;
     }
 }
 
@@ -858,6 +1018,47 @@ mod tests {
             .concat(),
         );
         assert_eq!(&*pieces.body(), b"abcde");
+    }
+
+    /// The reply body after the RPC header of record `record`.
+    fn results(record: &[u8]) -> Cursor<&[u8]> {
+        let mut cursor = Cursor::new(&record[4..]);
+        rpc_msg::unpack(&mut cursor).expect("an RPC reply");
+        cursor
+    }
+
+    #[test]
+    fn a_changes_jukebox_is_its_procedures_whole_failure_result() {
+        use nfs::NFS_PROGRAM as P;
+        fn check<T: Unpack>(proc: P) {
+            let falses = change_failure_falses(proc as u32).expect("a change");
+            let reply = failure_reply(7, nfsstat3::NFS3ERR_JUKEBOX, falses);
+            let mut cursor = results(&reply);
+            T::unpack(&mut cursor).expect("unpacks");
+            assert_eq!(
+                cursor.position() as usize,
+                reply.len() - 4,
+                "{proc:?}: all of it"
+            );
+        }
+        check::<nfs::SETATTR3res>(P::NFSPROC3_SETATTR);
+        check::<nfs::WRITE3res>(P::NFSPROC3_WRITE);
+        check::<nfs::CREATE3res>(P::NFSPROC3_CREATE);
+        check::<nfs::MKDIR3res>(P::NFSPROC3_MKDIR);
+        check::<nfs::SYMLINK3res>(P::NFSPROC3_SYMLINK);
+        check::<nfs::REMOVE3res>(P::NFSPROC3_REMOVE);
+        check::<nfs::RMDIR3res>(P::NFSPROC3_RMDIR);
+        check::<nfs::RENAME3res>(P::NFSPROC3_RENAME);
+        check::<nfs::COMMIT3res>(P::NFSPROC3_COMMIT);
+    }
+
+    #[test]
+    fn a_kept_reply_answers_a_retry_with_the_retrys_xid() {
+        let first = failure_reply(1, nfsstat3::NFS3ERR_NOENT, 2);
+        let again = record_with_xid(2, &first[4..]);
+        assert_eq!(&again[..4], &first[..4], "the same record mark");
+        assert_eq!(&again[4..8], &2u32.to_be_bytes());
+        assert_eq!(&again[8..], &first[8..]);
     }
 
     #[test]

@@ -10,9 +10,10 @@
 //!   a READ that would wait past a hold planned against the client's back-off
 //!   answers `NFS3ERR_JUKEBOX` and the client retries, so it never marks the server
 //!   "not responding" and a retry is waiting when the copy ends ([`reads`],
-//!   [`jukebox`]); any other call that changes nothing and waits on a slow source
-//!   past 4.5 s is answered JUKEBOX by the connection front, the library going on
-//!   so that the retry is answered from memory (`front`);
+//!   [`jukebox`]); any other call that waits on a slow source past 4.5 s is
+//!   answered JUKEBOX by the connection front, the library going on so that the
+//!   retry is answered from memory, and a change's retry with the change's own
+//!   result, never done twice (`front`, `retries`);
 //! - file handles outlive the server: they carry the inode journal's generation and
 //!   the policy's journaled inode number ([`handle`]);
 //! - a loopback port is open to every local process: only AUTH_UNIX calls of the
@@ -31,6 +32,7 @@ pub mod access;
 pub mod attrs;
 #[cfg(feature = "client")]
 pub mod client;
+mod exclusive;
 mod front;
 pub mod handle;
 mod intents;
@@ -38,6 +40,7 @@ pub mod jukebox;
 pub mod kernel_mount;
 pub mod listen;
 pub mod reads;
+mod retries;
 mod send_file;
 pub mod server;
 pub mod status;

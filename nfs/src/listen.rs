@@ -134,6 +134,7 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
             owner,
             generation,
             library: library_addr,
+            retries: Arc::default(),
         },
     ));
     let janitor = {

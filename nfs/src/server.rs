@@ -14,11 +14,16 @@
 //! kind decides which the policy is asked for. It also passes no credentials to the
 //! filesystem, so changes are made as the serving user (new entries are theirs; a
 //! server run by root serves root alone, so root's), and MKDIR's attributes never
-//! reach it: a directory is made 0755. Exclusive CREATE answers `NFS3ERR_NOTSUPP`:
-//! keeping its verifier would take writing it into the new file's times, which a
-//! source of any kind may not keep exactly. Linux's client then creates GUARDED,
-//! which is atomic; macOS's creates UNCHECKED (Apple's nfs_vnops.c), so on a Mac two
-//! programs racing to O_EXCL-create one name can both succeed (docs/MACOS.md).
+//! reach it: a directory is made 0755.
+//!
+//! An exclusive CREATE (`open(O_CREAT|O_EXCL)` on a Mac or on Linux) is an `O_EXCL`
+//! create on the source, so of two creators racing for one name exactly one
+//! succeeds. Its file is made 0644 (the library passes it no attributes; clients
+//! send the mode in a SETATTR right after). Its verifier is kept in memory with the
+//! file made ([`Verifiers`]), not in the file's times, which a source of any kind may
+//! not keep exactly: the same CREATE sent again gets that file, one with another
+//! verifier `NFS3ERR_EXIST`. (It answered `NFS3ERR_NOTSUPP` before, after which
+//! macOS's client creates UNCHECKED, which is not atomic: Apple's nfs_vnops.c.)
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -40,6 +45,7 @@ use stagefs_policy::{Caller, DirEntry, FsError, Policy, ROOT_INO, RenameHow, Set
 use stagefs_source::{CreateFile, EntryKind, SetTime, WriteOpen};
 
 use crate::attrs::fattr;
+use crate::exclusive::Verifiers;
 use crate::handle::NodeHandle;
 use crate::intents::{Intent, Intents};
 use crate::reads::{ReadCall, Reads};
@@ -60,6 +66,8 @@ pub struct StageNfs {
     writes: Arc<Writes>,
     /// What the library drops of MKDIR and RMDIR calls, noted by the front.
     intents: Arc<Intents>,
+    /// The verifiers of the exclusive CREATEs made lately.
+    verifiers: Verifiers,
     /// The user the export serves (besides root).
     owner: u32,
 }
@@ -72,6 +80,7 @@ impl StageNfs {
             reads: Arc::default(),
             writes: Arc::default(),
             intents: Arc::default(),
+            verifiers: Verifiers::default(),
             owner,
         }
     }
@@ -106,6 +115,21 @@ impl StageNfs {
     async fn child_ino(&self, dir: &NodeHandle, name: &OsStr) -> Result<(u64, bool), FsError> {
         let attr = self.policy.lookup(dir.ino(), name).await?;
         Ok((attr.ino, attr.kind == EntryKind::Dir))
+    }
+
+    /// The file an exclusive CREATE with `verifier` made as `name` in `dir`, if it
+    /// did lately and `name` names it still.
+    async fn made_by(
+        &self,
+        dir: &NodeHandle,
+        name: &OsStr,
+        verifier: createverf3,
+    ) -> Option<NodeHandle> {
+        let made = self
+            .verifiers
+            .made_with(dir.ino(), name.as_bytes(), verifier.0)?;
+        let (named, _) = self.child_ino(dir, name).await.ok()?;
+        (named == made).then(|| NodeHandle::of(made))
     }
 
     /// Forgets what is open of `ino` before a change that replaces or removes it:
@@ -329,12 +353,41 @@ impl NfsFileSystem for StageNfs {
 
     async fn create_exclusive(
         &self,
-        _dirid: &NodeHandle,
-        _filename: &filename3<'_>,
-        _createverf: createverf3,
+        dirid: &NodeHandle,
+        filename: &filename3<'_>,
+        createverf: createverf3,
     ) -> Result<NodeHandle, nfsstat3> {
-        // See the module docs: the client falls back to a GUARDED create.
-        Err(nfsstat3::NFS3ERR_NOTSUPP)
+        let name = OsStr::from_bytes(filename.0.as_ref());
+        let how = CreateFile {
+            // The library passes no attributes: the client sets them next.
+            mode: DEFAULT_FILE_MODE,
+            exclusive: true,
+            open: WriteOpen {
+                read: true,
+                truncate: false,
+            },
+        };
+        let stat = match self
+            .policy
+            .create(dirid.ino(), name, how, self.caller())
+            .await
+        {
+            Ok((created, fh)) => {
+                let (dir, verifier) = (dirid.ino(), createverf.0);
+                self.verifiers
+                    .made(dir, name.as_bytes(), verifier, created.ino);
+                // As CREATE's (see `create`): this is the file's OPEN.
+                self.writes.adopt(&self.policy, created.ino, fh);
+                self.reads.forget(&self.policy, created.ino);
+                return Ok(NodeHandle::of(created.ino));
+            }
+            Err(e) => nfsstat_logged("create", &e),
+        };
+        if stat != nfsstat3::NFS3ERR_EXIST {
+            return Err(stat);
+        }
+        // The same CREATE sent again gets the file it made.
+        self.made_by(dirid, name, createverf).await.ok_or(stat)
     }
 
     async fn mkdir(

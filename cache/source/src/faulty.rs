@@ -30,6 +30,10 @@ pub enum Behaviour {
     /// Every read of a file's bytes takes this long first, and nothing else waits:
     /// a NAS behind a narrow link, whose metadata answers at once.
     SlowReads(Duration),
+    /// Every change (a create, a write or truncation, a sync, a rename, a removal,
+    /// a mkdir or symlink, a change of mode, owner or times) takes this long first,
+    /// and nothing else waits: a NAS slow to commit, whose reads answer at once.
+    SlowChanges(Duration),
     /// Every operation fails with EIO.
     Eio,
     /// Every operation fails at once with this errno, as a dead FUSE source
@@ -64,6 +68,8 @@ struct Faults {
     state: Mutex<State>,
     changed: Condvar,
     calls: AtomicUsize,
+    /// Every change that reached the source: what it was, and the path.
+    changes: Mutex<Vec<(&'static str, PathBuf)>>,
 }
 
 #[derive(Debug)]
@@ -84,6 +90,7 @@ impl FaultySource {
             }),
             changed: Condvar::new(),
             calls: AtomicUsize::new(0),
+            changes: Mutex::default(),
         });
         let local_disk = AtomicBool::new(false);
         Ok(Arc::new(FaultySource {
@@ -120,19 +127,30 @@ impl FaultySource {
         self.faults.calls.load(Ordering::Relaxed)
     }
 
+    /// The changes that reached the source so far, in order: what each was
+    /// ("create", "write", "truncate", "sync", "rename", "unlink", "mkdir", "rmdir",
+    /// "symlink", "chmod", "chown", "utimes") and the path it was made at (a
+    /// rename's source).
+    pub fn changes(&self) -> Vec<(&'static str, PathBuf)> {
+        lock(&self.faults.changes).clone()
+    }
+
     fn enter_for(&self, rel: &Path) -> Result<(), SourceError> {
         self.faults.enter().map_err(|e| SourceError::io(rel, e))
     }
 
-    /// Like `enter_for`, for a write that needs room on the source.
-    fn enter_to_grow(&self, rel: &Path) -> Result<(), SourceError> {
+    /// Like `enter_for`, for change `what` that needs room on the source.
+    fn enter_to_grow(&self, what: &'static str, rel: &Path) -> Result<(), SourceError> {
+        self.faults.change(what, rel);
         self.faults
             .enter_to_grow()
             .map_err(|e| SourceError::write(rel, e))
     }
 
-    /// Like `enter_for`, for a write that needs no room (rename, removal, chmod).
-    fn enter_to_change(&self, rel: &Path) -> Result<(), SourceError> {
+    /// Like `enter_for`, for change `what` that needs no room (rename, removal,
+    /// chmod).
+    fn enter_to_change(&self, what: &'static str, rel: &Path) -> Result<(), SourceError> {
+        self.faults.change(what, rel);
         self.faults.enter().map_err(|e| SourceError::write(rel, e))
     }
 
@@ -153,7 +171,10 @@ impl Faults {
         let mut state = lock(&self.state);
         loop {
             match state.behaviour {
-                Behaviour::Healthy | Behaviour::Full | Behaviour::SlowReads(_) => return Ok(()),
+                Behaviour::Healthy
+                | Behaviour::Full
+                | Behaviour::SlowReads(_)
+                | Behaviour::SlowChanges(_) => return Ok(()),
                 Behaviour::Eio => return Err(io::Error::from_raw_os_error(libc::EIO)),
                 Behaviour::Fails(errno) => return Err(io::Error::from_raw_os_error(errno)),
                 Behaviour::Slow(delay) => {
@@ -165,6 +186,15 @@ impl Faults {
                     state = wait(&self.changed, state);
                 }
             }
+        }
+    }
+
+    /// Notes change `what` at `rel`, and makes it wait as the behaviour says.
+    fn change(&self, what: &'static str, rel: &Path) {
+        lock(&self.changes).push((what, rel.to_path_buf()));
+        let behaviour = lock(&self.state).behaviour;
+        if let Behaviour::SlowChanges(delay) = behaviour {
+            std::thread::sleep(delay);
         }
     }
 
@@ -245,42 +275,48 @@ impl Source for FaultySource {
     }
 
     fn create(&self, rel: &Path, how: CreateFile) -> Result<Box<dyn WritableFile>, SourceError> {
-        self.enter_to_grow(rel)?;
+        self.enter_to_grow("create", rel)?;
         Ok(self.writable(rel, self.dir.create(rel, how)?))
     }
 
     fn open_write(&self, rel: &Path, how: WriteOpen) -> Result<Box<dyn WritableFile>, SourceError> {
-        self.enter_to_change(rel)?;
+        // Opening changes nothing yet, unless it truncates.
+        if how.truncate {
+            self.faults.change("truncate", rel);
+        }
+        self.faults
+            .enter()
+            .map_err(|e| SourceError::write(rel, e))?;
         Ok(self.writable(rel, self.dir.open_write(rel, how)?))
     }
 
     fn set_len(&self, rel: &Path, len: u64) -> Result<(), SourceError> {
-        self.enter_to_grow(rel)?;
+        self.enter_to_grow("truncate", rel)?;
         self.dir.set_len(rel, len)
     }
 
     fn rename(&self, from: &Path, to: &Path, no_replace: bool) -> Result<(), SourceError> {
-        self.enter_to_change(from)?;
+        self.enter_to_change("rename", from)?;
         self.dir.rename(from, to, no_replace)
     }
 
     fn unlink(&self, rel: &Path) -> Result<(), SourceError> {
-        self.enter_to_change(rel)?;
+        self.enter_to_change("unlink", rel)?;
         self.dir.unlink(rel)
     }
 
     fn mkdir(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
-        self.enter_to_grow(rel)?;
+        self.enter_to_grow("mkdir", rel)?;
         self.dir.mkdir(rel, mode)
     }
 
     fn rmdir(&self, rel: &Path) -> Result<(), SourceError> {
-        self.enter_to_change(rel)?;
+        self.enter_to_change("rmdir", rel)?;
         self.dir.rmdir(rel)
     }
 
     fn symlink(&self, target: &Path, rel: &Path) -> Result<(), SourceError> {
-        self.enter_to_grow(rel)?;
+        self.enter_to_grow("symlink", rel)?;
         self.dir.symlink(target, rel)
     }
 
@@ -295,12 +331,12 @@ impl Source for FaultySource {
     }
 
     fn set_mode(&self, rel: &Path, mode: u32) -> Result<(), SourceError> {
-        self.enter_to_change(rel)?;
+        self.enter_to_change("chmod", rel)?;
         self.dir.set_mode(rel, mode)
     }
 
     fn set_owner(&self, rel: &Path, uid: Option<u32>, gid: Option<u32>) -> Result<(), SourceError> {
-        self.enter_to_change(rel)?;
+        self.enter_to_change("chown", rel)?;
         self.dir.set_owner(rel, uid, gid)
     }
 
@@ -310,7 +346,7 @@ impl Source for FaultySource {
         atime: Option<SetTime>,
         mtime: Option<SetTime>,
     ) -> Result<(), SourceError> {
-        self.enter_to_change(rel)?;
+        self.enter_to_change("utimes", rel)?;
         self.dir.set_times(rel, atime, mtime)
     }
 }
@@ -367,16 +403,19 @@ impl SourceFile for FaultyFile {
 
 impl WritableFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.faults.change("write", &self.rel);
         self.faults.enter_to_grow()?;
         self.file.writable()?.write_all_at(buf, offset)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.faults.change("truncate", &self.rel);
         self.faults.enter_to_grow()?;
         self.file.writable()?.set_len(len)
     }
 
     fn sync(&self, data_only: bool) -> io::Result<()> {
+        self.faults.change("sync", &self.rel);
         self.faults.enter()?;
         self.file.writable()?.sync(data_only)
     }
