@@ -9,6 +9,8 @@ const FSID: u64 = 0x5354_4147_4546_5331; // "STAGEFS1"
 
 /// `attr` as NFS attributes.
 pub fn fattr(attr: &Attr) -> fattr3 {
+    // A device's numbers, as NFS carries them: major, then minor.
+    let (major, minor) = stagefs_source::sys::major_minor(attr.rdev);
     fattr3 {
         type_: ftype(attr.kind),
         mode: u32::from(attr.perm),
@@ -18,8 +20,8 @@ pub fn fattr(attr: &Attr) -> fattr3 {
         size: attr.size,
         used: attr.blocks.saturating_mul(512),
         rdev: specdata3 {
-            specdata1: (attr.rdev >> 32) as u32,
-            specdata2: attr.rdev as u32,
+            specdata1: major,
+            specdata2: minor,
         },
         fsid: FSID,
         fileid: attr.ino,

@@ -12,8 +12,8 @@
 //! It answers JUKEBOX itself for a call that has waited at the library past 4.5 s
 //! ([`LibraryCalls`]), and answers the retry of a change so answered with the
 //! change's own result, never relaying it again (`retries`); it relays at most 192
-//! calls a connection at a time. It refuses LINK and MKNOD itself, which the
-//! library lacks, with statuses programs know ([`refused_status`]), and answers
+//! calls a connection at a time. It answers LINK and MKNOD itself, which the
+//! library lacks, through the policy ([`crate::specials`]), and answers
 //! FSSTAT with the source's real figures ([`Front::answer_fsstat`]; the library's
 //! are constants). And it answers the NULL procedure (a ping) of NFS and MOUNT
 //! itself, whatever the call's credentials: Linux's kernel pings with AUTH_NULL
@@ -44,7 +44,8 @@ use nfs3_server::nfs3_types::rpc::{
     reply_body, rpc_msg,
 };
 use nfs3_server::nfs3_types::xdr_codec::{Pack, Unpack};
-use stagefs_policy::Policy;
+use nfs3_server::vfs::FileHandle;
+use stagefs_policy::{Caller, Policy};
 use stagefs_source::locks::lock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -54,10 +55,12 @@ use tracing::debug;
 
 use crate::access::{connect_from_reserved_port, serves};
 use crate::attrs::fattr;
+use crate::handle::NodeHandle;
 use crate::intents::{self, Intents};
 use crate::jukebox::MAX_HOLD;
 use crate::reads::Reads;
 use crate::retries::{Awaited, Key, Retries};
+use crate::specials::Special;
 use crate::status::nfsstat_logged;
 
 /// The largest record a client may send: a call with a WRITE of the most the library
@@ -284,7 +287,8 @@ fn bounded_failure_falses(proc: u32, change: Option<Key>) -> Option<usize> {
 
 /// For a procedure that changes something, how many XDR FALSEs its failure reply
 /// carries after the status (each `wcc_data` is two absent attributes); `None` for
-/// every other procedure. LINK and MKNOD are refused by the front itself.
+/// every other procedure. LINK and MKNOD, which the library lacks, are answered by
+/// the front itself (`specials.rs`).
 fn change_failure_falses(proc: u32) -> Option<usize> {
     use nfs::NFS_PROGRAM as P;
     match proc {
@@ -421,8 +425,8 @@ impl Front {
                 continue;
             }
             let call = call.filter(NfsCall::is_nfs3);
-            if let Some((call, stat)) = call.as_ref().and_then(|call| self.refused(call)) {
-                send(to_client, Reply::Record(refusal_reply(call, stat))).await;
+            if let Some(special) = call.as_ref().and_then(|call| self.special_call(call)) {
+                self.answer_special(special, to_client).await;
                 continue;
             }
             if let Some(fsstat) = call.as_ref().and_then(|call| self.fsstat_call(call)) {
@@ -462,13 +466,85 @@ impl Front {
         }
     }
 
-    /// The call with the status it is refused with, if it is a procedure the library
-    /// lacks ([`refused_status`]) from a caller the export serves (anyone else gets
-    /// the library's refusal of their credentials).
-    fn refused<'c, 'a>(&self, call: &'c NfsCall<'a>) -> Option<(&'c NfsCall<'a>, nfsstat3)> {
-        let stat = refused_status(call.body.proc)?;
-        self.served_caller(call)?;
-        Some((call, stat))
+    /// `call` if it is a LINK or MKNOD, which the library lacks, from a caller the
+    /// export serves (anyone else gets the library's refusal of their credentials).
+    fn special_call(&self, call: &NfsCall<'_>) -> Option<SpecialCall> {
+        let proc = call.body.proc;
+        let falses = Special::failure_falses(proc)?;
+        let caller = self.served_caller(call)?;
+        let generation = self.generation;
+        let special = Special::parse(proc, call.args, |fh| ino_of(&fh.data, generation));
+        Some(SpecialCall {
+            xid: call.xid,
+            falses,
+            key: Key::of(proc, &caller, call.args),
+            special,
+        })
+    }
+
+    /// Answers a LINK or MKNOD ([`crate::specials`]) on its own task, as the library
+    /// answers a change: JUKEBOX past [`BOUND`], its result kept for the retry.
+    async fn answer_special(&self, call: SpecialCall, to_client: &ToClient) {
+        let SpecialCall {
+            xid,
+            falses,
+            key,
+            special,
+        } = call;
+        if let Some(awaited) = self.retries.retry(key) {
+            let retry = Retry {
+                xid,
+                falses,
+                awaited,
+            };
+            return self.answer_retry(retry, to_client);
+        }
+        let Some(special) = special else {
+            let reply = failure_reply(xid, nfsstat3::NFS3ERR_STALE, falses);
+            send(to_client, Reply::Record(reply)).await;
+            return;
+        };
+        let (this, to_client) = (self.clone(), Arc::clone(to_client));
+        tokio::spawn(async move {
+            let generation = this.generation;
+            let (policy, caller) = (Arc::clone(&this.policy), this.serving_caller());
+            let mut work = tokio::spawn(async move {
+                let handle = |ino| handle_bytes(generation, ino);
+                match special.answer(&policy, caller, handle).await {
+                    Ok(results) => accepted_reply_record(xid, &results),
+                    Err(stat) => failure_reply(xid, stat, falses),
+                }
+            });
+            let reply = match tokio::time::timeout(BOUND, &mut work).await {
+                Ok(done) => {
+                    done.unwrap_or_else(|_| failure_reply(xid, nfsstat3::NFS3ERR_IO, falses))
+                }
+                Err(_) if this.retries.keep(key) => {
+                    let jukebox = failure_reply(xid, nfsstat3::NFS3ERR_JUKEBOX, falses);
+                    send(&to_client, Reply::Record(jukebox)).await;
+                    if let Ok(reply) = work.await {
+                        // Kept as the library's replies are: the message, no record mark.
+                        this.retries.answered(key, reply[4..].to_vec());
+                    }
+                    return;
+                }
+                Err(_) => work
+                    .await
+                    .unwrap_or_else(|_| failure_reply(xid, nfsstat3::NFS3ERR_IO, falses)),
+            };
+            send(&to_client, Reply::Record(reply)).await;
+        });
+    }
+
+    /// Who changes through the library do as: the serving user, with the daemon's
+    /// group (the library passes no credentials on, see `server.rs`).
+    fn serving_caller(&self) -> Caller {
+        // SAFETY: getegid has no preconditions and cannot fail.
+        let gid = unsafe { libc::getegid() };
+        Caller {
+            uid: self.owner,
+            gid,
+        }
     }
 
     /// The xid of `call` if it is an FSSTAT of this export that the front answers:
@@ -700,26 +776,22 @@ fn reply_record(xid: u32, stat: accept_stat_data, results: &[u8]) -> Vec<u8> {
     record
 }
 
-/// The procedures the library does not implement (it answers `PROC_UNAVAIL`, which
-/// a Mac reports as "Bad procedure for program"), and the status each is refused
-/// with instead: one that programs know. A hard link answers `NFS3ERR_XDEV`, as
-/// across filesystems (`ln` says "Invalid cross-device link"; git and pip copy
-/// instead); a special file `NFS3ERR_PERM`, as where only root may make one. Neither
-/// is `NFS3ERR_NOTSUPP`, which a Mac turns into EIO.
-fn refused_status(proc: u32) -> Option<nfsstat3> {
-    match proc {
-        p if p == nfs::NFS_PROGRAM::NFSPROC3_LINK as u32 => Some(nfsstat3::NFS3ERR_XDEV),
-        p if p == nfs::NFS_PROGRAM::NFSPROC3_MKNOD as u32 => Some(nfsstat3::NFS3ERR_PERM),
-        _ => None,
-    }
+/// A LINK or MKNOD call the front answers ([`crate::specials`]).
+struct SpecialCall {
+    xid: u32,
+    /// The XDR FALSEs of its failure reply.
+    falses: usize,
+    key: Key,
+    /// None: a handle that is not this export's.
+    special: Option<Special>,
 }
 
-/// The reply refusing `call` with `stat`: LINK3resfail (no attributes of the file,
-/// no change to the directory) or MKNOD3resfail (no change to the directory).
-fn refusal_reply(call: &NfsCall<'_>, stat: nfsstat3) -> Vec<u8> {
-    let absent_attrs = usize::from(call.body.proc == nfs::NFS_PROGRAM::NFSPROC3_LINK as u32);
-    // wcc_data is two absent attributes.
-    failure_reply(call.xid, stat, absent_attrs + 2)
+/// The handle of inode `ino` as the library hands it out: the journal's generation
+/// (little-endian), then the inode (`handle.rs`).
+fn handle_bytes(generation: u64, ino: u64) -> Vec<u8> {
+    let mut handle = generation.to_le_bytes().to_vec();
+    handle.extend_from_slice(NodeHandle::of(ino).as_bytes());
+    handle
 }
 
 /// The reply to call `xid` failing with `stat`, followed by `falses` XDR FALSEs:

@@ -43,6 +43,7 @@ pub mod reads;
 mod retries;
 mod send_file;
 pub mod server;
+mod specials;
 pub mod status;
 pub mod writes;
 

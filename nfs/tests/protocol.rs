@@ -11,7 +11,7 @@
 
 use std::fs;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -319,12 +319,13 @@ macro_rules! until_answered {
 #[tokio::test(flavor = "multi_thread")]
 async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get_their_result() {
     let f = fixture(PATIENT).await;
-    for name in ["doomed.txt", "moving.txt", "written.bin"] {
+    for name in ["doomed.txt", "moving.txt", "written.bin", "linked.txt"] {
         fs::write(f.src.join(name), b"x").expect("write");
     }
     fs::write(f.src.join("cut.bin"), bytes(4096, 3)).expect("write");
     let mut client = f.client().await;
     let root = client.root_nfs_fh3();
+    let linked = lookup(&mut client, "linked.txt").await.expect("lookup");
     let written = lookup(&mut client, "written.bin").await.expect("lookup");
     let cut = lookup(&mut client, "cut.bin").await.expect("lookup");
     let made_before = f.source.changes().len();
@@ -338,27 +339,39 @@ async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get
         f.client().await,
         f.client().await,
     );
+    let (mut c6, mut c7) = (f.client().await, f.client().await);
     let data = bytes(1000, 5);
-    let (created, removed, renamed, wrote, truncated, made) = tokio::join!(
-        async { until_answered!(create_guarded(&mut c1, &root, "new.txt")) },
-        async { until_answered!(remove(&mut c2, &root, "doomed.txt")) },
-        async { until_answered!(rename(&mut c3, (&root, "moving.txt"), (&root, "moved.txt"))) },
-        async { until_answered!(write(&mut c4, &written, 0, &data)) },
-        async { until_answered!(truncate(&mut c5, &cut, 100)) },
-        async {
-            // A client whose connection closes after the JUKEBOX retries on a new one.
-            let mut first = f.client().await;
-            let sent = Instant::now();
-            let answer = mkdir(&mut first, &root, "made").await;
-            let waited = sent.elapsed();
-            drop(first);
-            assert_eq!(answer, Err(nfsstat3::NFS3ERR_JUKEBOX), "MKDIR");
-            tokio::time::sleep(Backoff::Apple.delay(0)).await;
-            let mut second = f.client().await;
-            let (made, longest, _) = until_answered!(mkdir(&mut second, &root, "made"));
-            (made, waited.max(longest), 1)
-        },
-    );
+    // LINK and MKNOD are the front's own (the library lacks them), bounded the same.
+    let own_changes = async {
+        tokio::join!(
+            async { until_answered!(hard_link(&mut c6, &linked, &root, "hard.txt")) },
+            async { until_answered!(mkfifo(&mut c7, &root, "pipe")) },
+        )
+    };
+    let library_changes = async {
+        tokio::join!(
+            async { until_answered!(create_guarded(&mut c1, &root, "new.txt")) },
+            async { until_answered!(remove(&mut c2, &root, "doomed.txt")) },
+            async { until_answered!(rename(&mut c3, (&root, "moving.txt"), (&root, "moved.txt"))) },
+            async { until_answered!(write(&mut c4, &written, 0, &data)) },
+            async { until_answered!(truncate(&mut c5, &cut, 100)) },
+            async {
+                // A client whose connection closes after the JUKEBOX retries on a new one.
+                let mut first = f.client().await;
+                let sent = Instant::now();
+                let answer = mkdir(&mut first, &root, "made").await;
+                let waited = sent.elapsed();
+                drop(first);
+                assert_eq!(answer, Err(nfsstat3::NFS3ERR_JUKEBOX), "MKDIR");
+                tokio::time::sleep(Backoff::Apple.delay(0)).await;
+                let mut second = f.client().await;
+                let (made, longest, _) = until_answered!(mkdir(&mut second, &root, "made"));
+                (made, waited.max(longest), 1)
+            },
+        )
+    };
+    let ((hard, fifo), (created, removed, renamed, wrote, truncated, made)) =
+        tokio::join!(own_changes, library_changes);
     f.source.set(Behaviour::Healthy);
 
     let longest = [
@@ -368,10 +381,12 @@ async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get
         wrote.1,
         truncated.1,
         made.1,
+        hard.1,
+        fifo.1,
     ]
     .into_iter()
     .max()
-    .expect("six calls");
+    .expect("eight calls");
     eprintln!("the longest a change waited for an answer: {longest:?}");
     assert!(
         longest < Duration::from_secs(5),
@@ -383,6 +398,8 @@ async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get
         ("RENAME", renamed.2),
         ("WRITE", wrote.2),
         ("SETATTR", truncated.2),
+        ("LINK", hard.2),
+        ("MKNOD", fifo.2),
     ] {
         assert!(jukeboxes >= 1, "{call} never waited on the slow source");
     }
@@ -412,6 +429,15 @@ async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get
         .0
         .expect("the MKDIR retried on a new connection gets its result");
     assert_eq!(lookup(&mut client, "made").await, Ok(made));
+    hard.0
+        .expect("the retried LINK gets the first one's result");
+    fifo.0
+        .expect("the retried MKNOD gets the first one's result");
+    assert!(fs::symlink_metadata(f.src.join("pipe")).is_ok_and(|m| m.file_type().is_fifo()));
+    assert_eq!(
+        fs::metadata(f.src.join("hard.txt")).expect("link").nlink(),
+        2
+    );
 
     assert!(!f.src.join("doomed.txt").exists());
     assert!(!f.src.join("moving.txt").exists());
@@ -426,6 +452,8 @@ async fn changes_waiting_on_a_slow_source_answer_jukebox_in_time_and_retries_get
         ("write", "written.bin"),
         ("truncate", "cut.bin"),
         ("mkdir", "made"),
+        ("link", "hard.txt"),
+        ("mknod", "pipe"),
     ] {
         let times = made
             .iter()
@@ -949,6 +977,33 @@ async fn remove(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<(), nf
     }
 }
 
+async fn hard_link(
+    client: &mut Client,
+    file: &nfs_fh3,
+    dir: &nfs_fh3,
+    name: &str,
+) -> Result<(), nfsstat3> {
+    let args = LINK3args {
+        file: file.clone(),
+        link: dirop(dir, name),
+    };
+    match client.nfs3_client.link(&args).await.expect("LINK RPC") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
+async fn mkfifo(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<(), nfsstat3> {
+    let args = MKNOD3args {
+        where_: dirop(dir, name),
+        what: mknoddata3::NF3FIFO(sattr3::default()),
+    };
+    match client.nfs3_client.mknod(&args).await.expect("MKNOD RPC") {
+        Nfs3Result::Ok(_) => Ok(()),
+        Nfs3Result::Err((stat, _)) => Err(stat),
+    }
+}
+
 async fn rmdir(client: &mut Client, dir: &nfs_fh3, name: &str) -> Result<(), nfsstat3> {
     let args = RMDIR3args {
         object: dirop(dir, name),
@@ -1279,10 +1334,11 @@ async fn remove_mkdir_rmdir_and_symlink_pass_through() {
     );
 }
 
-/// Procedures the library lacks are refused with statuses a client passes on as
-/// errors programs know (EXDEV, EPERM), not PROC_UNAVAIL, and nothing is made.
+/// LINK and MKNOD, which the library lacks (it answered PROC_UNAVAIL, "Bad procedure
+/// for program" on a Mac), are made on the source by the front, with the new
+/// entry's attributes and handle; a second of the same name answers EXIST.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_hard_link_answers_xdev_and_a_fifo_perm_and_neither_is_made() {
+async fn a_hard_link_and_a_fifo_are_made_on_the_source() {
     let f = fixture(PATIENT).await;
     let mut client = f.client().await;
     let root = client.root_nfs_fh3();
@@ -1292,25 +1348,46 @@ async fn a_hard_link_answers_xdev_and_a_fifo_perm_and_neither_is_made() {
         link: dirop(&root, "hard"),
     };
     match client.nfs3_client.link(&link).await.expect("LINK RPC") {
-        Nfs3Result::Err((stat, _)) => assert_eq!(stat, nfsstat3::NFS3ERR_XDEV),
-        Nfs3Result::Ok(_) => panic!("LINK made a link"),
+        Nfs3Result::Ok(ok) => match ok.file_attributes {
+            Nfs3Option::Some(attrs) => assert_eq!((attrs.type_, attrs.nlink), (ftype3::NF3REG, 2)),
+            Nfs3Option::None => panic!("LINK gave no attributes"),
+        },
+        Nfs3Result::Err((stat, _)) => panic!("LINK: {stat:?}"),
+    }
+    let (a, b) = (
+        fs::metadata(f.src.join("config.json")).expect("stat"),
+        fs::metadata(f.src.join("hard")).expect("stat"),
+    );
+    assert_eq!((a.ino(), b.nlink()), (b.ino(), 2), "one file, two names");
+    let hard = lookup(&mut client, "hard")
+        .await
+        .expect("the new name looks up");
+    let want = fs::read(f.src.join("config.json")).expect("read");
+    let (got, _) = read(&mut client, &hard, 0, 1 << 16).await.expect("READ");
+    assert_eq!(got, want, "the file's bytes through its new name");
+    match client.nfs3_client.link(&link).await.expect("LINK RPC") {
+        Nfs3Result::Err((stat, _)) => assert_eq!(stat, nfsstat3::NFS3ERR_EXIST),
+        Nfs3Result::Ok(_) => panic!("LINK over an existing name"),
     }
     let fifo = MKNOD3args {
         where_: dirop(&root, "fifo"),
-        what: mknoddata3::NF3FIFO(sattr3::default()),
+        what: mknoddata3::NF3FIFO(sattr3 {
+            mode: Nfs3Option::Some(0o640),
+            ..sattr3::default()
+        }),
     };
-    match client.nfs3_client.mknod(&fifo).await.expect("MKNOD RPC") {
-        Nfs3Result::Err((stat, _)) => assert_eq!(stat, nfsstat3::NFS3ERR_PERM),
-        Nfs3Result::Ok(_) => panic!("MKNOD made a node"),
-    }
-    for name in ["hard", "fifo"] {
-        assert!(
-            fs::symlink_metadata(f.src.join(name)).is_err(),
-            "{name} made"
-        );
-    }
-    // The connection still serves after the refusals.
-    assert_eq!(getattr(&mut client, &root).await.type_, ftype3::NF3DIR);
+    let made = match client.nfs3_client.mknod(&fifo).await.expect("MKNOD RPC") {
+        Nfs3Result::Ok(ok) => ok,
+        Nfs3Result::Err((stat, _)) => panic!("MKNOD: {stat:?}"),
+    };
+    let handle = match made.obj {
+        post_op_fh3::Some(handle) => handle,
+        post_op_fh3::None => panic!("MKNOD returned no handle"),
+    };
+    assert_eq!(getattr(&mut client, &handle).await.type_, ftype3::NF3FIFO);
+    let meta = fs::symlink_metadata(f.src.join("fifo")).expect("made");
+    assert!(meta.file_type().is_fifo());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
 }
 
 /// FSSTAT gives the source's filesystem figures (where writes go), not a constant.

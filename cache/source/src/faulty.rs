@@ -321,12 +321,12 @@ impl Source for FaultySource {
     }
 
     fn link(&self, existing: &Path, rel: &Path) -> Result<(), SourceError> {
-        self.enter_to_grow(rel)?;
+        self.enter_to_grow("link", rel)?;
         self.dir.link(existing, rel)
     }
 
     fn mknod(&self, rel: &Path, mode: u32, rdev: u64) -> Result<(), SourceError> {
-        self.enter_to_grow(rel)?;
+        self.enter_to_grow("mknod", rel)?;
         self.dir.mknod(rel, mode, rdev)
     }
 

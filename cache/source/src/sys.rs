@@ -35,6 +35,31 @@ pub fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// The device number of `major` and `minor`, as this system encodes it.
+pub fn makedev(major: u32, minor: u32) -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        libc::makedev(major, minor)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        // The BSDs' and macOS's dev_t: 8 bits of major, 24 of minor.
+        (u64::from(major & 0xff) << 24) | u64::from(minor & 0xff_ffff)
+    }
+}
+
+/// The major and minor numbers of device number `dev`.
+pub fn major_minor(dev: u64) -> (u32, u32) {
+    #[cfg(target_os = "linux")]
+    {
+        (libc::major(dev), libc::minor(dev))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        (((dev >> 24) & 0xff) as u32, (dev & 0xff_ffff) as u32)
+    }
+}
+
 /// Creates (or truncates) `path` for writing, readable by its owner only: the cache
 /// says which models a user runs, which is nobody else's business.
 pub fn create_private(path: &Path) -> io::Result<File> {
