@@ -194,7 +194,9 @@ pub(crate) fn mountpoint(config: &Config, arg: Option<&Path>) -> anyhow::Result<
     }
     match registry::known().as_slice() {
         [one] => Ok(one.mountpoint.clone()),
-        [] => config.mountpoint(None),
+        [] => bail!(
+            "no stagefs mount is running; to unmount one left behind, name its mount point (`stagefs unmount MOUNTPOINT`)"
+        ),
         several => bail!(
             "{} stagefs mounts are running ({}); name the one to unmount",
             several.len(),

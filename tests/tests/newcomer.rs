@@ -642,6 +642,13 @@ fn a_fresh_status_a_read_only_mount_and_an_unmount_each_say_so() {
     let (ok, out, err) = user.run(&[&"status", &"--json"]);
     assert!(ok && err.is_empty(), "{err}");
     assert_eq!(out, "[]\n");
+    // Nothing to unmount is said so, not as a missing argument.
+    let (ok, _, err) = user.run(&[&"unmount"]);
+    assert!(!ok);
+    assert_eq!(
+        err,
+        "stagefs: no stagefs mount is running; to unmount one left behind, name its mount point (`stagefs unmount MOUNTPOINT`)\n"
+    );
     // The commands that need a cache say the same of a fresh account.
     let fresh = format!(
         "stagefs: nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`\n",
