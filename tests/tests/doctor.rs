@@ -576,6 +576,33 @@ fn a_folder_no_source_is_known_to_hold_is_said_to_be_judged_alone() {
     );
 }
 
+/// Issue 36: a link to a missing blob was counted among the files that can be read
+/// ("5 of its files" for 4).
+#[test]
+fn a_link_to_a_missing_blob_is_not_counted_as_a_readable_file() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/holed", 2, "1M");
+    let snapshot = s.hub.join(&model.shards()[0]);
+    let snapshot = snapshot.parent().expect("snapshot dir");
+    let readable = fs::read_dir(snapshot).expect("list").count();
+    let missing = format!("../../blobs/{}", "0".repeat(64));
+    std::os::unix::fs::symlink(&missing, snapshot.join("extra.safetensors")).expect("link");
+    let repo = s.hub.join("models--acme--holed");
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &repo, &"--cache-dir", &s.cache],
+        &[],
+    );
+    let line = format!(
+        "fail  model        acme/holed: 1 link cannot be followed ({readable} of its files can be read); extra.safetensors: it links to models--acme--holed/blobs/{}, which does not exist",
+        "0".repeat(64)
+    );
+    assert!(
+        run.stdout.lines().any(|l| l == line),
+        "{line}\n{}",
+        run.stdout
+    );
+}
+
 /// A plain model folder `Llama-Fake-4bit` in `dir` (2 files, 1.9 MiB).
 fn plain_folder(dir: &Path) -> PathBuf {
     let folder = dir.join("Llama-Fake-4bit");

@@ -154,6 +154,11 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         }
     };
     let unfollowable = links.into_iter().map(|l| BrokenLink::of(tree.root(), l));
+    // A link to a missing blob resolves to a path that is no file: not one to count.
+    let files: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|rel| tree.stat(rel).is_ok())
+        .collect();
     let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
     let largest = weights.into_iter().max_by_key(|rel| size_of(rel));
     Some(Model {
