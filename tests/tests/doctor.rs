@@ -601,6 +601,23 @@ fn a_link_to_a_missing_blob_is_not_counted_as_a_readable_file() {
         "{line}\n{}",
         run.stdout
     );
+    // With every blob gone there is nothing to stage: no estimate of it, and the
+    // speed is not read from a missing file.
+    for blob in fs::read_dir(repo.join("blobs")).expect("blobs") {
+        fs::remove_file(blob.expect("entry").path()).expect("rm");
+    }
+    let run = stagefs(
+        &[&"--no-config", &"doctor", &repo, &"--cache-dir", &s.cache],
+        &[],
+    );
+    assert!(
+        run.stdout.contains("(0 of its files can be read)"),
+        "{}",
+        run.stdout
+    );
+    for wrong in ["staging acme/holed", "acme/holed needs", "fail  speed"] {
+        assert!(!run.stdout.contains(wrong), "{wrong}: {}", run.stdout);
+    }
 }
 
 /// A plain model folder `Llama-Fake-4bit` in `dir` (2 files, 1.9 MiB).

@@ -160,7 +160,10 @@ fn describe(tree: &SourceTree, model: &ModelRef, snapshot: Option<PathBuf>) -> O
         .filter(|rel| tree.stat(rel).is_ok())
         .collect();
     let size_of = |rel: &Path| tree.stat(rel).map_or(0, |m| m.len());
-    let largest = weights.into_iter().max_by_key(|rel| size_of(rel));
+    let largest = weights
+        .into_iter()
+        .filter(|rel| files.contains(rel))
+        .max_by_key(|rel| size_of(rel));
     Some(Model {
         id: model.id.clone(),
         kind: model.kind,

@@ -354,6 +354,7 @@ impl Findings {
                 report.probe = Some(probe.clone());
                 if let Some(model) = &mut self.model
                     && probe.bytes_read >= RATE_NEEDS_BYTES
+                    && model.size_bytes > 0
                 {
                     model.staging_seconds = Some(staging_seconds(probe, model));
                 }
@@ -659,7 +660,10 @@ fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
     }
     let shown_rate = format_rate(rate);
     let mut summary = format!("latency {shown_latency}, {shown_rate} ({read} of {name})");
-    let staging = model.map(|m| (m, staging_seconds(probe, m)));
+    // Nothing to stage (every link broken, or empty files): no estimate to give.
+    let staging = model
+        .filter(|m| m.size_bytes > 0)
+        .map(|m| (m, staging_seconds(probe, m)));
     if let Some((model, seconds)) = staging {
         let (id, size) = (&model.id, format_bytes(model.size_bytes));
         let time = format_duration(seconds);

@@ -80,7 +80,9 @@ pub(crate) fn inspect(
     (report.total_bytes, report.available_bytes) = (Some(space.total), Some(space.available));
     (report.min_free_bytes, report.usable_bytes) = (Some(min_free), Some(usable));
     let location = location_check(dir, (resolved, *exists, fs), roots);
-    let need = model.map(|m| (m.id.as_str(), m.size_bytes));
+    let need = model
+        .filter(|m| m.size_bytes > 0)
+        .map(|m| (m.id.as_str(), m.size_bytes));
     let space = space_check(*space, min_free, max_size, need);
     (vec![location, space], report)
 }
