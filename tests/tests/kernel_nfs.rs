@@ -38,7 +38,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
+use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, sha256_of};
 use stagefs_tests::{
     Layout, NetFs, Scratch, Served, ShapedSource, generate, stagefs_bin, workspace_root,
 };
@@ -53,7 +53,7 @@ const BIG_DIR: usize = 3000;
 /// Files of the directory the guest lists while adding to it.
 const GROW_DIR: usize = 500;
 /// The guest's whole run, boot to power-off (run-guest.sh's GUEST_TIMEOUT).
-const GUEST_LIMIT: Duration = Duration::from_secs(420);
+const GUEST_LIMIT: Duration = Duration::from_secs(480);
 /// The guest's mount points (in its own /tmp, a tmpfs).
 const HF_MNT: &str = "/tmp/nfs-hf";
 const PLAIN_MNT: &str = "/tmp/nfs-plain";
@@ -277,6 +277,9 @@ fn boot() -> Result<Run, String> {
             "cache": scratch.join("cache-slow"),
             "snapshot": slow_model.snapshot_rel,
             "files": slow_model.files.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+            // The shard's sha256, of the source read here: over 9p under TCG the
+            // guest would take seconds to read it.
+            "sha256": sha256_of(&slow_export.join(&slow_model.shards()[0])),
             "small": "hello.txt",
             "rate": SLOW_RATE,
             "call_delay": SLOW_CALL.as_secs(),
@@ -482,18 +485,27 @@ fn nas_step(step: &str, nas: &NetFs, export: &Path) -> String {
 }
 
 /// What the host does for a step of the slow group: every sftp call to the slow NAS
-/// held [`SLOW_CALL`] from now on ("slow-on"), or no longer. The answer, as JSON:
-/// how long a stat of a name never asked before took on the host's sshfs mount
-/// (slow-on: the guest checks that the NAS is slow indeed).
+/// held [`SLOW_CALL`] from now on ("slow-on"), or no longer. After slow-on a thread
+/// times a stat of a name never asked before on the host's sshfs mount and leaves
+/// it, as JSON, in `fault-slow-on-stat` (the guest checks that the NAS is slow
+/// indeed, without waiting for it first).
 fn slow_step(step: &str, delay_file: &Path, mnt: &Path) -> String {
     if step != "slow-on" {
         let _ = fs::remove_file(delay_file);
-        return json!({}).to_string();
+        return step.to_string();
     }
     fs::write(delay_file, SLOW_CALL.as_secs().to_string()).expect("write the delay");
-    let started = Instant::now();
-    let _ = fs::metadata(mnt.join(format!("never-there-{step}")));
-    json!({"stat_s": started.elapsed().as_secs_f64()}).to_string()
+    let (mnt, out) = (
+        mnt.to_path_buf(),
+        delay_file.with_file_name("fault-slow-on-stat"),
+    );
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let _ = fs::metadata(mnt.join("never-there"));
+        let took = json!({"stat_s": started.elapsed().as_secs_f64()});
+        let _ = fs::write(out, took.to_string());
+    });
+    step.to_string()
 }
 
 /// `count` small files in `dir`, named `prefix-NNNNN`.
