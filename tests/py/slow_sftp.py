@@ -6,9 +6,9 @@ it runs OpenSSH's sftp-server behind it and holds each request the client sends 
 the seconds DELAY_FILE holds (none while the file is absent or empty), read as the
 request arrives. Requests are held side by side, as on a link with that latency,
 and passed on in the order they came (4 requests sent at once, held 1 s, are all
-answered after 1.0 s). Through sshfs's mount they do not come side by side, though: on
-the host, 4 stats of 4 names in parallel took 12 s at 3 s a call, so the source
-a test sees is a queue of slow calls.
+answered after 1.0 s). Through sshfs's mount they do not come side by side,
+though: on the host, 4 stats of 4 names in parallel took 12 s at 3 s a call, so
+the source a test sees is a queue of slow calls.
 
     slow_sftp.py DELAY_FILE
 """
