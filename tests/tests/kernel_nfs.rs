@@ -224,7 +224,15 @@ fn boot() -> Result<Run, String> {
         ),
     );
     let slow_served = Served::try_start(&slow_nas.mnt, &scratch.join("cache-slow"), &[])?;
-    let slow_root_served = Served::try_start(&slow_nas.mnt, &scratch.join("cache-slow-root"), &[])?;
+    // Its source timeout is past what the listing and read take: through sshfs the
+    // slow calls queue, and with the default 30 s one of them (an FSSTAT's statvfs)
+    // timed out and the server took the NAS for away, racing the read of a name it
+    // had not seen.
+    let slow_root_served = Served::try_start(
+        &slow_nas.mnt,
+        &scratch.join("cache-slow-root"),
+        &["--source-timeout", "120s"],
+    )?;
 
     let spec = json!({
         "scratch": scratch,
