@@ -8,8 +8,8 @@ seen as it is on the host).
     guest_checks.py SPEC.json [GROUP...]
 
 SPEC.json, written by the test, names the kernel's NFS mounts (made by guest.sh with
-util-linux `mount -t nfs`, the kernel doing MOUNT itself) and the sources behind
-them. Every check compares what the kernel client gives with the same file read from
+util-linux `mount -t nfs`, the kernel doing MOUNT itself; the slow group mounts its
+second export itself) and the sources behind them. Every check compares what the kernel client gives with the same file read from
 the source directly. The groups (all by default):
 
     mount   both exports are the kernel's NFSv3 mounts, and it logged no complaint
@@ -28,11 +28,27 @@ the source directly. The groups (all by default):
             the mounted HF_HOME
     mlx     mlx_lm.load of a tiny Llama (only with "mlx_lm": true: importing mlx_lm
             alone takes ~25 s under TCG, the load ~50 s in all)
+    save    save_pretrained over a model folder just loaded through the plain
+            export (tests/py/hub_client.py save: config.json, the weights under a
+            temp name renamed over the old file), then loaded again by safe_open
+            and mx.load, through the mount and at the source (the test loads it
+            once more on the host, from the source, after the run)
     nas     a third export whose source is an sshfs NAS on the host: the model is
             read once (staged), then the host drops sshfs's connection (sshfs
             exits and unmounts), kills sshfs (ENOTCONN), and mounts it again; each
             time the staged model reads right, writes fail with EIO and land
             nowhere, and an unseen name fails at once
+    full    two exports of one model whose shard is larger than their cache's
+            --max-size: with --on-full read-source the shard reads right; with
+            --on-full fail its read fails with ENOSPC ("No space left on device"),
+            never with wrong bytes, and the rest of both mounts still reads right
+    slow    an export of a second sshfs NAS, rate-capped so that its shard's copy
+            takes ~12 s: the cold shard reads right through the server's JUKEBOX
+            answers, with no kernel complaint (when the copy began and ended, from
+            the server's cache directory, and when the first byte came are
+            recorded); then the host makes every call to that NAS wait seconds
+            (tests/py/slow_sftp.py) and the guest mounts another export of it:
+            the mount succeeds, lists and reads right
     fault   the host's `stagefs serve` killed with the mount up (coordinated with
             the test through files in the scratch directory): what a reader gets,
             what a signal does, a restart on the same port, `umount -f` and `-l`
@@ -47,6 +63,7 @@ Exits 0: the test judges the results.
 
 import errno
 import fcntl
+import hashlib
 import json
 import mmap
 import os
@@ -59,7 +76,9 @@ import time
 import traceback
 
 SPEC = json.load(open(sys.argv[1]))
-GROUPS = sys.argv[2:] or ["mount", "read", "own", "doctor", "write", "hub", "mlx", "nas", "fault"]
+GROUPS = sys.argv[2:] or [
+    "mount", "read", "own", "doctor", "write", "save", "hub", "mlx", "nas", "full", "slow", "fault",
+]
 HF = SPEC["hf"]
 # huggingface_hub reads its environment once, at import: this process is an offline
 # client of the mounted HF_HOME (the `hf download` of the hub group is a process of
@@ -108,7 +127,7 @@ CHECKS = []
 # How long one check may take before it counts as hung (a call on a hard NFS mount
 # that never returns): then it fails, naming where the kernel holds it, and the run
 # ends there, since this process can go no further.
-LIMIT = {"hub": 240, "mlx": 300}
+LIMIT = {"hub": 240, "mlx": 300, "slow": 200}
 DEFAULT_LIMIT = 120
 
 
@@ -228,9 +247,10 @@ HF_SRC_SNAP = hf_snapshot(HF["src"], HF["repo"], HF["commit"])
 
 @check("mount")
 def mounts_are_the_kernels_nfs():
-    for key in ("hf", "plain"):
-        fields = mounted(SPEC[key]["mnt"])
-        assert fields, f"{SPEC[key]['mnt']} is not mounted"
+    mnts = [SPEC[key]["mnt"] for key in ("hf", "plain", "nas", "slow")]
+    for mnt in mnts + [SPEC["full"]["fail_mnt"], SPEC["full"]["read_mnt"]]:
+        fields = mounted(mnt)
+        assert fields, f"{mnt} is not mounted"
         assert fields[2] == "nfs" and "vers=3" in fields[3], fields
     return mounted(HF["mnt"])[3]
 
@@ -655,6 +675,70 @@ def statvfs_gives_sane_figures():
     return f"{total >> 30} GiB, {free >> 30} GiB available"
 
 
+# --- save: save_pretrained over a model folder just loaded through the mount ----------
+
+SAVE_MNT = os.path.join(SPEC["plain"]["mnt"], SPEC["save"]["dir"])
+SAVE_SRC = os.path.join(SPEC["plain"]["src"], SPEC["save"]["dir"])
+
+
+def saved_tensors(old):
+    """hub_client.py's tensors() (what `save` writes), or the model there before it:
+    the same names, shapes and sizes, other values."""
+    from hub_client import tensors
+
+    t = tensors()
+    return {k: (-v - 1 if old else v) for k, v in t.items()}
+
+
+def same_tensors(path, want, how):
+    """Every tensor of the safetensors file at `path`, by safe_open (mmap) and by
+    mlx's own loader, equals `want`'s."""
+    from safetensors import safe_open
+
+    with safe_open(path, "np") as f:
+        assert sorted(f.keys()) == sorted(want), f"{how}: safe_open names {sorted(f.keys())}"
+        for k in f.keys():
+            assert np.array_equal(f.get_tensor(k), want[k]), f"{how}: safe_open's {k} differs"
+    import mlx.core as mx
+
+    got = mx.load(path)
+    assert sorted(got) == sorted(want), f"{how}: mx.load names {sorted(got)}"
+    for k, v in got.items():
+        assert np.array_equal(np.array(v), want[k]), f"{how}: mx.load's {k} differs"
+
+
+@check("save")
+def save_pretrained_over_a_loaded_model_reads_back_new():
+    from safetensors.numpy import save_file
+
+    # A model downloaded earlier: at the source, loaded (and staged) through the mount.
+    os.makedirs(SAVE_SRC, exist_ok=True)
+    old = saved_tensors(old=True)
+    save_file(old, os.path.join(SAVE_SRC, "model.safetensors"))
+    write(os.path.join(SAVE_SRC, "config.json"), b'{"model_type": "tiny", "hidden_size": 1}')
+    same_tensors(os.path.join(SAVE_MNT, "model.safetensors"), old, "the old model through the mount")
+    # save_pretrained over it, through the mount (hub_client.py's save, in this
+    # process, which has numpy and safetensors loaded already: makedirs,
+    # config.json, the weights under a temp name renamed over the old file).
+    from hub_client import save as save_like_save_pretrained
+
+    started = time.monotonic()
+    said = save_like_save_pretrained(SAVE_MNT)
+    took = round(time.monotonic() - started, 1)
+    new = saved_tensors(old=False)
+    names = sorted(os.listdir(SAVE_MNT))
+    assert names == ["config.json", "model.safetensors"], f"through the mount: {names}"
+    assert sorted(os.listdir(SAVE_SRC)) == names, f"at the source: {sorted(os.listdir(SAVE_SRC))}"
+    for name in names:
+        digest = sha256(os.path.join(SAVE_MNT, name))
+        assert digest == said[name], f"{name} reads back other bytes than save wrote"
+        assert sha256(os.path.join(SAVE_SRC, name)) == digest, f"{name} at the source differs"
+    assert json.load(open(os.path.join(SAVE_MNT, "config.json")))["hidden_size"] == 1024, "the old config"
+    same_tensors(os.path.join(SAVE_MNT, "model.safetensors"), new, "the saved model through the mount")
+    same_tensors(os.path.join(SAVE_SRC, "model.safetensors"), new, "the saved model at the source")
+    return f"saved in {took} s; safe_open and mx.load read the new tensors, through the mount and at the source"
+
+
 # --- hub -----------------------------------------------------------------------------
 
 
@@ -989,6 +1073,221 @@ def once_the_nas_is_mounted_again_it_is_served_again():
         time.sleep(0.5)
     nas_shards_read_right("mounted again")
     return f"served {time.monotonic() - started:.1f} s after it was mounted again"
+
+
+# --- full: a shard larger than the cache may hold (--max-size) ----------------------
+
+FULL = SPEC["full"]
+
+
+def full_files(mnt):
+    """(through mnt, at the source) for the full exports' shard and their small files."""
+    snap = FULL["snapshot"]
+    both = [(os.path.join(mnt, snap, n), os.path.join(FULL["src"], snap, n)) for n in FULL["files"]]
+    shards = [b for b in both if b[0].endswith(".safetensors")]
+    small = [b for b in both if not b[0].endswith(".safetensors")]
+    assert len(shards) == 1 and small, FULL["files"]
+    return shards[0], small
+
+
+def small_files_read_right(mnt, when):
+    _, small = full_files(mnt)
+    for path, src in small:
+        assert read(path) == read(src), f"{when}: {os.path.basename(path)} differs from the source"
+    snap = os.path.join(mnt, FULL["snapshot"])
+    assert sorted(os.listdir(snap)) == sorted(FULL["files"]), f"{when}: the snapshot lists {os.listdir(snap)}"
+    return len(small)
+
+
+@check("full")
+def on_full_read_source_reads_a_shard_too_big_for_the_cache_right():
+    (path, src), _ = full_files(FULL["read_mnt"])
+    size = os.path.getsize(src)
+    assert os.path.getsize(path) == size, (os.path.getsize(path), size)
+    started = time.monotonic()
+    digest = sha256(path)
+    took = round(time.monotonic() - started, 1)
+    assert digest == sha256(src), "the shard read from the source through the server differs"
+    # again, from the start, past the client's page cache: the server reads it again
+    os.sync()
+    write("/proc/sys/vm/drop_caches", b"3")
+    with open(path, "rb") as f:
+        assert os.pread(f.fileno(), 65536, size - 65536) == read(src)[-65536:], "its tail, read again"
+    n = small_files_read_right(FULL["read_mnt"], "read-source")
+    return f"{size / 1e6:.1f} MB shard, cache --max-size {FULL['max_size']}: right in {took} s; {n} small files right"
+
+
+@check("full")
+def on_full_fail_fails_the_read_with_enospc_and_never_gives_wrong_bytes():
+    (path, src), _ = full_files(FULL["fail_mnt"])
+    want = read(src)
+    assert os.path.getsize(path) == len(want), "stat gives the shard's size"
+    got, error = b"", None
+    started = time.monotonic()
+    try:
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                got += chunk
+    except OSError as e:
+        error = e
+    took = round(time.monotonic() - started, 1)
+    assert got == want[:len(got)], f"{len(got)} bytes read before the failure, not the source's"
+    assert error is not None, f"read {len(got)} bytes without an error, from a cache too small for them"
+    code = errno.errorcode.get(error.errno, error.errno)
+    assert error.errno == errno.ENOSPC, f"the read failed with {code}, not ENOSPC: {error}"
+    # What a user sees: cat's message; and again (a second try fails the same).
+    rc, out, _ = sh(["cat", path], 30)
+    assert rc != 0, "cat read it"
+    user_sees = out.strip().splitlines()[-1] if out.strip() else "(cat said nothing)"
+    assert "No space left on device" in user_sees, user_sees
+    n = small_files_read_right(FULL["fail_mnt"], "after the failed read")
+    # and the other export, with its own cache, is untouched by this one's failure
+    (path2, src2), _ = full_files(FULL["read_mnt"])
+    assert sha256(path2) == sha256(src2), "the read-source export afterwards"
+    return f"{code} after {took} s, {len(got)} bytes before it; cat says: {user_sees}; {n} small files right"
+
+
+# --- slow: a copy that takes seconds, and a source slow at every call ----------------
+
+SLOW = SPEC["slow"]
+
+
+def kernel_log():
+    rc, out, _ = sh(["dmesg"], 20)
+    assert rc == 0, f"dmesg: {rc}: {tail(out)}"
+    return out.splitlines()
+
+
+def nfs_complaints(before):
+    """The kernel's NFS complaints ("server ... not responding", ...) logged since
+    `before` (an earlier kernel_log())."""
+    return [
+        line.split("] ", 1)[-1] for line in kernel_log()[len(before):]
+        if "not responding" in line or "nfs:" in line or ("RPC:" in line and "Registered" not in line)
+    ]
+
+
+class CacheWatch:
+    """Watches the server's cache directory (shared with the host) for a copy: when
+    its temp file first shows (the copy began) and when a staged file of `size`
+    bytes shows (the copy ended), on this guest's clock, every 50 ms."""
+
+    def __init__(self, cache, size):
+        self.cache, self.size = cache, size
+        self.began = self.ended = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def names(cache, sub):
+        try:
+            return os.listdir(os.path.join(cache, "v1", sub))
+        except OSError:
+            return []
+
+    def watch(self):
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if self.began is None and self.names(self.cache, "tmp"):
+                self.began = now
+            data = os.path.join(self.cache, "v1", "data")
+            for name in self.names(self.cache, "data"):
+                try:
+                    if os.path.getsize(os.path.join(data, name)) == self.size:
+                        self.ended = now
+                except OSError:
+                    pass
+            if self.ended is not None:
+                return
+            time.sleep(0.05)
+
+
+@check("slow")
+def a_shard_staged_by_a_long_copy_reads_right_after_jukebox_waits():
+    shard = next(n for n in SLOW["files"] if n.endswith(".safetensors"))
+    path = os.path.join(SLOW["mnt"], SLOW["snapshot"], shard)
+    size = os.path.getsize(os.path.join(SLOW["src"], SLOW["snapshot"], shard))
+    staged = [n for n in CacheWatch.names(SLOW["cache"], "data")
+              if os.path.getsize(os.path.join(SLOW["cache"], "v1", "data", n)) == size]
+    assert not staged, f"staged before it was read: {staged}"
+    before = kernel_log()
+    watch = CacheWatch(SLOW["cache"], size)
+    started = time.monotonic()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        first = f.read(1 << 20)
+        first_at = time.monotonic()
+        got = len(first)
+        while first:
+            digest.update(first)
+            first = f.read(1 << 20)
+            got += len(first)
+    done = time.monotonic()
+    watch.stop.set()
+    watch.thread.join(5)
+    # the source's sha256, as the host read it (SPEC), over 9p it would take seconds
+    assert got == size, f"{got} bytes read through the mount, {size} at the source"
+    assert digest.hexdigest() == SLOW["sha256"], "the shard read through the mount differs from the source"
+    complaints = nfs_complaints(before)
+    assert not complaints, f"the kernel complained: {'; '.join(complaints)}"
+    assert watch.began is not None and watch.ended is not None, (
+        f"no copy of {len(want)} bytes seen in {SLOW['cache']} (began {watch.began}, ended {watch.ended})")
+    copy = watch.ended - watch.began
+    # The setup, not the server: a copy this short would not have made a READ wait.
+    assert copy > 5, f"the copy took {copy:.1f} s: too quick to make the client wait on JUKEBOX"
+    return (f"{size / 1e6:.1f} MB at {SLOW['rate']}: copy {copy:.1f} s (began {watch.began - started:.1f} s "
+            f"after the open); first byte {first_at - started:.1f} s after the open, "
+            f"{first_at - watch.ended:+.1f} s after the copy's end; whole file {done - started:.1f} s; no kernel complaint")
+
+
+@check("slow")
+def a_mount_whose_source_answers_every_call_slowly_succeeds_and_reads_right():
+    mnt = SLOW["root_mnt"]
+    signal_host("slow-on")
+    await_host("slow-on", limit=60)
+    try:
+        before = kernel_log()
+        opts = ("vers=3,tcp,port=2049,mountport=2049,rsize=1048576,wsize=1048576,actimeo=1,hard,"
+                f"local_lock=all,mountproto=tcp,addr={SLOW['root_addr']}")
+        rc, out, took = sh(["mount", "-i", "-t", "nfs", "-o", opts, f"{SLOW['root_addr']}:/", mnt], 150)
+        assert rc == 0, f"mount: {rc} after {took} s: {tail(out)}"
+        fields = mounted(mnt)
+        assert fields and fields[2] == "nfs", f"not an NFS mount: {fields}"
+        # A listing and a read side by side (each waits on several NAS calls).
+        got = {}
+
+        def timed(key, fn):
+            started = time.monotonic()
+            try:
+                got[key] = (fn(), round(time.monotonic() - started, 1))
+            except Exception as e:  # noqa: BLE001 - reported below
+                got[key] = (e, round(time.monotonic() - started, 1))
+
+        both = [threading.Thread(target=timed, args=("list", lambda: sorted(os.listdir(mnt))))]
+        both.append(threading.Thread(target=timed, args=("read", lambda: read(os.path.join(mnt, SLOW["small"])))))
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        (listed, list_took), (small, read_took) = got["list"], got["read"]
+        assert listed == sorted(os.listdir(SLOW["src"])), f"lists {listed}, the source {sorted(os.listdir(SLOW['src']))}"
+        assert small == read(os.path.join(SLOW["src"], SLOW["small"])), f"{SLOW['small']}: {small!r}"
+        complaints = nfs_complaints(before)
+        assert not complaints, f"the kernel complained: {'; '.join(complaints)}"
+        # The setup, not the server: the host's own stat on the NAS was slow.
+        host = json.loads(read(os.path.join(SPEC["scratch"], "fault-slow-on-stat")))
+        assert host["stat_s"] >= SLOW["call_delay"] * 0.8, f"the NAS is not slow: a stat took {host['stat_s']:.1f} s"
+    finally:
+        signal_host("slow-off")
+        await_host("slow-off", limit=60)
+        rc, out, _ = sh(["umount", mnt], 30)
+    assert rc == 0, f"umount: {rc}: {tail(out)}"
+    return (f"every NAS call held {SLOW['call_delay']} s (a host stat {host['stat_s']:.1f} s): "
+            f"mounted in {took} s; side by side, listed in {list_took} s, {SLOW['small']} read in {read_took} s")
 
 
 FAULTY = {}

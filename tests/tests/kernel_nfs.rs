@@ -5,20 +5,26 @@
 //! machine's, read-only over 9p, so it runs this workspace's `stagefs` and `.venv`.
 //!
 //! One boot serves every test here (a [`LazyLock`]): the host runs `stagefs serve`
-//! for an HF_HOME and for a folder of plain model folders, and a local Hub
-//! (tests/py/hub_server.py); the guest mounts both exports with `mount -t nfs` (the
+//! for an HF_HOME, for a folder of plain model folders, for an sshfs NAS, twice for
+//! a model whose shard is larger than the cache (`--max-size`, `--on-full fail` and
+//! `read-source`), twice for a slow sshfs NAS, and a local Hub
+//! (tests/py/hub_server.py); the guest mounts the exports with `mount -t nfs` (the
 //! kernel does MOUNT itself, no mount.nfs) through qemu's user network, whose
 //! forwards are `socat` runs that connect from a reserved port, as the server wants
 //! of a Linux client. There tests/py/guest_checks.py runs every check once, in groups
-//! (mount, read, own, doctor, write, hub, mlx, nas, fault; see its docstring), and each
-//! test below asserts that its group passed. The fault group is a dialogue with this
-//! process through files in the scratch directory: the guest asks, the host kills
-//! the server (SIGKILL), restarts it on the same port, kills it again.
+//! (mount, read, own, doctor, write, save, hub, mlx, nas, full, slow, fault; see its
+//! docstring), and each test below asserts that its group passed. The fault, nas and
+//! slow groups are dialogues with this process through files in the scratch
+//! directory: the guest asks, the host kills the server (SIGKILL), restarts it on the
+//! same port, kills it again; cuts, drops and kills the NAS; makes every call to the
+//! slow NAS wait (tests/py/slow_sftp.py) while the guest mounts it. After the run
+//! the host loads the model the save group wrote from the source itself.
 //!
 //! The run includes an `mlx_lm.load` (about 50 s under TCG); `STAGEFS_GUEST_MLX_LM=0`
 //! leaves it out for a quicker run, and its test then fails, saying so;
 //! `STAGEFS_KEEP_GUEST=1` keeps the scratch directory (console.log, dmesg.txt,
-//! checks.log, results.json).
+//! checks.log, results.json); `STAGEFS_GUEST_GROUPS="full slow"` runs only those
+//! groups, while iterating (the other groups' tests then fail: none ran).
 //!
 //! The whole boot is bounded ([`GUEST_LIMIT`]); a missing guest image is a failure
 //! that names `bash scripts/setup-tests.sh`, not a skip.
@@ -32,7 +38,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
+use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, sha256_of};
 use stagefs_tests::{
     Layout, NetFs, Scratch, Served, ShapedSource, generate, stagefs_bin, workspace_root,
 };
@@ -47,7 +53,7 @@ const BIG_DIR: usize = 3000;
 /// Files of the directory the guest lists while adding to it.
 const GROW_DIR: usize = 500;
 /// The guest's whole run, boot to power-off (run-guest.sh's GUEST_TIMEOUT).
-const GUEST_LIMIT: Duration = Duration::from_secs(420);
+const GUEST_LIMIT: Duration = Duration::from_secs(480);
 /// The guest's mount points (in its own /tmp, a tmpfs).
 const HF_MNT: &str = "/tmp/nfs-hf";
 const PLAIN_MNT: &str = "/tmp/nfs-plain";
@@ -57,6 +63,23 @@ const NAS_ID: &str = "acme/on-a-nas";
 const NAS_TIMEOUT: Duration = Duration::from_secs(20);
 /// Programs reading never-staged files from the NAS while its link is cut.
 const NAS_WAITING: usize = 8;
+/// The two exports whose cache is too small for their shard (`--max-size`), one
+/// `--on-full fail`, one `--on-full read-source`.
+const FULL_FAIL_MNT: &str = "/tmp/nfs-full-fail";
+const FULL_READ_MNT: &str = "/tmp/nfs-full-read";
+const FULL_ID: &str = "acme/too-big";
+const FULL_MAX: &str = "1M";
+const FULL_SHARD: &str = "3M";
+/// The export of a slow NAS (sshfs capped at [`SLOW_RATE`]): its shard's copy takes
+/// ~12 s, so the guest's READs wait through JUKEBOX answers.
+const SLOW_MNT: &str = "/tmp/nfs-slow";
+const SLOW_ID: &str = "acme/slow-copy";
+const SLOW_RATE: &str = "8mbit";
+const SLOW_SHARD: &str = "12M";
+/// A second export of the same NAS, mounted by the guest while every sftp call to
+/// the NAS is held [`SLOW_CALL`] (tests/py/slow_sftp.py).
+const SLOW_ROOT_MNT: &str = "/tmp/nfs-slow-root";
+const SLOW_CALL: Duration = Duration::from_secs(5);
 
 /// What the guest's run left.
 struct Run {
@@ -171,6 +194,45 @@ fn boot() -> Result<Run, String> {
         &scratch.join("cache-nas"),
         &["--source-timeout", &format!("{}s", NAS_TIMEOUT.as_secs())],
     )?;
+    // The full group's exports: one model whose shard is larger than the cache may
+    // hold, served twice, each with its own cache and --on-full.
+    let full_src = scratch.join("full-src");
+    let full_model = generate(&full_src, FULL_ID, 1, FULL_SHARD);
+    let full = |mode: &str| {
+        Served::try_start(
+            &full_src,
+            &scratch.join(format!("cache-full-{mode}")),
+            &["--max-size", FULL_MAX, "--min-free", "0", "--on-full", mode],
+        )
+    };
+    let full_fail = full("fail")?;
+    let full_read = full("read-source")?;
+    // The slow group's NAS: a rate-capped sshfs whose sftp server holds every call
+    // for as long as `slow-delay` says (nothing while it is absent).
+    let slow_export = scratch.join("slow-export");
+    let slow_model = generate(&slow_export, SLOW_ID, 1, SLOW_SHARD);
+    fs::write(slow_export.join("hello.txt"), b"hello from a slow NAS\n").expect("write");
+    let slow_delay = scratch.join("slow-delay");
+    let slow_nas = NetFs::up_with(
+        &slow_export,
+        &nas_place.path().join("slow-nas"),
+        SLOW_RATE,
+        &format!(
+            "cache=no,sftp_server={} {}",
+            workspace_root().join("tests/py/slow_sftp.py").display(),
+            slow_delay.display()
+        ),
+    );
+    let slow_served = Served::try_start(&slow_nas.mnt, &scratch.join("cache-slow"), &[])?;
+    // Its source timeout is past what the listing and read take: through sshfs the
+    // slow calls queue, and with the default 30 s one of them (an FSSTAT's statvfs)
+    // timed out and the server took the NAS for away, racing the read of a name it
+    // had not seen.
+    let slow_root_served = Served::try_start(
+        &slow_nas.mnt,
+        &scratch.join("cache-slow-root"),
+        &["--source-timeout", "120s"],
+    )?;
 
     let spec = json!({
         "scratch": scratch,
@@ -207,6 +269,30 @@ fn boot() -> Result<Run, String> {
             "timeout": NAS_TIMEOUT.as_secs(),
             "never": never.shards(),
         },
+        "full": {
+            "fail_mnt": FULL_FAIL_MNT,
+            "read_mnt": FULL_READ_MNT,
+            "src": full_src,
+            "snapshot": full_model.snapshot_rel,
+            "files": full_model.files.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+            "max_size": FULL_MAX,
+        },
+        "slow": {
+            "mnt": SLOW_MNT,
+            "root_mnt": SLOW_ROOT_MNT,
+            "root_addr": "10.0.2.107",
+            "src": slow_export,
+            "cache": scratch.join("cache-slow"),
+            "snapshot": slow_model.snapshot_rel,
+            "files": slow_model.files.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+            // The shard's sha256, of the source read here: over 9p under TCG the
+            // guest would take seconds to read it.
+            "sha256": sha256_of(&slow_export.join(&slow_model.shards()[0])),
+            "small": "hello.txt",
+            "rate": SLOW_RATE,
+            "call_delay": SLOW_CALL.as_secs(),
+        },
+        "save": {"dir": "models/acme/saved"},
     });
     fs::write(
         scratch.join("spec.json"),
@@ -221,6 +307,10 @@ fn boot() -> Result<Run, String> {
         .env("NFS_PORT", port.to_string())
         .env("NFS_PORT2", plain_served.port().to_string())
         .env("NFS_PORT3", nas_served.port().to_string())
+        .env("NFS_PORT4", full_fail.port().to_string())
+        .env("NFS_PORT5", full_read.port().to_string())
+        .env("NFS_PORT6", slow_served.port().to_string())
+        .env("NFS_PORT7", slow_root_served.port().to_string())
         .env("HUB_PORT", &hub_port)
         .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
         .stdin(Stdio::null())
@@ -289,6 +379,19 @@ fn boot() -> Result<Run, String> {
             host_did.push(format!("{:.1} s: {step}", started.elapsed().as_secs_f64()));
             fs::write(&done, answer).expect("answer the guest");
         }
+        for step in ["slow-on", "slow-off"] {
+            let asked = scratch.join(format!("fault-{step}"));
+            let done = scratch.join(format!("fault-{step}-done"));
+            if !asked.exists() || done.exists() {
+                continue;
+            }
+            let answer = slow_step(step, &slow_delay, &slow_nas.mnt);
+            host_did.push(format!(
+                "{:.1} s: {step}: {answer}",
+                started.elapsed().as_secs_f64()
+            ));
+            fs::write(&done, answer).expect("answer the guest");
+        }
         std::thread::sleep(Duration::from_millis(100));
     };
     let mut qemu_err = String::new();
@@ -299,11 +402,36 @@ fn boot() -> Result<Run, String> {
     drop(plain_served);
     drop(nas_served);
     drop(nas);
+    drop(full_fail);
+    drop(full_read);
+    drop(slow_served);
+    drop(slow_root_served);
+    drop(slow_nas);
     drop(hub);
 
     let read = |name: &str| fs::read_to_string(scratch.join(name)).unwrap_or_default();
-    let results: BTreeMap<String, Value> =
+    let mut results: BTreeMap<String, Value> =
         serde_json::from_str(&read("results.json")).unwrap_or_default();
+    // The save group's model, written through the guest's mount: loaded here, on the
+    // host, from the source itself.
+    if results.contains_key("save_pretrained_over_a_loaded_model_reads_back_new") {
+        let saved = plain.root.join("models/acme/saved");
+        let loaded = As::Root.client(HUB_CLIENT, "load-folder", &saved, &[]);
+        let ok = loaded.as_ref().is_ok_and(|v| v["tensors_match"] == true);
+        results.insert(
+            "the_saved_model_loads_on_the_host_from_the_source".to_string(),
+            json!({
+                "group": "save",
+                "ok": ok,
+                "skipped": false,
+                "seconds": 0,
+                "detail": match loaded {
+                    Ok(v) => format!("load-folder {}: {v}", saved.display()),
+                    Err(e) => format!("load-folder {}: {e}", saved.display()),
+                },
+            }),
+        );
+    }
     let ended = format!(
         "run-guest.sh: {}{}; guest.sh exit: {}; host: [{}]",
         status.map_or("killed past the limit".to_string(), |s| s.to_string()),
@@ -364,6 +492,30 @@ fn nas_step(step: &str, nas: &NetFs, export: &Path) -> String {
     step.to_string()
 }
 
+/// What the host does for a step of the slow group: every sftp call to the slow NAS
+/// held [`SLOW_CALL`] from now on ("slow-on"), or no longer. After slow-on a thread
+/// times a stat of a name never asked before on the host's sshfs mount and leaves
+/// it, as JSON, in `fault-slow-on-stat` (the guest checks that the NAS is slow
+/// indeed, without waiting for it first).
+fn slow_step(step: &str, delay_file: &Path, mnt: &Path) -> String {
+    if step != "slow-on" {
+        let _ = fs::remove_file(delay_file);
+        return step.to_string();
+    }
+    fs::write(delay_file, SLOW_CALL.as_secs().to_string()).expect("write the delay");
+    let (mnt, out) = (
+        mnt.to_path_buf(),
+        delay_file.with_file_name("fault-slow-on-stat"),
+    );
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let _ = fs::metadata(mnt.join("never-there"));
+        let took = json!({"stat_s": started.elapsed().as_secs_f64()});
+        let _ = fs::write(out, took.to_string());
+    });
+    step.to_string()
+}
+
 /// `count` small files in `dir`, named `prefix-NNNNN`.
 fn fill_dir(dir: &Path, count: usize, prefix: &str) {
     fs::create_dir_all(dir).expect("mkdir");
@@ -382,21 +534,28 @@ fn guest_script(scratch: &Path) -> String {
     format!(
         r#"set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home LANG=C.UTF-8
-mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT} {NAS_MNT}
+mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT} {NAS_MNT} {FULL_FAIL_MNT} {FULL_READ_MNT} {SLOW_MNT} {SLOW_ROOT_MNT}
 cd /tmp
 opts=vers=3,tcp,port=2049,mountport=2049,rsize=1048576,wsize=1048576,actimeo=1,hard,local_lock=all,mountproto=tcp
-for m in "10.0.2.100 {HF_MNT}" "10.0.2.102 {PLAIN_MNT}" "10.0.2.103 {NAS_MNT}"; do
+for m in "10.0.2.100 {HF_MNT}" "10.0.2.102 {PLAIN_MNT}" "10.0.2.103 {NAS_MNT}" \
+    "10.0.2.104 {FULL_FAIL_MNT}" "10.0.2.105 {FULL_READ_MNT}" "10.0.2.106 {SLOW_MNT}"; do
     set -- $m
     t0=$(date +%s%N)
     timeout -k 5 60 mount -i -t nfs -o "$opts,addr=$1" "$1:/" "$2" || echo "guest: mount $1:/ $2 failed: $?"
     echo "guest: mounted $1:/ at $2 in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 done
-timeout -k 10 {limit} {python} -u {checks} {scratch}/spec.json 2>&1 | tee {scratch}/checks.log
+timeout -k 10 {limit} {python} -u {checks} {scratch}/spec.json {groups} 2>&1 | tee {scratch}/checks.log
 echo "guest: guest_checks.py exited ${{PIPESTATUS[0]}}"
 "#,
         limit = GUEST_LIMIT.as_secs() - 40,
         python = python.display(),
         checks = checks.display(),
+        groups = std::env::var("STAGEFS_GUEST_GROUPS")
+            .unwrap_or_default()
+            .split(|c: char| !c.is_ascii_lowercase())
+            .filter(|g| !g.is_empty())
+            .collect::<Vec<_>>()
+            .join(" "),
     )
 }
 
@@ -500,6 +659,21 @@ fn doctor_with_the_nfs_backend_does_not_require_fuse() {
 #[test]
 fn a_nas_unmounted_underneath_or_killed_keeps_serving_staged_models_over_nfs() {
     assert_group("nas");
+}
+
+#[test]
+fn a_shard_larger_than_the_cache_fails_with_enospc_or_reads_from_the_source() {
+    assert_group("full");
+}
+
+#[test]
+fn a_long_copy_and_a_slow_source_root_are_waited_out_through_jukebox() {
+    assert_group("slow");
+}
+
+#[test]
+fn a_model_saved_over_a_loaded_one_through_the_mount_loads_new() {
+    assert_group("save");
 }
 
 #[test]

@@ -14,8 +14,8 @@
 # forwards, each connection a `socat` run on the host:
 #   10.0.2.100:2049 -> 127.0.0.1:$NFS_PORT  from a reserved port (the server takes
 #                                           Linux clients only from one): `lowport`
-#   10.0.2.102:2049 -> 127.0.0.1:$NFS_PORT2 (a second export), also from a reserved port
-#   10.0.2.103:2049 -> 127.0.0.1:$NFS_PORT3 (a third), also from a reserved port
+#   10.0.2.10N:2049 -> 127.0.0.1:$NFS_PORTN for N in 2..9 (more exports), also from
+#                      a reserved port
 #   10.0.2.101:80   -> 127.0.0.1:$HUB_PORT  (a local Hub)
 # each only when its variable is set.
 # GUEST_TIMEOUT (seconds, default 420) bounds the whole run (the guest itself gives
@@ -49,12 +49,12 @@ net="user,id=n0,restrict=on"
 if [ -n "${NFS_PORT:-}" ]; then
     net+=",guestfwd=tcp:10.0.2.100:2049-cmd:socat STDIO TCP:127.0.0.1:${NFS_PORT},,lowport"
 fi
-if [ -n "${NFS_PORT2:-}" ]; then
-    net+=",guestfwd=tcp:10.0.2.102:2049-cmd:socat STDIO TCP:127.0.0.1:${NFS_PORT2},,lowport"
-fi
-if [ -n "${NFS_PORT3:-}" ]; then
-    net+=",guestfwd=tcp:10.0.2.103:2049-cmd:socat STDIO TCP:127.0.0.1:${NFS_PORT3},,lowport"
-fi
+for n in 2 3 4 5 6 7 8 9; do
+    var="NFS_PORT$n"
+    if [ -n "${!var:-}" ]; then
+        net+=",guestfwd=tcp:10.0.2.10$n:2049-cmd:socat STDIO TCP:127.0.0.1:${!var},,lowport"
+    fi
+done
 if [ -n "${HUB_PORT:-}" ]; then
     net+=",guestfwd=tcp:10.0.2.101:80-cmd:socat STDIO TCP:127.0.0.1:${HUB_PORT}"
 fi
