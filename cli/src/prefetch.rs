@@ -328,7 +328,14 @@ impl View {
             tally(|s| *s == FileState::Staged),
             tally(|s| *s == FileState::AlreadyStaged),
             failed.len(),
-            format_bytes(files.iter().map(|f| f.total).sum())
+            // What is in the cache now: a failed file's bytes are not.
+            format_bytes(
+                files
+                    .iter()
+                    .filter(|f| !matches!(f.state, FileState::Failed { .. }))
+                    .map(|f| f.total)
+                    .sum()
+            )
         );
         if !failed.is_empty() {
             bail!(
