@@ -33,6 +33,11 @@ the source directly. The groups (all by default):
             temp name renamed over the old file), then loaded again by safe_open
             and mx.load, through the mount and at the source (the test loads it
             once more on the host, from the source, after the run)
+    posix   the POSIX body the FUSE tests run too (tests/py/posix_checks.py: hard
+            links and a write through one name read through the other, fifos,
+            sockets, devices made as root), and random writes, truncates, mmap
+            writes and reopens of one file against a model (tests/py/fsx.py),
+            through the plain export
     nas     a third export whose source is an sshfs NAS on the host: the model is
             read once (staged), then the host drops sshfs's connection (sshfs
             exits and unmounts), kills sshfs (ENOTCONN), and mounts it again; each
@@ -77,7 +82,7 @@ import traceback
 
 SPEC = json.load(open(sys.argv[1]))
 GROUPS = sys.argv[2:] or [
-    "mount", "read", "own", "doctor", "write", "save", "hub", "mlx", "nas", "full", "slow", "fault",
+    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "full", "slow", "fault",
 ]
 HF = SPEC["hf"]
 # huggingface_hub reads its environment once, at import: this process is an offline
@@ -127,7 +132,7 @@ CHECKS = []
 # How long one check may take before it counts as hung (a call on a hard NFS mount
 # that never returns): then it fails, naming where the kernel holds it, and the run
 # ends there, since this process can go no further.
-LIMIT = {"hub": 240, "mlx": 300, "slow": 200}
+LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150}
 DEFAULT_LIMIT = 120
 
 
@@ -737,6 +742,30 @@ def save_pretrained_over_a_loaded_model_reads_back_new():
     same_tensors(os.path.join(SAVE_MNT, "model.safetensors"), new, "the saved model through the mount")
     same_tensors(os.path.join(SAVE_SRC, "model.safetensors"), new, "the saved model at the source")
     return f"saved in {took} s; safe_open and mx.load read the new tensors, through the mount and at the source"
+
+
+# --- posix ---------------------------------------------------------------------------
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@check("posix")
+def posix_operations_through_the_kernel_client_as_through_fuse():
+    plain = SPEC["plain"]
+    rc, out, took = sh([sys.executable, os.path.join(HERE, "posix_checks.py"), plain["mnt"], plain["src"]], 120)
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    assert rc == 0 and last.endswith(" passed, 0 failed"), f"posix_checks.py: {rc}: {tail(out, 1500)}"
+    return f"{last} in {took} s"
+
+
+@check("posix")
+def random_operations_on_one_file_match_a_model():
+    path = os.path.join(SPEC["plain"]["mnt"], "fsx.bin")
+    args = [sys.executable, os.path.join(HERE, "fsx.py"), path, "--ops", "600", "--seconds", "40", "--seed", "7"]
+    rc, out, took = sh(args, 90)
+    assert rc == 0 and '"ok": true' in out, f"fsx.py: {rc}: {tail(out, 1500)}"
+    os.unlink(path)
+    return f"{json.loads(out.strip().splitlines()[-1])['ops']} operations in {took} s"
 
 
 # --- hub -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 //! kernel does MOUNT itself, no mount.nfs) through qemu's user network, whose
 //! forwards are `socat` runs that connect from a reserved port, as the server wants
 //! of a Linux client. There tests/py/guest_checks.py runs every check once, in groups
-//! (mount, read, own, doctor, write, save, hub, mlx, nas, full, slow, fault; see its
+//! (mount, read, own, doctor, write, save, posix, hub, mlx, nas, full, slow, fault; see its
 //! docstring), and each test below asserts that its group passed. The fault, nas and
 //! slow groups are dialogues with this process through files in the scratch
 //! directory: the guest asks, the host kills the server (SIGKILL), restarts it on the
@@ -634,6 +634,11 @@ fn shards_read_through_the_kernel_nfs_client_are_the_sources() {
 #[test]
 fn writes_through_the_kernel_nfs_client_are_coherent() {
     assert_group("write");
+}
+
+#[test]
+fn posix_operations_and_random_io_through_the_kernel_nfs_client() {
+    assert_group("posix");
 }
 
 #[test]
