@@ -306,7 +306,7 @@ impl Policy {
         };
         match answer {
             Ok(Err(e)) if e.is_source_away() => {
-                debug!(path = %what.display(), error = %e, "the source is away");
+                debug!(path = %stagefs_source::logged(&what), error = %e, "the source is away");
                 self.source_away(&e);
                 self.probe();
                 recall(self).ok_or(e)
@@ -318,7 +318,7 @@ impl Policy {
                 result
             }
             Err(why) => {
-                debug!(path = %what.display(), %why, "no answer from the source");
+                debug!(path = %stagefs_source::logged(&what), %why, "no answer from the source");
                 self.source_timed_out();
                 recall(self).ok_or_else(|| self.timeout_error(what))
             }
@@ -760,7 +760,7 @@ impl Policy {
             if stager.stored_off_thread(&path, version).await.is_none()
                 && let Err(e) = stager.keep(&path).await
             {
-                debug!(path = %path.display(), error = %e, "keeping a copy of a small file failed");
+                debug!(path = %stagefs_source::logged(&path), error = %e, "keeping a copy of a small file failed");
             }
         });
     }
@@ -772,7 +772,7 @@ impl Policy {
         }
         let staged = self.stager.stored_off_thread(&node.path, version).await?;
         // Only ever called when the source is suspect or timed out.
-        info!(path = %node.path.display(), "the source does not respond; serving the stored copy");
+        info!(path = %stagefs_source::logged(&node.path), "the source does not respond; serving the stored copy");
         Some(staged)
     }
 

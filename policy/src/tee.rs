@@ -166,7 +166,7 @@ impl Tees {
         closed_at: Option<u64>,
     ) {
         let Some(copy) = tee.copy.take() else {
-            debug!(path = %path.display(), "closed without a whole written copy");
+            debug!(path = %stagefs_source::logged(&path), "closed without a whole written copy");
             return;
         };
         if copy.len < self.min_stage_size {
@@ -191,7 +191,7 @@ impl Tees {
             return;
         }
         if !content && !untouched {
-            debug!(path = %path.display(), "changed by another handle too; not staged as written");
+            debug!(path = %stagefs_source::logged(&path), "changed by another handle too; not staged as written");
             return;
         }
         if let Some(generation) = closed_at {

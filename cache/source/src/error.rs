@@ -5,7 +5,7 @@
 //! failure is handed to every caller that waited on that copy.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -147,6 +147,16 @@ pub fn is_away_errno(err: &io::Error) -> bool {
     err.raw_os_error().is_some_and(|e| AWAY_ERRNOS.contains(&e))
 }
 
+/// A path as a log line shows it: control characters (a newline in a file name)
+/// escaped, so that one event stays one line of the log.
+pub fn logged(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    match text.contains(char::is_control) {
+        false => text.into_owned(),
+        true => text.chars().flat_map(char::escape_default).collect(),
+    }
+}
+
 /// A path relative to the source root as messages show it: the root itself is ".",
 /// not an empty string before the colon.
 fn shown(path: PathBuf) -> PathBuf {
@@ -216,6 +226,15 @@ impl SourceError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_logged_path_keeps_one_line() {
+        assert_eq!(
+            logged(Path::new("org/we\nird.safetensors")),
+            "org/we\\nird.safetensors"
+        );
+        assert_eq!(logged(Path::new("org/plain")), "org/plain");
+    }
 
     #[test]
     fn messages_say_the_systems_words_and_name_the_root() {

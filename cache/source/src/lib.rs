@@ -25,7 +25,9 @@ pub mod locks;
 pub mod pool;
 pub mod sys;
 
-pub use error::{SharedIo, SourceError, Unanswered, io_text, is_away_errno, without_os_error};
+pub use error::{
+    SharedIo, SourceError, Unanswered, io_text, is_away_errno, logged, without_os_error,
+};
 pub use pool::{KNOWN_AWAY_WAIT, SUSPECT_AFTER, SourceHealth, SourcePool};
 
 use std::ffi::OsString;

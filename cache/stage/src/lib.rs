@@ -711,11 +711,11 @@ impl Inner {
             &self.metrics.stage_copies
         });
         let started = Instant::now();
-        info!(path = %rel.display(), bytes = stamp.size, "staging");
+        info!(path = %stagefs_source::logged(&rel), bytes = stamp.size, "staging");
         let (tmp, blake3, check) =
             self.copy(rel, stamp, plan, progress, !kept)
                 .inspect_err(|e| {
-                    warn!(path = %rel.display(), error = %e, "staging failed");
+                    warn!(path = %stagefs_source::logged(&rel), error = %e, "staging failed");
                     // Checked before anything was served (a network source): refused
                     // at this version as a local disk's blob is once checked, so that
                     // status and doctor can name it and no open copies it again.
@@ -744,7 +744,7 @@ impl Inner {
         };
         let secs = started.elapsed().as_secs_f64();
         info!(
-            path = %rel.display(),
+            path = %stagefs_source::logged(&rel),
             bytes = stamp.size,
             secs,
             mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),
@@ -872,18 +872,18 @@ impl Inner {
         };
         check.settle(stamp.size, may_run, move |verdict| match verdict {
             Verdict::Matches => {
-                debug!(path = %rel.display(), "checked against the sha256 in its name");
+                debug!(path = %stagefs_source::logged(&rel), "checked against the sha256 in its name");
                 unverified.confirm();
             }
             Verdict::Differs => {
                 lock(&refused)
                     .insert(rel.clone(), stamp);
                 unverified.refute("does not match its name");
-                warn!(path = %rel.display(), "the copied bytes do not match the sha256 in the blob's name (the blob on the source is corrupt, or changed during the copy): the copy was dropped, and the blob is refused until it changes");
+                warn!(path = %stagefs_source::logged(&rel), "the copied bytes do not match the sha256 in the blob's name (the blob on the source is corrupt, or changed during the copy): the copy was dropped, and the blob is refused until it changes");
             }
             Verdict::Unreadable(e) => {
                 unverified.refute("unreadable");
-                warn!(path = %rel.display(), error = %e, "could not read a staged copy back to check it; it will be staged again");
+                warn!(path = %stagefs_source::logged(&rel), error = %e, "could not read a staged copy back to check it; it will be staged again");
             }
         });
     }

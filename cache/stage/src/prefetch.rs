@@ -245,7 +245,7 @@ impl Prefetcher {
         if lock(&self.done).contains(&snapshot) || !lock(&self.active).insert(snapshot.clone()) {
             return;
         }
-        debug!(snapshot = %snapshot.display(), files = files.len(), "prefetching");
+        debug!(snapshot = %stagefs_source::logged(&snapshot), files = files.len(), "prefetching");
         let job = Job::new(self.stager.clone(), files);
         Arc::clone(&job).run(width, false).await;
         let progress = job.progress();
@@ -254,7 +254,7 @@ impl Prefetcher {
             .filter(|f| f.state == FileState::Staged)
             .count();
         if staged > 0 {
-            info!(snapshot = %snapshot.display(), staged, "prefetched");
+            info!(snapshot = %stagefs_source::logged(&snapshot), staged, "prefetched");
         }
         if progress
             .iter()

@@ -238,11 +238,11 @@ fn commit_all(ledger: &Ledger, batch: Vec<Commit>) {
             match result.as_ref().and(dir.as_ref()) {
                 Ok(()) => {
                     if state.index.commit(&commit.key, commit.copy) {
-                        debug!(path = %commit.source.display(), waited_ms = commit.queued.elapsed().as_millis() as u64, "committed");
+                        debug!(path = %stagefs_source::logged(&commit.source), waited_ms = commit.queued.elapsed().as_millis() as u64, "committed");
                     }
                 }
                 Err(e) => {
-                    warn!(path = %commit.source.display(), error = %e, "the cache disk could not sync a staged copy; it will be staged again");
+                    warn!(path = %stagefs_source::logged(&commit.source), error = %e, "the cache disk could not sync a staged copy; it will be staged again");
                     evicted.extend(ledger.evict_copy_locked(
                         &mut state,
                         &commit.key,

@@ -368,7 +368,7 @@ impl Store {
         let (file, rehashed) = match self.check_copy(&path, key, &entry) {
             Ok(checked) => checked,
             Err(reason) => {
-                warn!(path = %entry.source.display(), copy = %path.display(), reason, "dropping a damaged staged copy; it will be staged again");
+                warn!(path = %stagefs_source::logged(&entry.source), copy = %stagefs_source::logged(&path), reason, "dropping a damaged staged copy; it will be staged again");
                 drop(pin);
                 self.remove_checked(key, &entry);
                 return None;
@@ -381,7 +381,7 @@ impl Store {
         if rehashed.is_some()
             && let Err(e) = file.sync_data().and_then(|()| self.ledger.sync_data_dir())
         {
-            warn!(path = %entry.source.display(), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
+            warn!(path = %stagefs_source::logged(&entry.source), error = %e, "dropping a staged copy the disk could not sync; it will be staged again");
             drop(pin);
             self.remove_checked(key, &entry);
             return None;
@@ -397,7 +397,7 @@ impl Store {
         // re-hash that cost far more); recency alone need not, and does not.
         let identity = rehashed.is_some();
         if self.ledger.write_journal(identity, identity).is_err() {
-            warn!(path = %entry.source.display(), "could not record a re-hashed copy");
+            warn!(path = %stagefs_source::logged(&entry.source), "could not record a re-hashed copy");
         }
         Some(OpenCopy {
             entry,
@@ -762,7 +762,7 @@ impl Store {
         // Written at once but not synced: after a kill -9 the restart finds the copy
         // and re-hashes it rather than copying it again.
         if let Err(e) = self.ledger.write_journal(false, false) {
-            warn!(path = %entry.source.display(), error = %e, "could not journal a new copy yet");
+            warn!(path = %stagefs_source::logged(&entry.source), error = %e, "could not journal a new copy yet");
         }
         drop(reservation);
         let unverified = Unverified {
@@ -968,7 +968,7 @@ impl Ledger {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => {
                 // Left in place: startup removes data files the index does not name.
-                warn!(path = %data.display(), error = %e, "could not move an evicted copy aside");
+                warn!(path = %stagefs_source::logged(&data), error = %e, "could not move an evicted copy aside");
                 None
             }
         };
@@ -976,7 +976,7 @@ impl Ledger {
         if moved.is_some() {
             state.unlinking += bytes;
         }
-        info!(path = %entry.source.display(), bytes, why, "evicted");
+        info!(path = %stagefs_source::logged(&entry.source), bytes, why, "evicted");
         Some(Evicted { path: moved, bytes })
     }
 
@@ -1111,7 +1111,7 @@ fn reconcile(index: &mut Index, data_dir: &Path) -> Result<(), StoreError> {
             .and_then(Key::parse)
             .is_some_and(|k| index.get(&k).is_some());
         if !named {
-            warn!(path = %path.display(), "removing a copy the index does not name");
+            warn!(path = %stagefs_source::logged(&path), "removing a copy the index does not name");
             remove_if_present(&path)?;
         }
     }
