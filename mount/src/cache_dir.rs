@@ -91,7 +91,11 @@ impl CacheDirError {
 
 /// Whether no mount listens on the socket (none, or one left by a dead daemon).
 fn no_mount(e: &io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)
+    // NotADirectory: the "cache directory" named is a file, so no mount serves from it.
+    matches!(
+        e.kind(),
+        ErrorKind::NotFound | ErrorKind::ConnectionRefused | ErrorKind::NotADirectory
+    )
 }
 
 /// Sends `request` to the mount serving from `dir`, or answers it from `dir`

@@ -92,6 +92,12 @@ impl MountSpec {
     /// it can be written.
     pub fn create_cache_dir(&self) -> Result<(), MountError> {
         let dir = &self.cache_dir;
+        if fs::metadata(dir).is_ok_and(|meta| !meta.is_dir()) {
+            return Err(MountError::NotADirectory {
+                what: "cache directory",
+                path: dir.clone(),
+            });
+        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)

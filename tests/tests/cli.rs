@@ -121,6 +121,14 @@ fn bad_input_is_refused_with_one_clear_line() {
             "not a duration",
         ),
         (vec![&"unmount", mnt], "not a mount point"),
+        (
+            vec![&"mount", hub, mnt, &"--cache-dir", &file],
+            "a-file is not a directory",
+        ),
+        (
+            vec![&"status", &"--cache-dir", &file],
+            "is not a stagefs cache directory; name the cache directory of a mount with --cache-dir",
+        ),
     ];
     for (args, expected) in cases {
         let (ok, _, err) = run_stagefs(&args);
