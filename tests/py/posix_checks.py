@@ -5,9 +5,14 @@
 One body for every backend: a FUSE mount, or an NFS export mounted by a kernel
 client. MOUNT mirrors SOURCE (a writable mount); every check works in a fresh
 directory of its own under MOUNT and compares what the mount shows with what the
-source holds. Groups, by operation: link (hard links, and what a write through one
-name shows through the other), fifo, socket, mknod (devices: root makes them, an
-ordinary user is refused with EPERM and nothing is left). Prints a PASS or FAIL line
+source holds. Groups, by operation: create (write and read back, O_EXCL,
+O_APPEND, sparse writes, a staged file overwritten in place as save_pretrained does,
+two writers on one file), mmap (writes and msync), truncate (down and up), rename
+(over a file a reader holds, an unlink while open, a directory), symlink, attrs
+(chmod, chown as root, utimensat with exact times, UTIME_NOW and UTIME_OMIT), link
+(hard links, and what a write through one name shows through the other), fifo,
+socket, mknod (devices: root makes them, an ordinary user is refused with EPERM and
+nothing is left). Prints a PASS or FAIL line
 per check and a closing "N passed, M failed" line; exits 1 if any failed.
 
 --settle: how long a change made through one name may take to be read through
@@ -18,12 +23,15 @@ options), as it does after a change at the source; meanwhile only the old bytes
 may be read, never a mix.
 """
 
+import ctypes
 import errno
+import mmap
 import os
 import socket
 import stat
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -97,6 +105,214 @@ def umasked(mode):
     mask = os.umask(0)
     os.umask(mask)
     return mode & ~mask
+
+
+# ------------------------------------------------------------------ create, write, read
+
+
+def created_file_reads_back_and_lands_on_the_source(mnt, src):
+    data = os.urandom(3 * MIB + 17)
+    write(os.path.join(mnt, "f"), data)
+    expect("through the mount", read(os.path.join(mnt, "f")), data)
+    expect("on the source", read(os.path.join(src, "f")), data)
+
+
+def o_excl_creates_once(mnt, src):
+    path = os.path.join(mnt, "x")
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    expect_errno("a second O_EXCL create", errno.EEXIST,
+                 lambda: os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    expect("its mode on the source", stat.S_IMODE(os.stat(os.path.join(src, "x")).st_mode), umasked(0o600))
+
+
+def o_append_writes_at_the_end(mnt, src):
+    path = os.path.join(mnt, "log")
+    write(path, b"one\n")
+    with open(path, "r+b") as other:
+        other.seek(0, os.SEEK_END)
+        other.write(b"two\n")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"three\n")
+    os.close(fd)
+    expect("through the mount", read(path), b"one\ntwo\nthree\n")
+    expect("on the source", read(os.path.join(src, "log")), b"one\ntwo\nthree\n")
+
+
+def sparse_writes_read_zeros_between(mnt, src):
+    path = os.path.join(mnt, "sparse")
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    os.pwrite(fd, b"end", 3 * MIB)
+    os.pwrite(fd, b"start", 0)
+    os.close(fd)
+    want = b"start" + bytes(3 * MIB - 5) + b"end"
+    expect("through the mount", read(path), want)
+    expect("on the source", read(os.path.join(src, "sparse")), want)
+
+
+def a_staged_file_overwritten_in_place_reads_new(mnt, src):
+    # save_pretrained over the folder a model was loaded from: O_TRUNC on a staged file.
+    path = os.path.join(mnt, "model.safetensors")
+    old, new = os.urandom(2 * MIB), os.urandom(2 * MIB + 3)
+    write(path, old)
+    expect("staged by a read", read(path), old)
+    write(path, new)
+    eventually("after the overwrite", lambda: read(path), old, new)
+    expect("on the source", read(os.path.join(src, "model.safetensors")), new)
+
+
+def concurrent_writers_on_one_file_both_land(mnt, src):
+    path = os.path.join(mnt, "shared")
+    write(path, bytes(2 * MIB))
+    a, b = os.urandom(MIB), os.urandom(MIB)
+
+    def writer(data, offset):
+        fd = os.open(path, os.O_WRONLY)
+        for at in range(0, len(data), 64 << 10):
+            os.pwrite(fd, data[at : at + (64 << 10)], offset + at)
+        os.close(fd)
+
+    threads = [threading.Thread(target=writer, args=(a, 0)), threading.Thread(target=writer, args=(b, MIB))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expect("through the mount", read(path), a + b)
+    expect("on the source", read(os.path.join(src, "shared")), a + b)
+
+
+# ------------------------------------------------------------------ mmap
+
+
+def mmap_writes_and_msync_reach_the_source(mnt, src):
+    path = os.path.join(mnt, "mapped")
+    write(path, bytes(2 * MIB))
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 2 * MIB) as m:
+        m[MIB : MIB + 6] = b"mapped"
+        m.flush()
+    want = bytes(MIB) + b"mapped" + bytes(MIB - 6)
+    expect("on the source after msync", read(os.path.join(src, "mapped")), want)
+    expect("through the mount", read(path), want)
+
+
+# ------------------------------------------------------------------ truncate
+
+
+def truncate_down_and_up(mnt, src):
+    path = os.path.join(mnt, "t")
+    data = os.urandom(2 * MIB)
+    write(path, data)
+    os.truncate(path, MIB)
+    expect("down, on the source", os.stat(os.path.join(src, "t")).st_size, MIB)
+    os.truncate(path, 3 * MIB)
+    want = data[:MIB] + bytes(2 * MIB)
+    expect("up: zeros after the old end", read(path), want)
+    expect("on the source", read(os.path.join(src, "t")), want)
+
+
+# ------------------------------------------------------------------ rename, unlink
+
+
+def rename_over_while_a_reader_holds_the_old(mnt, src):
+    old, new = os.urandom(2 * MIB), os.urandom(2 * MIB)
+    write(os.path.join(mnt, "target"), old)
+    write(os.path.join(mnt, "incoming"), new)
+    with open(os.path.join(mnt, "target"), "rb") as reader:
+        first = reader.read(MIB)
+        os.rename(os.path.join(mnt, "incoming"), os.path.join(mnt, "target"))
+        rest = reader.read()
+    expect("the reader keeps the old file", first + rest, old)
+    expect("the name reads the new", read(os.path.join(mnt, "target")), new)
+    expect("on the source", read(os.path.join(src, "target")), new)
+    expect("the old name is gone", os.path.exists(os.path.join(src, "incoming")), False)
+
+
+def unlink_while_open_keeps_the_reader(mnt, src):
+    data = os.urandom(2 * MIB)
+    path = os.path.join(mnt, "doomed")
+    write(path, data)
+    with open(path, "rb") as reader:
+        first = reader.read(MIB)
+        os.unlink(path)
+        expect("gone through the mount", os.path.exists(path), False)
+        rest = reader.read()
+    expect("the reader keeps its bytes", first + rest, data)
+    expect("gone on the source", os.path.exists(os.path.join(src, "doomed")), False)
+
+
+def a_directory_renames_with_its_files(mnt, src):
+    os.makedirs(os.path.join(mnt, "d1", "sub"))
+    write(os.path.join(mnt, "d1", "sub", "f"), b"inside")
+    os.rename(os.path.join(mnt, "d1"), os.path.join(mnt, "d2"))
+    expect("through the new name", read(os.path.join(mnt, "d2", "sub", "f")), b"inside")
+    expect("on the source", read(os.path.join(src, "d2", "sub", "f")), b"inside")
+    expect_errno("rmdir of a full directory", errno.ENOTEMPTY, lambda: os.rmdir(os.path.join(mnt, "d2")))
+
+
+# ------------------------------------------------------------------ symlink
+
+
+def symlink_is_made_verbatim(mnt, src):
+    os.symlink("../somewhere/else", os.path.join(mnt, "s"))
+    expect("readlink through the mount", os.readlink(os.path.join(mnt, "s")), "../somewhere/else")
+    expect("on the source", os.readlink(os.path.join(src, "s")), "../somewhere/else")
+    expect("a link", stat.S_ISLNK(os.lstat(os.path.join(mnt, "s")).st_mode), True)
+
+
+# ------------------------------------------------------------------ chmod, chown, utimes
+
+
+def chmod_sets_exactly_the_mode(mnt, src):
+    write(os.path.join(mnt, "m"), b"x")
+    for mode in (0o600, 0o751, 0o4755 if os.geteuid() == 0 else 0o755):
+        os.chmod(os.path.join(mnt, "m"), mode)
+        expect(f"chmod {mode:o} on the source", stat.S_IMODE(os.stat(os.path.join(src, "m")).st_mode), mode)
+
+
+def chown_as_root_and_refused_otherwise(mnt, src):
+    write(os.path.join(mnt, "o"), b"x")
+    if os.geteuid() != 0:
+        expect_errno("chown to another user", errno.EPERM, lambda: os.chown(os.path.join(mnt, "o"), 65534, -1))
+        return
+    os.chown(os.path.join(mnt, "o"), 65534, 65533)
+    meta = os.stat(os.path.join(src, "o"))
+    expect("owner on the source", (meta.st_uid, meta.st_gid), (65534, 65533))
+
+
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+
+
+def utimensat(path, atime, mtime):
+    """utimensat(2) with each time as (seconds, nanoseconds), UTIME_NOW or UTIME_OMIT."""
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    def spec(t):
+        return Timespec(0, t) if isinstance(t, int) else Timespec(*t)
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    times = (Timespec * 2)(spec(atime), spec(mtime))
+    if libc.utimensat(-100, os.fsencode(path), times, 0) != 0:  # AT_FDCWD
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+
+
+def utimes_now_omit_and_exact(mnt, src):
+    path, on_src = os.path.join(mnt, "u"), os.path.join(src, "u")
+    write(path, b"x")
+    utimensat(path, (1_000_000_000, 5), (1_100_000_000, 7))
+    meta = os.stat(on_src)
+    expect("exact times on the source", (meta.st_atime_ns, meta.st_mtime_ns), (1_000_000_000_000_000_005, 1_100_000_000_000_000_007))
+    utimensat(path, UTIME_OMIT, (1_200_000_000, 0))
+    meta = os.stat(on_src)
+    expect("UTIME_OMIT keeps the atime", meta.st_atime_ns, 1_000_000_000_000_000_005)
+    expect("the new mtime", meta.st_mtime_ns, 1_200_000_000_000_000_000)
+    before = time.time_ns()
+    utimensat(path, UTIME_NOW, UTIME_OMIT)
+    meta = os.stat(on_src)
+    expect("UTIME_NOW sets the atime to now", meta.st_atime_ns >= before - 2_000_000_000, True)
+    expect("UTIME_OMIT keeps the mtime", meta.st_mtime_ns, 1_200_000_000_000_000_000)
 
 
 # ------------------------------------------------------------------ link
@@ -201,6 +417,23 @@ def devices_are_made_by_root_only(mnt, src):
 
 
 GROUPS = {
+    "create": [
+        created_file_reads_back_and_lands_on_the_source,
+        o_excl_creates_once,
+        o_append_writes_at_the_end,
+        sparse_writes_read_zeros_between,
+        a_staged_file_overwritten_in_place_reads_new,
+        concurrent_writers_on_one_file_both_land,
+    ],
+    "mmap": [mmap_writes_and_msync_reach_the_source],
+    "truncate": [truncate_down_and_up],
+    "rename": [
+        rename_over_while_a_reader_holds_the_old,
+        unlink_while_open_keeps_the_reader,
+        a_directory_renames_with_its_files,
+    ],
+    "symlink": [symlink_is_made_verbatim],
+    "attrs": [chmod_sets_exactly_the_mode, chown_as_root_and_refused_otherwise, utimes_now_omit_and_exact],
     "link": [
         link_names_one_file,
         write_through_one_link_reads_through_the_other,

@@ -1,6 +1,9 @@
-//! POSIX operations through a writable FUSE mount, grouped by operation, each
-//! checked on the mount and on the source: tests/py/posix_checks.py is the one body,
-//! which the NFS backend's kernel-client guest can run as well. As root (who makes
+//! POSIX operations through a writable FUSE mount, grouped by operation (create,
+//! O_EXCL, O_APPEND, sparse and concurrent writes, an overwrite in place, mmap and
+//! msync, truncate, rename over a held file, unlink while open, symlinks, chmod,
+//! chown, utimensat, hard links, fifos, sockets, devices), each checked on the mount
+//! and on the source: tests/py/posix_checks.py is the one body, which the NFS
+//! backend's kernel-client guest runs too (tests/py/guest_checks.py, posix group). As root (who makes
 //! devices) and as an ordinary user through fusermount3 (who is refused them). And
 //! random operations on one file against a model (tests/py/fsx.py), on every read
 //! path: root's kernel passthrough, root without it, an ordinary user.
@@ -11,7 +14,7 @@ use std::process::{Command, Output};
 use stagefs_tests::{Mount, Scratch, python, workspace_root};
 
 /// The checks the body runs when given no group.
-const CHECKS: usize = 7;
+const CHECKS: usize = 22;
 
 fn posix_checks(mut python: Command, mount: &Mount, source: &Path) -> Output {
     python
@@ -33,14 +36,14 @@ fn all_passed(out: &Output) {
 }
 
 #[test]
-fn links_fifos_sockets_and_devices_as_root() {
+fn every_operation_reaches_the_source_as_root_who_makes_devices() {
     let s = Scratch::new();
     let mount = s.mount(&[]);
     all_passed(&posix_checks(Command::new(python()), &mount, &s.hub));
 }
 
 #[test]
-fn links_fifos_and_sockets_as_an_ordinary_user_who_is_refused_devices() {
+fn every_operation_reaches_the_source_as_an_ordinary_user_refused_devices() {
     let s = Scratch::for_user();
     let user = s.user();
     // The mount is writable where its user can write the source.
