@@ -711,11 +711,11 @@ impl Inner {
             &self.metrics.stage_copies
         });
         let started = Instant::now();
-        info!(path = %stagefs_source::logged(&rel), bytes = stamp.size, "staging");
+        info!(path = %stagefs_source::logged(rel), bytes = stamp.size, "staging");
         let (tmp, blake3, check) =
             self.copy(rel, stamp, plan, progress, !kept)
                 .inspect_err(|e| {
-                    warn!(path = %stagefs_source::logged(&rel), error = %e, "staging failed");
+                    warn!(path = %stagefs_source::logged(rel), error = %e, "staging failed");
                     // Checked before anything was served (a network source): refused
                     // at this version as a local disk's blob is once checked, so that
                     // status and doctor can name it and no open copies it again.
@@ -744,7 +744,7 @@ impl Inner {
         };
         let secs = started.elapsed().as_secs_f64();
         info!(
-            path = %stagefs_source::logged(&rel),
+            path = %stagefs_source::logged(rel),
             bytes = stamp.size,
             secs,
             mib_per_s = stamp.size as f64 / (1 << 20) as f64 / secs.max(1e-9),

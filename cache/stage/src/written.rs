@@ -177,7 +177,7 @@ impl Inner {
         };
         let hit = self.store.commit(key, copy.tmp, entry, reservation)?;
         committed();
-        info!(path = %stagefs_source::logged(&rel), bytes = stamp.size, "staged as written");
+        info!(path = %stagefs_source::logged(rel), bytes = stamp.size, "staged as written");
         Ok(staged(hit, stamp, false))
     }
 }

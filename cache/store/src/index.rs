@@ -352,7 +352,7 @@ fn replay(path: &Path) -> io::Result<std::collections::HashMap<Key, Entry>> {
         match serde_json::from_str::<Record>(&line) {
             Ok(record) => apply(&mut entries, record, path)?,
             Err(e) => {
-                warn!(path = %stagefs_source::logged(&path), line = number + 1, error = %e, "skipping an unreadable index line")
+                warn!(path = %stagefs_source::logged(path), line = number + 1, error = %e, "skipping an unreadable index line")
             }
         }
     }
