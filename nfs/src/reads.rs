@@ -365,11 +365,26 @@ impl Reads {
         });
     }
 
-    /// Forgets the open of `ino` (its version is stale): the next READ opens anew.
+    /// Forgets the open of `ino` (its version is stale), and those of the other names
+    /// of the same file, hard links: the next READ of any of them opens anew.
     pub fn forget(&self, policy: &Policy, ino: u64) {
-        let removed = self.lock().remove(&ino);
-        if let Some(Slot::Open { open, .. }) = removed {
-            policy.release(open.fh);
+        // The other names of a hard-linked file read the same bytes on the source:
+        // their open copies are of the version before the change too.
+        let linked = policy.source_inode(ino);
+        let same_file = |other: u64| {
+            other == ino || linked.is_some_and(|s| policy.source_inode(other) == Some(s))
+        };
+        let mut released = Vec::new();
+        self.lock().retain(|&other, slot| match slot {
+            Slot::Open { open, .. } if same_file(other) => {
+                released.push(open.fh);
+                false
+            }
+            Slot::Opening(_) if other == ino => false,
+            _ => true,
+        });
+        for fh in released {
+            policy.release(fh);
         }
     }
 

@@ -1344,7 +1344,7 @@ async fn a_hard_link_and_a_fifo_are_made_on_the_source() {
     let root = client.root_nfs_fh3();
     let file = lookup(&mut client, "config.json").await.expect("lookup");
     let link = LINK3args {
-        file,
+        file: file.clone(),
         link: dirop(&root, "hard"),
     };
     match client.nfs3_client.link(&link).await.expect("LINK RPC") {
@@ -1365,6 +1365,39 @@ async fn a_hard_link_and_a_fifo_are_made_on_the_source() {
     let want = fs::read(f.src.join("config.json")).expect("read");
     let (got, _) = read(&mut client, &hard, 0, 1 << 16).await.expect("READ");
     assert_eq!(got, want, "the file's bytes through its new name");
+    // A staged file: a WRITE through its first name is read through the second,
+    // whose copy the front holds open, never the old version's bytes.
+    let weights = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let hard_link_of_weights = LINK3args {
+        file: weights.clone(),
+        link: dirop(&root, "weights-too.bin"),
+    };
+    let linked = client
+        .nfs3_client
+        .link(&hard_link_of_weights)
+        .await
+        .expect("LINK RPC");
+    assert!(matches!(linked, Nfs3Result::Ok(_)), "LINK of a staged file");
+    let too = lookup(&mut client, "weights-too.bin")
+        .await
+        .expect("lookup");
+    let old = f.source_bytes("weights.bin");
+    let (got, _) = read_waiting(&mut client, &too, 0, 4096, PATIENT)
+        .await
+        .expect("READ");
+    assert!(
+        got == old[..4096],
+        "the staged file through its second name"
+    );
+    let new = bytes(4096, 9);
+    write(&mut client, &weights, 0, &new).await.expect("WRITE");
+    let (got, _) = read_waiting(&mut client, &too, 0, 4096, PATIENT)
+        .await
+        .expect("READ");
+    assert!(
+        got == new,
+        "the second name reads the write through the first"
+    );
     match client.nfs3_client.link(&link).await.expect("LINK RPC") {
         Nfs3Result::Err((stat, _)) => assert_eq!(stat, nfsstat3::NFS3ERR_EXIST),
         Nfs3Result::Ok(_) => panic!("LINK over an existing name"),

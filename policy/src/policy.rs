@@ -216,6 +216,14 @@ impl Policy {
         self.inodes.get(ino).ok_or(FsError::UnknownInode(ino))
     }
 
+    /// The source's inode number of the file version `ino` stands for, if known:
+    /// two names of one hard-linked file share it, so that a change through one
+    /// can let go of what is held for the other (the NFS server's open copies).
+    pub fn source_inode(&self, ino: u64) -> Option<u64> {
+        let stamp = self.inodes.get(ino)?.stamp?;
+        (stamp.ino != 0).then_some(stamp.ino)
+    }
+
     fn timeout_error(&self, path: &Path) -> FsError {
         FsError::SourceTimeout {
             path: path.to_path_buf(),
@@ -306,7 +314,7 @@ impl Policy {
         };
         match answer {
             Ok(Err(e)) if e.is_source_away() => {
-                debug!(path = %stagefs_source::logged(&what), error = %e, "the source is away");
+                debug!(path = %stagefs_source::logged(what), error = %e, "the source is away");
                 self.source_away(&e);
                 self.probe();
                 recall(self).ok_or(e)
@@ -318,7 +326,7 @@ impl Policy {
                 result
             }
             Err(why) => {
-                debug!(path = %stagefs_source::logged(&what), %why, "no answer from the source");
+                debug!(path = %stagefs_source::logged(what), %why, "no answer from the source");
                 self.source_timed_out();
                 recall(self).ok_or_else(|| self.timeout_error(what))
             }
