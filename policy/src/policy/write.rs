@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stagefs_source::{
-    CreateFile, SetTime, SourceError, SourceMeta, Stamp, WritableFile, WriteOpen,
+    CreateFile, SetTime, SourceError, SourceMeta, SourceTree, Stamp, WritableFile, WriteOpen,
 };
 
 use super::Policy;
@@ -523,17 +523,8 @@ impl Policy {
         caller: Caller,
     ) -> Result<Attr, FsError> {
         let path = self.child(parent, name)?;
-        let work_path = path.clone();
-        self.change(&path, move |p| {
-            let source = p.stager.source();
-            source.mkdir(&work_path, mode)?;
-            if let Some((uid, gid)) = Self::owner_for(caller) {
-                source.set_owner(&work_path, Some(uid), Some(gid))?;
-            }
-            let meta = source.stat(&work_path)?;
-            Ok(p.new_entry(&work_path, &meta))
-        })
-        .await
+        self.make_entry(path, caller, move |source, path| source.mkdir(path, mode))
+            .await
     }
 
     /// Removes empty directory `name` from `parent`.
@@ -557,15 +548,9 @@ impl Policy {
         caller: Caller,
     ) -> Result<Attr, FsError> {
         let path = self.child(parent, name)?;
-        let (work_path, target) = (path.clone(), target.to_path_buf());
-        self.change(&path, move |p| {
-            let source = p.stager.source();
-            source.symlink(&target, &work_path)?;
-            if let Some((uid, gid)) = Self::owner_for(caller) {
-                source.set_owner(&work_path, Some(uid), Some(gid))?;
-            }
-            let meta = source.stat(&work_path)?;
-            Ok(p.new_entry(&work_path, &meta))
+        let target = target.to_path_buf();
+        self.make_entry(path, caller, move |source, path| {
+            source.symlink(&target, path)
         })
         .await
     }
@@ -606,10 +591,24 @@ impl Policy {
         caller: Caller,
     ) -> Result<Attr, FsError> {
         let path = self.child(parent, name)?;
+        self.make_entry(path, caller, move |source, path| {
+            source.mknod(path, mode, rdev)
+        })
+        .await
+    }
+
+    /// Makes new entry `path` on the source with `make`, gives it to `caller` where
+    /// the daemon is root, and returns its attributes.
+    async fn make_entry(
+        self: &Arc<Self>,
+        path: PathBuf,
+        caller: Caller,
+        make: impl FnOnce(&SourceTree, &Path) -> Result<(), SourceError> + Send + 'static,
+    ) -> Result<Attr, FsError> {
         let work_path = path.clone();
         self.change(&path, move |p| {
             let source = p.stager.source();
-            source.mknod(&work_path, mode, rdev)?;
+            make(source, &work_path)?;
             if let Some((uid, gid)) = Self::owner_for(caller) {
                 source.set_owner(&work_path, Some(uid), Some(gid))?;
             }
