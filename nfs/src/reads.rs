@@ -27,6 +27,7 @@ use stagefs_policy::{FsError, Policy};
 use stagefs_source::locks::lock;
 use stagefs_stage::{StageError, StoreError};
 use tokio::sync::watch;
+use tracing::debug;
 
 use crate::jukebox::{self, Backoff, CopyEnd, CopyPace, MAX_HOLD};
 use crate::status::nfsstat_logged;
@@ -130,6 +131,14 @@ impl Reads {
             let held = arrived.elapsed();
             let end = self.copy_end(policy, call.ino);
             if !jukebox::keep_holding(held, end, tries, &clients) {
+                debug!(
+                    ino = call.ino,
+                    tries,
+                    ?held,
+                    ?end,
+                    ?clients,
+                    "READ answered JUKEBOX"
+                );
                 self.answered_jukebox(call, tries);
                 return Err(nfsstat3::NFS3ERR_JUKEBOX);
             }
