@@ -83,27 +83,38 @@ pub enum CopyEnd {
 
 /// How a copy has moved, from looks at its progress: what [`CopyEnd`] a READ
 /// waiting for it goes by. A source may answer in steps (parallel reads landing
-/// together), so a rate is taken between the instants the copy was seen to move, and
-/// the time left counted from the last of them: exact at a step and between steps
-/// alike.
+/// together, seen over a look or two), so its moves are taken in steps: those seen
+/// within [`STEP_SPAN`] of a step's first belong to it. The rate counts the bytes
+/// of the whole steps between the first step's start and the latest one's, over
+/// the time between them, and the time left is counted from the last move: exact at
+/// a step and between steps alike, where a rate averaged up to now is low by up to
+/// a step, and one from a step's first landing on counts the rest of it as read in
+/// no time.
 #[derive(Debug, Clone, Copy)]
 pub struct CopyPace {
     /// When the copy was first looked at, and at how many bytes read.
     started: (Instant, u64),
-    /// When it was first seen moving, and at how many bytes read.
-    origin: Option<(Instant, u64)>,
+    /// When the first step began, and the bytes read before it.
+    first_step: Option<(Instant, u64)>,
+    /// When the latest step began, and the bytes read before it.
+    step: Option<(Instant, u64)>,
     /// When it was last seen moving, and at how many bytes read.
     last: Option<(Instant, u64)>,
     /// Bytes to copy.
     total: u64,
 }
 
+/// How long after a step's first move a move still belongs to it: the reads of a
+/// step land within a look or two of each other, even on a busy machine.
+const STEP_SPAN: Duration = Duration::from_millis(300);
+
 impl CopyPace {
     /// A copy first looked at `now`, having read `read` of `total` bytes.
     pub fn new(now: Instant, read: u64, total: u64) -> CopyPace {
         CopyPace {
             started: (now, read),
-            origin: None,
+            first_step: None,
+            step: None,
             last: None,
             total,
         }
@@ -117,33 +128,43 @@ impl CopyPace {
     /// Notes a look at `now` that found `read` of `total` bytes read.
     pub fn look(&mut self, now: Instant, read: u64, total: u64) {
         self.total = total;
-        if read > self.seen() {
-            self.origin.get_or_insert((now, read));
-            self.last = Some((now, read));
+        let before = self.seen();
+        if read <= before {
+            return;
         }
+        let in_step = self
+            .step
+            .is_some_and(|(at, _)| now.saturating_duration_since(at) <= STEP_SPAN);
+        if !in_step {
+            self.step = Some((now, before));
+            self.first_step.get_or_insert((now, before));
+        }
+        self.last = Some((now, read));
     }
 
     /// When the copy is expected to end, as seen at `now`.
     pub fn end(&self, now: Instant) -> CopyEnd {
-        let after = |(at, read): (Instant, u64), (from_at, from): (Instant, u64)| {
-            let span = at.saturating_duration_since(from_at).as_secs_f64();
-            let rate = read.saturating_sub(from) as f64 / span.max(1e-3);
+        let left = |(at, read): (Instant, u64), rate: f64| {
             let to_read = self.total.saturating_sub(read) as f64;
             let end = at + Duration::from_secs_f64(to_read / rate.max(1.0));
             end.saturating_duration_since(now)
         };
-        if let (Some(origin), Some(last)) = (self.origin, self.last)
-            && now.saturating_duration_since(origin.0) >= RATE_AFTER
-            && last.1 > origin.1
+        let rate = |(at, read): (Instant, u64), (from_at, from): (Instant, u64)| {
+            let span = at.saturating_duration_since(from_at).as_secs_f64();
+            read.saturating_sub(from) as f64 / span.max(1e-3)
+        };
+        if let (Some(first), Some(step), Some(last)) = (self.first_step, self.step, self.last)
+            && now.saturating_duration_since(first.0) >= RATE_AFTER
+            && step.1 > first.1
         {
-            return CopyEnd::Expected(after(last, origin));
+            return CopyEnd::Expected(left(last, rate(step, first)));
         }
         let since = now.saturating_duration_since(self.started.0);
         if since < EARLY_AFTER {
             return CopyEnd::Unknown;
         }
         match self.last {
-            Some(last) => CopyEnd::Rough(after(last, self.started)),
+            Some(last) => CopyEnd::Rough(left(last, rate(last, self.started))),
             None => {
                 let rounds = self.total.saturating_sub(self.started.1) as f64 / FIRST_READS as f64;
                 CopyEnd::Unread {
@@ -449,14 +470,14 @@ mod tests {
     }
 
     /// A copy of a 64 MiB file whose bytes land 4 MiB at a time (as the benchmark's
-    /// source answers: four 1 MiB reads at once), the last at `end` seconds, its
-    /// first `early` steps `skew` times as far apart as the rest: at 1.3 the rate
-    /// from those is about 30% slow, at 0.7 about 30% fast. The first step lands at
-    /// a 16th of the copy, so a rate is known from 0.2 s into a 3 s copy, from 3.75 s
-    /// into a 60 s one.
+    /// source answers: four 1 MiB reads at once, seen in two halves 50 ms apart),
+    /// the last at `end` seconds, its first `early` steps `skew` times as far apart
+    /// as the rest: at 1.3 the rate from those is about 30% slow, at 0.7 about 30%
+    /// fast. The first step lands at a 16th of the copy, so a rate is known from
+    /// 0.2 s into a 3 s copy, from 3.75 s into a 60 s one.
     struct Source {
-        /// When each step lands, in ms after the first READ.
-        steps: Vec<u64>,
+        /// When each half step lands, in ms after the first READ.
+        landings: Vec<u64>,
     }
 
     const STEP_BYTES: u64 = 4 << 20;
@@ -469,22 +490,24 @@ mod tests {
         fn stepped(end: f64, skew: f64, early: u32) -> Source {
             let (early, late) = (f64::from(early), f64::from(16 - early));
             let gap = end / (early * skew + late);
-            let steps = (1..=16)
-                .map(|k| {
+            let landings = (1..=16)
+                .flat_map(|k| {
                     let k = f64::from(k);
                     let at = gap * (k.min(early) * skew + (k - early).max(0.0));
-                    (at * 1000.0).round() as u64
+                    let at = (at * 1000.0).round() as u64;
+                    [at.saturating_sub(50), at]
                 })
                 .collect();
-            Source { steps }
+            Source { landings }
         }
 
         fn read(&self, ms: u64) -> u64 {
-            self.steps.iter().filter(|&&at| at <= ms).count() as u64 * STEP_BYTES
+            let landed = self.landings.iter().filter(|&&at| at <= ms).count() as u64;
+            landed * STEP_BYTES / 2
         }
 
         fn end(&self) -> u64 {
-            self.steps[15]
+            self.landings[31]
         }
     }
 
