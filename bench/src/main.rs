@@ -131,6 +131,13 @@ fn chunk_size(text: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs only where RUST_LOG asks for them, on stderr: the report is stdout.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let report = match cli.command {
         Command::Pread {
             threads,

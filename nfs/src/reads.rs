@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
 use stagefs_policy::{FsError, Policy};
 use stagefs_source::locks::lock;
-use stagefs_stage::{InFlight, StageError, StoreError};
+use stagefs_stage::{StageError, StoreError};
 use tokio::sync::watch;
+use tracing::debug;
 
-use crate::jukebox::{self, Backoff, MAX_HOLD};
+use crate::jukebox::{self, Backoff, CopyEnd, CopyPace, MAX_HOLD};
 use crate::status::nfsstat_logged;
 
 /// How often a held READ looks at its copy's progress.
@@ -40,13 +41,6 @@ const RETRY_MEMORY: Duration = Duration::from_secs(120);
 
 /// How often a copy some READ waits for is looked at.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
-
-/// How long a copy must have been seen moving before its rate is trusted. Until
-/// then a READ is held (a first READ, its whole 4 s): a JUKEBOX cannot be taken
-/// back, and an early rate of a source that answers in steps, or shares a busy
-/// machine, was seen 40% off (nfs/tests/protocol.rs), enough to plan the retries
-/// past the copy's end.
-const RATE_AFTER: Duration = Duration::from_secs(2);
 
 /// How long an open handle nobody reads keeps its copy pinned.
 pub const IDLE: Duration = Duration::from_secs(30);
@@ -102,44 +96,10 @@ struct Retry {
 struct Pace {
     retries: HashMap<ReadCall, Retry>,
     /// How the copies of the inodes READs wait for have moved.
-    moves: HashMap<u64, Moves>,
+    moves: HashMap<u64, CopyPace>,
     /// The back-off the last client that retried showed, for the READs it has not
     /// retried yet.
     learned: Option<Backoff>,
-}
-
-/// How a copy has moved since it was first seen moving. Its rate is the average
-/// from then to now: for a source that answers in steps (parallel reads landing
-/// together) that is exact at a step and low between steps, and it is trusted only
-/// after [`RATE_AFTER`], once it has settled.
-#[derive(Debug, Clone, Copy)]
-struct Moves {
-    /// Bytes read when last looked at.
-    seen: u64,
-    /// When, and at how many bytes read, it was first seen moving.
-    origin: Option<(Instant, u64)>,
-}
-
-impl Moves {
-    fn new(seen: u64) -> Moves {
-        Moves { seen, origin: None }
-    }
-
-    /// Notes a look at `now` that found `read` bytes read.
-    fn look(&mut self, now: Instant, read: u64) {
-        if read > self.seen {
-            self.seen = read;
-            self.origin.get_or_insert((now, read));
-        }
-    }
-
-    /// Bytes per second, once the copy has been seen moving for [`RATE_AFTER`].
-    fn rate(&self, now: Instant) -> Option<f64> {
-        let (at, from) = self.origin?;
-        let span = now.saturating_duration_since(at);
-        let moved = self.seen.saturating_sub(from);
-        (span >= RATE_AFTER && moved > 0).then(|| moved as f64 / span.as_secs_f64())
-    }
 }
 
 /// The files open for NFS reads, by inode.
@@ -169,8 +129,16 @@ impl Reads {
         let (tries, clients) = self.retry_of(call, arrived);
         loop {
             let held = arrived.elapsed();
-            let left = self.copy_left(policy, call.ino);
-            if !jukebox::keep_holding(held, left, tries, &clients) {
+            let end = self.copy_end(policy, call.ino);
+            if !jukebox::keep_holding(held, end, tries, &clients) {
+                debug!(
+                    ino = call.ino,
+                    tries,
+                    ?held,
+                    ?end,
+                    ?clients,
+                    "READ answered JUKEBOX"
+                );
                 self.answered_jukebox(call, tries);
                 return Err(nfsstat3::NFS3ERR_JUKEBOX);
             }
@@ -230,30 +198,28 @@ impl Reads {
         self.pace().retries.remove(&call);
     }
 
-    /// How long the copy of `ino` in progress should still take, at the rate it has
-    /// moved since it was first seen moving ([`Moves`]); `None` when no copy is
-    /// under way or its rate is not known yet.
-    fn copy_left(&self, policy: &Policy, ino: u64) -> Option<Duration> {
-        let (progress, moves) = self.sample(policy, ino)?;
-        let rate = moves.rate(Instant::now())?;
-        let to_read = progress.total.saturating_sub(progress.read);
-        Some(Duration::from_secs_f64(to_read as f64 / rate))
+    /// When the copy of `ino` in progress is expected to end, from how it has moved
+    /// ([`CopyPace`]); unknown when no copy is under way.
+    fn copy_end(&self, policy: &Policy, ino: u64) -> CopyEnd {
+        match self.sample(policy, ino) {
+            Some(pace) => pace.end(Instant::now()),
+            None => CopyEnd::Unknown,
+        }
     }
 
     /// Looks at the copy of `ino` in progress and notes how it moved.
-    fn sample(&self, policy: &Policy, ino: u64) -> Option<(InFlight, Moves)> {
+    fn sample(&self, policy: &Policy, ino: u64) -> Option<CopyPace> {
         let progress = policy.copy_progress(ino).filter(|p| p.total > 0)?;
+        let now = Instant::now();
         let mut pace = self.pace();
-        let moves = pace
-            .moves
-            .entry(ino)
-            .or_insert_with(|| Moves::new(progress.read));
-        if progress.read < moves.seen {
+        let fresh = || CopyPace::new(now, progress.read, progress.total);
+        let moves = pace.moves.entry(ino).or_insert_with(fresh);
+        if progress.read < moves.seen() {
             // A new copy of the file (the last one failed): start over.
-            *moves = Moves::new(progress.read);
+            *moves = fresh();
         }
-        moves.look(Instant::now(), progress.read);
-        Some((progress, *moves))
+        moves.look(now, progress.read, progress.total);
+        Some(*moves)
     }
 
     /// Samples the copy of `ino` every [`SAMPLE_EVERY`] until its open is done.
