@@ -26,7 +26,7 @@
 //! [`EARLY_AFTER`] into the copy, one that has read nothing and cannot end within
 //! that reach has its first READ answered at once (`h` = 2 s: then 30-42 s and
 //! 60-76 s are covered), and one whose bytes so far put its end past that reach
-//! even 30% sooner ([`ROOM`]) has its first READ planned on them.
+//! even 30% sooner (`ROOM`) has its first READ planned on them.
 //!
 //! A rate is taken between the instants the copy was seen moving, and the time left
 //! counted from the last of them ([`CopyPace`]): a source that answers in steps
@@ -68,7 +68,7 @@ pub enum CopyEnd {
     /// Nothing yet ([`EARLY_AFTER`] has not passed, or no copy is under way).
     Unknown,
     /// The copy has read nothing since it started: it ends `at_least` from now, if
-    /// it reads the rest as slowly as its first round ([`FIRST_READS`]).
+    /// it reads the rest as slowly as its first round (`FIRST_READS`).
     Unread {
         /// The soonest it can end from now.
         at_least: Duration,
@@ -84,7 +84,7 @@ pub enum CopyEnd {
 /// How a copy has moved, from looks at its progress: what [`CopyEnd`] a READ
 /// waiting for it goes by. A source may answer in steps (parallel reads landing
 /// together, seen over a look or two), so its moves are taken in steps: those seen
-/// within [`STEP_SPAN`] of a step's first belong to it. The rate counts the bytes
+/// within `STEP_SPAN` of a step's first belong to it. The rate counts the bytes
 /// of the whole steps between the first step's start and the latest one's, over
 /// the time between them, and the time left is counted from the last move: exact at
 /// a step and between steps alike, where a rate averaged up to now is low by up to
@@ -227,7 +227,7 @@ const STEP: Duration = Duration::from_millis(100);
 /// on both sides, so that an estimate a little off still lands; on a tie, the
 /// shortest. An unknown end is waited for until an estimate comes or the hold ends;
 /// so is a rough one that may be a good deal sooner, when the first READ's retry
-/// could still be held across it ([`first_reach`]). A first READ whose copy has
+/// could still be held across it (`first_reach`). A first READ whose copy has
 /// read nothing and cannot end within that reach is answered at once.
 pub fn keep_holding(held: Duration, end: CopyEnd, tries: u32, clients: &[Backoff]) -> bool {
     if held >= MAX_HOLD {
