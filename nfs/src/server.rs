@@ -20,10 +20,11 @@
 //! create on the source, so of two creators racing for one name exactly one
 //! succeeds. Its file is made 0644 (the library passes it no attributes; clients
 //! send the mode in a SETATTR right after). Its verifier is kept in memory with the
-//! file made (`Verifiers`, `exclusive.rs`), not in the file's times, which a source of any kind may
-//! not keep exactly: the same CREATE sent again gets that file, one with another
-//! verifier `NFS3ERR_EXIST`. (It answered `NFS3ERR_NOTSUPP` before, after which
-//! macOS's client creates UNCHECKED, which is not atomic: Apple's nfs_vnops.c.)
+//! file made (`Verifiers`, `exclusive.rs`), not in the file's times, which a source
+//! of any kind may not keep exactly: the same CREATE sent again gets that file, one
+//! with another verifier `NFS3ERR_EXIST`. (It answered `NFS3ERR_NOTSUPP` before,
+//! after which macOS's client creates UNCHECKED, which is not atomic: Apple's
+//! nfs_vnops.c.)
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
