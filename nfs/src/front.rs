@@ -59,7 +59,7 @@ use crate::handle::NodeHandle;
 use crate::intents::{self, Intents};
 use crate::jukebox::MAX_HOLD;
 use crate::reads::Reads;
-use crate::retries::{Awaited, Key, Retries};
+use crate::retries::{Awaited, Key, Retries, UNANSWERED};
 use crate::specials::Special;
 use crate::status::nfsstat_logged;
 
@@ -104,11 +104,6 @@ pub(crate) struct Front {
 /// front takes no more of the client's calls until one is answered: the client
 /// waits, by TCP's flow control, as for a busy server.
 const LIBRARY_CALLS: usize = 192;
-
-/// How long a call's room at the library is kept with no answer: far longer than
-/// any call waits there (bounded by the source's timeout), so only a call the
-/// library dropped unanswered (a resent xid it had answered) is let go.
-pub(crate) const UNANSWERED: Duration = Duration::from_secs(300);
 
 /// How long a call may wait at the library before the front answers it
 /// `NFS3ERR_JUKEBOX` itself (a change only once kept for its retry): under the 5 s

@@ -47,7 +47,11 @@ use nfs3_server::nfs3_types::rpc::auth_unix;
 use stagefs_source::locks::lock;
 use tokio::sync::watch;
 
-use crate::front::UNANSWERED;
+/// How long a call's room at the library is kept with no answer (by the front, and
+/// here): far longer than any call waits there (bounded by the source's timeout),
+/// so only a call the library dropped unanswered (a resent xid it had answered) is
+/// let go.
+pub(crate) const UNANSWERED: Duration = Duration::from_secs(300);
 
 /// How long a result waits for the retry of its call: past the longest an Apple
 /// client sleeps between tries (30 s) with room to spare.
