@@ -13,8 +13,8 @@ use std::thread::sleep;
 use std::time::{Duration, SystemTime};
 
 use stagefs_tests::{
-    Model, Mount, NetFs, Scratch, Tmpfs, generate, load_with_real_clients, run_stagefs,
-    staged_files, stagefs_bin, temp_files, wait_for, within,
+    Model, Mount, NetFs, Scratch, TEST_RESERVE, Tmpfs, generate, load_with_real_clients,
+    run_stagefs, staged_files, stagefs_bin, temp_files, wait_for, within,
 };
 
 #[test]
@@ -464,11 +464,14 @@ fn a_stale_mount_after_a_crash_is_cleared_by_mount_and_by_unmount() {
     first.kill_daemon();
     let err = fs::metadata(&s.mnt).expect_err("a dead mount");
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+    // The tests' own reserve: the default, a tenth of the volume, would fail the read
+    // below for room on a machine whose shared disk is fuller than that.
     let out = Command::new(stagefs_bin())
         .arg("mount")
         .args([&s.hub, &s.mnt])
         .arg("--cache-dir")
         .arg(&s.cache)
+        .args(["--min-free", &TEST_RESERVE.to_string()])
         .output()
         .expect("mount");
     let stderr = String::from_utf8_lossy(&out.stderr);
