@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use stagefs_control::Remedy;
+use stagefs_mount::bounded::same_place;
 use stagefs_mount::cache_dir;
 use stagefs_stage::prefetch::{FileProgress, FileState, Target};
 
@@ -17,6 +18,9 @@ use crate::config::Config;
 use crate::manage::{Names, with_cache_hint};
 use crate::mounts::names_a_path;
 use crate::units::{count, format_bytes};
+
+/// How long comparing the configured source with a cache's recorded one may take.
+const SOURCE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Runs the command; fails if any file could not be staged.
 pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
@@ -56,14 +60,9 @@ fn refuse_a_forgotten_source(
     let Some(record) = crate::mounts::recorded(dir) else {
         return Ok(());
     };
-    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
-    };
-    if config
-        .source()
-        .is_some_and(|source| same(source, &record.source))
-    {
+    // Asked in a child process under a deadline: the recorded source may be a dead share.
+    let same = |source: &Path| same_place(source, &record.source, SOURCE_WAIT);
+    if config.source().is_some_and(same) {
         return Ok(());
     }
     bail!(
