@@ -6,6 +6,16 @@ use std::io;
 use std::net::SocketAddr;
 
 use nfs3_server::nfs3_types::rpc::auth_unix;
+use stagefs_policy::Caller;
+
+/// Who the policy is told makes a change: the serving user `owner`, with the
+/// daemon's group. The library passes a call's credentials no further, and the
+/// front's own changes (LINK, MKNOD) are made as the library's are.
+pub(crate) fn serving_caller(owner: u32) -> Caller {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    let gid = unsafe { libc::getegid() };
+    Caller { uid: owner, gid }
+}
 
 /// Whether the export serves AUTH_UNIX credentials `auth`: the serving user's or
 /// root's (the library's `authorize` asks the same).

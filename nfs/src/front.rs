@@ -45,7 +45,7 @@ use nfs3_server::nfs3_types::rpc::{
 };
 use nfs3_server::nfs3_types::xdr_codec::{Pack, Unpack};
 use nfs3_server::vfs::FileHandle;
-use stagefs_policy::{Caller, Policy};
+use stagefs_policy::Policy;
 use stagefs_source::locks::lock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -53,7 +53,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
-use crate::access::{connect_from_reserved_port, serves};
+use crate::access::{connect_from_reserved_port, serves, serving_caller};
 use crate::attrs::fattr;
 use crate::handle::NodeHandle;
 use crate::intents::{self, Intents};
@@ -502,7 +502,7 @@ impl Front {
         let (this, to_client) = (self.clone(), Arc::clone(to_client));
         tokio::spawn(async move {
             let generation = this.generation;
-            let (policy, caller) = (Arc::clone(&this.policy), this.serving_caller());
+            let (policy, caller) = (Arc::clone(&this.policy), serving_caller(this.owner));
             let mut work = tokio::spawn(async move {
                 let handle = |ino| handle_bytes(generation, ino);
                 match special.answer(&policy, caller, handle).await {
@@ -529,17 +529,6 @@ impl Front {
             };
             send(&to_client, Reply::Record(reply)).await;
         });
-    }
-
-    /// Who changes through the library do as: the serving user, with the daemon's
-    /// group (the library passes no credentials on, see `server.rs`).
-    fn serving_caller(&self) -> Caller {
-        // SAFETY: getegid has no preconditions and cannot fail.
-        let gid = unsafe { libc::getegid() };
-        Caller {
-            uid: self.owner,
-            gid,
-        }
     }
 
     /// The xid of `call` if it is an FSSTAT of this export that the front answers:

@@ -45,6 +45,7 @@ use nfs3_server::vfs::{
 use stagefs_policy::{Caller, DirEntry, FsError, Policy, ROOT_INO, RenameHow, SetAttr};
 use stagefs_source::{CreateFile, EntryKind, SetTime, WriteOpen};
 
+use crate::access::serving_caller;
 use crate::attrs::fattr;
 use crate::exclusive::Verifiers;
 use crate::handle::NodeHandle;
@@ -101,15 +102,9 @@ impl StageNfs {
         &self.intents
     }
 
-    /// Who the policy is told makes a change: the serving user, the only one besides
-    /// root let in (the library passes the call's credentials no further).
+    /// Who the policy is told makes a change ([`serving_caller`]).
     fn caller(&self) -> Caller {
-        // SAFETY: getegid has no preconditions and cannot fail.
-        let gid = unsafe { libc::getegid() };
-        Caller {
-            uid: self.owner,
-            gid,
-        }
+        serving_caller(self.owner)
     }
 
     /// The inode `name` in `dir` names now, if any.
