@@ -57,6 +57,27 @@ impl Fixture {
         self.policy.register(opened, None)
     }
 
+    /// Writes `new` over `rel` from its start through the mount, then sets its
+    /// mtime back to what it was, as `cp -p` or `rsync -t` would, and closes it.
+    async fn rewrite_keeping_mtime(&self, rel: &str, new: &[u8]) {
+        let attr = self.lookup(rel).await.expect("lookup");
+        let fh = self
+            .policy
+            .open_write(attr.ino, stagefs_source::WriteOpen::default())
+            .await
+            .expect("open for writing");
+        self.policy.write(fh, 0, new.to_vec()).await.expect("write");
+        let back = SetAttr {
+            mtime: Some(stagefs_source::SetTime::At(attr.mtime_ns)),
+            ..SetAttr::default()
+        };
+        self.policy
+            .setattr(attr.ino, Some(fh), back)
+            .await
+            .expect("utimes");
+        self.policy.release(fh);
+    }
+
     async fn read_handle(&self, fh: u64, len: usize) -> Vec<u8> {
         self.policy.read(fh, 0, len as u32).await.expect("read")
     }
@@ -101,24 +122,9 @@ async fn a_rewrite_that_keeps_size_and_mtime_never_serves_the_old_copy() {
     let mtime = f.lookup("weights.bin").await.expect("lookup").mtime_ns;
     // A reader holds the old version's copy.
     let reader = f.hold("weights.bin").await;
-    let attr = f.lookup("weights.bin").await.expect("lookup");
     let new = bytes(old.len(), 77);
-    let fh = f
-        .policy
-        .open_write(attr.ino, stagefs_source::WriteOpen::default())
-        .await
-        .expect("open for writing");
-    f.policy.write(fh, 0, new.clone()).await.expect("write");
     // The old mtime set back, as `cp -p` or `rsync -t` would: the stamp matches.
-    let back = SetAttr {
-        mtime: Some(stagefs_source::SetTime::At(mtime)),
-        ..SetAttr::default()
-    };
-    f.policy
-        .setattr(attr.ino, Some(fh), back)
-        .await
-        .expect("utimes");
-    f.policy.release(fh);
+    f.rewrite_keeping_mtime("weights.bin", &new).await;
     assert_eq!(
         f.lookup("weights.bin").await.expect("lookup").mtime_ns,
         mtime
@@ -339,23 +345,8 @@ async fn a_write_through_one_hard_link_is_read_through_the_other() {
     assert_eq!(f.read_all("other.bin").await.expect("stage"), old);
     assert!(f.stored("weights.bin") && f.stored("other.bin"));
     // Rewritten in place through one name, with its mtime set back as `cp -p` would.
-    let attr = f.lookup("weights.bin").await.expect("lookup");
     let new = bytes(old.len(), 41);
-    let fh = f
-        .policy
-        .open_write(attr.ino, stagefs_source::WriteOpen::default())
-        .await
-        .expect("open for writing");
-    f.policy.write(fh, 0, new.clone()).await.expect("write");
-    let back = SetAttr {
-        mtime: Some(stagefs_source::SetTime::At(attr.mtime_ns)),
-        ..SetAttr::default()
-    };
-    f.policy
-        .setattr(attr.ino, Some(fh), back)
-        .await
-        .expect("utimes");
-    f.policy.release(fh);
+    f.rewrite_keeping_mtime("weights.bin", &new).await;
     assert_eq!(
         f.read_all("other.bin").await.expect("read"),
         new,
