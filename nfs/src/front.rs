@@ -618,7 +618,7 @@ impl Front {
             return None;
         }
         let ino = ino_of(&args.file.data, self.generation)?;
-        let open = self.reads.open_now(ino)?;
+        let open = self.reads.open_now(&self.policy, ino)?;
         let file = self.policy.staged_file(open.fh).ok()??;
         let offset = args.offset;
         let count = u64::from(args.count.min(MAX_READ));

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use nfs3_server::nfs3_types::nfs3::nfsstat3;
 use stagefs_policy::{FsError, Policy};
+use stagefs_source::Stamp;
 use stagefs_source::locks::lock;
 use stagefs_stage::{StageError, StoreError};
 use tokio::sync::watch;
@@ -50,13 +51,16 @@ pub const IDLE: Duration = Duration::from_secs(30);
 /// its file.
 pub const IDLE_UNDER_PRESSURE: Duration = Duration::from_secs(5);
 
-/// An open file's policy handle and the size of the version opened.
+/// An open file's policy handle and the version opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Open {
     /// The policy's handle.
     pub fh: u64,
     /// The size of the version opened.
     pub size: u64,
+    /// The version opened: once the handle's file has moved past it (a change at
+    /// the source, seen by a GETATTR or LOOKUP), READs open the file anew.
+    pub stamp: Stamp,
 }
 
 type Outcome = Option<Result<Open, nfsstat3>>;
@@ -243,10 +247,12 @@ impl Reads {
         });
     }
 
-    /// The open handle of `ino` if it is open already; never opens or waits.
-    pub fn open_now(&self, ino: u64) -> Option<Open> {
+    /// The open handle of `ino` if it is open already, on the version `ino` stands
+    /// for now; never opens or waits.
+    pub fn open_now(&self, policy: &Policy, ino: u64) -> Option<Open> {
+        let current = policy.version_of(ino);
         match self.lock().get_mut(&ino) {
-            Some(Slot::Open { open, used }) => {
+            Some(Slot::Open { open, used }) if current == Some(open.stamp) => {
                 *used = Instant::now();
                 Some(*open)
             }
@@ -261,18 +267,26 @@ impl Reads {
         policy: &Arc<Policy>,
         ino: u64,
     ) -> Result<Open, watch::Receiver<Outcome>> {
+        let current = policy.version_of(ino);
         let mut slots = self.lock();
+        let mut outdated = None;
         match slots.get_mut(&ino) {
-            Some(Slot::Open { open, used }) => {
+            Some(Slot::Open { open, used }) if current == Some(open.stamp) => {
                 *used = Instant::now();
                 return Ok(*open);
             }
+            // The file changed at the source since this handle was opened: its
+            // client was shown the new attributes, so it must read the new version.
+            Some(Slot::Open { open, .. }) => outdated = Some(open.fh),
             Some(Slot::Opening(outcome)) => return Err(outcome.clone()),
             None => {}
         }
         let (tx, rx) = watch::channel(None);
         slots.insert(ino, Slot::Opening(rx.clone()));
         drop(slots);
+        if let Some(fh) = outdated {
+            policy.release(fh);
+        }
         self.start_open(policy, ino, tx);
         Err(rx)
     }
@@ -291,10 +305,11 @@ impl Reads {
             };
             let outcome = match opened {
                 Ok(opened) => {
-                    let size = opened.stamp.size;
+                    let stamp = opened.stamp;
                     let open = Open {
                         fh: policy.register(opened, None),
-                        size,
+                        size: stamp.size,
+                        stamp,
                     };
                     let used = Instant::now();
                     let mut slots = this.lock();

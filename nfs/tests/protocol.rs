@@ -858,6 +858,60 @@ async fn reads_of_an_open_copy_at_any_offset_and_length_get_exactly_its_bytes() 
     assert_eq!(f.copies(), 1, "one copy for every READ");
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_rewritten_in_place_at_the_source_is_seen_through_the_handle_a_client_holds() {
+    // Another machine's save_pretrained truncates and rewrites the file in place: the
+    // same inode, and its directory unchanged. A client that holds the name asks only
+    // for its handle's attributes (macOS compares their mtime, Linux their ctime), so
+    // that handle must answer the new version, and READ it, even with the old
+    // version's copy open.
+    let f = fixture(PATIENT).await;
+    let mut client = f.client().await;
+    let fh = lookup(&mut client, "weights.bin").await.expect("lookup");
+    let old = read_all(&mut client, &fh).await.expect("stage");
+    let before = getattr(&mut client, &fh).await;
+    let new = bytes(5 * MIB, 99);
+    let path = f.src.join("weights.bin");
+    let inode = fs::metadata(&path).expect("stat").ino();
+    fs::write(&path, &new).expect("rewrite in place");
+    assert_eq!(fs::metadata(&path).expect("stat").ino(), inode);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let attr = getattr(&mut client, &fh).await;
+        if attr.size != before.size {
+            break attr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "10 s after the rewrite, the handle still answers {} bytes",
+            attr.size
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        after.fileid, before.fileid,
+        "the handle keeps its file's number"
+    );
+    assert_eq!(after.size, new.len() as u64);
+    let mtime = fs::metadata(&path).expect("stat").mtime_nsec();
+    assert_eq!(
+        u64::from(after.mtime.nseconds),
+        mtime as u64,
+        "the source's mtime"
+    );
+    // The first READ after the change goes through the connection front, which
+    // served the old copy's open handle before.
+    let (head, _) = read(&mut client, &fh, 0, 16).await.expect("read");
+    assert!(
+        head == new[..16],
+        "the first bytes after the change are the old ones"
+    );
+    let now = read_all(&mut client, &fh).await.expect("read");
+    assert!(now == new, "the handle reads the new version");
+    assert!(now != old);
+    assert_eq!(f.copies(), 2, "each version copied once");
+}
+
 // The write procedures.
 
 fn dirop(dir: &nfs_fh3, name: &str) -> diropargs3<'static> {

@@ -70,6 +70,9 @@ struct Table {
     /// File inodes written through the mount: each follows its file from version to
     /// version, as the kernel's inode does, instead of standing for one version.
     live: HashSet<u64>,
+    /// Every file inode follows its file, as if written through the mount
+    /// ([`Inodes::follow_files`]).
+    follow: bool,
     /// Inodes whose entry was removed or replaced through the mount: no path leads to
     /// them any more, only handles already open.
     gone: HashSet<u64>,
@@ -117,6 +120,7 @@ impl Inodes {
             links: HashMap::new(),
             listings: HashMap::new(),
             live: HashSet::new(),
+            follow: false,
             gone: HashSet::new(),
             journal: None,
         };
@@ -225,7 +229,7 @@ impl Inodes {
         // A file written through the mount keeps its inode from version to version.
         if let (NodeKey::Version(..), Some(stamp)) = (&key, stamp)
             && let Some(&ino) = table.latest.get(path)
-            && table.live.contains(&ino)
+            && (table.follow || table.live.contains(&ino))
             && !table.gone.contains(&ino)
             && table
                 .nodes
@@ -330,9 +334,27 @@ impl Inodes {
         self.lock().latest.get(path).copied()
     }
 
-    /// Whether `ino` was written through the mount.
+    /// Whether file inode `ino` follows its file: it was written through the mount,
+    /// or every file inode does.
     pub(crate) fn is_live(&self, ino: u64) -> bool {
-        self.lock().live.contains(&ino)
+        let table = self.lock();
+        table.live.contains(&ino)
+            || table.follow
+                && table
+                    .nodes
+                    .get(&ino)
+                    .is_some_and(|n| n.stamp.is_some() && !n.redirect)
+    }
+
+    /// Makes every file inode follow its file from version to version, as an NFS
+    /// server's file handle follows its file: an NFS client has no entry timeout, so
+    /// it learns that a file changed at the source (another machine's
+    /// `save_pretrained` truncating and rewriting it in place) only from new
+    /// attributes of the handle it holds. Were that handle one version, its
+    /// attributes would never change and the client would go on reading the old
+    /// bytes from its cache while the directory is unchanged.
+    pub(crate) fn follow_files(&self) {
+        self.lock().follow = true;
     }
 
     /// Whether `ino`'s entry was removed or replaced through the mount.

@@ -136,20 +136,26 @@ impl Policy {
         Self::with_inodes(stager, config, runtime, Inodes::new())
     }
 
-    /// Like [`Policy::new`], with inode numbers that last across restarts of the
-    /// server, kept in `journal` (NFS clients keep file handles across restarts).
+    /// Like [`Policy::new`], with inode numbers as an NFS client needs them: they
+    /// last across restarts of the server, kept in `journal` (clients keep file
+    /// handles across restarts), and a file's number follows it from version to
+    /// version (a client sees a change at the source only in the attributes of the
+    /// handle it holds: `Inodes::follow_files`).
     pub fn with_inode_journal(
         stager: Stager,
         config: FsConfig,
         runtime: Handle,
         journal: &Path,
     ) -> io::Result<Self> {
-        Ok(Self::with_inodes(
-            stager,
-            config,
-            runtime,
-            Inodes::with_journal(journal)?,
-        ))
+        let inodes = Inodes::with_journal(journal)?;
+        inodes.follow_files();
+        Ok(Self::with_inodes(stager, config, runtime, inodes))
+    }
+
+    /// The version of its file that inode `ino` stands for now (None for a directory
+    /// or link): a handle opened on another version must not serve it.
+    pub fn version_of(&self, ino: u64) -> Option<Stamp> {
+        self.inodes.get(ino)?.stamp
     }
 
     fn with_inodes(stager: Stager, config: FsConfig, runtime: Handle, inodes: Inodes) -> Self {

@@ -21,7 +21,8 @@ the source directly. The groups (all by default):
             handle 30 s, and evict waits for that) evict and unmount
     doctor  doctor with `backend = "nfs"` in its config, where there is no FUSE
     write   create, same-size rewrites (through the mount, and at the source),
-            rename over a file, unlink, O_EXCL twice, mkdir/rmdir, flock, a
+            files made at the source and rewritten there in place with new
+            sizes (seen within seconds, as FUSE sees them), rename over a file, unlink, O_EXCL twice, mkdir/rmdir, flock, a
             directory of thousands of entries, a listing while files are added,
             statvfs
     hub     `hf download` from a local Hub (tests/py/hub_server.py on the host) into
@@ -519,11 +520,63 @@ def a_same_size_rewrite_at_the_source_is_seen():
     return reads_new_within(path, old, new, 10, "a same-size rewrite at the source")
 
 
+@check("write")
+def a_file_rewritten_in_place_at_the_source_is_seen():
+    # Files the mount never wrote, read through it (a small one read from the
+    # source, one large enough to be staged), then truncated and rewritten at the
+    # source with new sizes, as another machine's save_pretrained does: the same
+    # inode, and a directory whose mtime does not move. The client holds the name
+    # and has no reason to look it up again; only its handle's attributes can tell.
+    seen = []
+    for name, old, new in (
+        ("config-at-source.json", b'{"layers": 2}', b'{"layers": 2, "heads": 4}'),
+        ("shard-at-source.bin", b"o" * (2 << 20), b"n" * (3 << 20)),
+    ):
+        src, mnt = os.path.join(W_SRC, name), os.path.join(W_MNT, name)
+        write(src, old)
+        reads_new_within(mnt, None, old, 10, f"{name} was made at the source")
+        # The directory changed when the file was made; once the client has looked
+        # at it again, it trusts the name for as long as the directory is unchanged.
+        for _ in range(2):
+            time.sleep(1.1)
+            assert read(mnt) == old
+        inode = os.stat(src).st_ino
+        write(src, new)
+        assert os.stat(src).st_ino == inode, "the rewrite made a new file at the source"
+        # Stat first, with no open: the handle's own attributes must move. macOS
+        # compares only the mtime (and Linux the ctime) to drop what it cached.
+        took = stat_matches_within(mnt, src, 10)
+        seen.append(f"{name}: attributes after {took} s, bytes " + reads_new_within(mnt, old, new, 10, f"{name} was rewritten at the source"))
+    return "; ".join(seen)
+
+
+def stat_matches_within(path, source, seconds):
+    """Polls stat of `path` until its size and mtime are those of `source`."""
+    want = os.stat(source)
+    start = time.monotonic()
+    while True:
+        got = os.stat(path)
+        if (got.st_size, got.st_mtime_ns) == (want.st_size, want.st_mtime_ns):
+            return round(time.monotonic() - start, 1)
+        assert time.monotonic() - start < seconds, (
+            f"{seconds} s after a change at the source, {path} has size {got.st_size} and mtime "
+            f"{got.st_mtime_ns}, the source {want.st_size} and {want.st_mtime_ns}"
+        )
+        time.sleep(0.1)
+
+
 def reads_new_within(path, old, new, seconds, change):
-    """Polls `path` until it reads `new` (never anything but `old` before)."""
+    """Polls `path` until it reads `new` (never anything but `old` before; `old`
+    None: the name did not exist before)."""
     deadline = time.monotonic() + seconds
     while True:
-        got = read(path)
+        try:
+            got = read(path)
+        except FileNotFoundError:
+            # `old` None: the name is new, and the client may still hold its absence.
+            if old is not None:
+                raise
+            got = None
         if got == new:
             return f"seen after {round(seconds - (deadline - time.monotonic()), 1)} s"
         assert got == old, "neither the old bytes nor the new"
