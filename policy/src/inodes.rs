@@ -44,6 +44,15 @@ enum NodeKey {
     Redirect(PathBuf, Stamp),
 }
 
+/// What the source last said of a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Known {
+    /// The entry, with these attributes.
+    Entry(Attr),
+    /// No such entry.
+    Absent,
+}
+
 /// What an inode stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Node {
@@ -67,6 +76,10 @@ struct Table {
     attrs: HashMap<u64, (Attr, Instant)>,
     links: HashMap<u64, Vec<u8>>,
     listings: HashMap<u64, Vec<DirEntry>>,
+    /// Paths the source said do not exist when last asked: loaders probe names a
+    /// model lacks (`token`, `generation_config.json`, `.no_exist/` markers) and
+    /// must hear "no such file" again while the source does not respond, not EIO.
+    absent: HashSet<PathBuf>,
     /// File inodes written through the mount: each follows its file from version to
     /// version, as the kernel's inode does, instead of standing for one version.
     live: HashSet<u64>,
@@ -119,6 +132,7 @@ impl Inodes {
             attrs: HashMap::new(),
             links: HashMap::new(),
             listings: HashMap::new(),
+            absent: HashSet::new(),
             live: HashSet::new(),
             follow: false,
             gone: HashSet::new(),
@@ -279,7 +293,31 @@ impl Inodes {
 
     /// Records what the source last said about `attr.ino`.
     pub(crate) fn remember_attr(&self, attr: Attr) {
-        self.lock().attrs.insert(attr.ino, (attr, Instant::now()));
+        let mut table = self.lock();
+        if let Some(node) = table.nodes.get(&attr.ino) {
+            let path = node.path.clone();
+            table.absent.remove(&path);
+        }
+        table.attrs.insert(attr.ino, (attr, Instant::now()));
+    }
+
+    /// Records that the source said `path` does not exist.
+    pub(crate) fn remember_absent(&self, path: &Path) {
+        self.lock().absent.insert(path.to_path_buf());
+    }
+
+    /// What the source last said of the name `path` when asked for it: its entry's
+    /// attributes, or that it does not exist; None if it was never asked. (A name
+    /// missing from a remembered listing is not taken as absent: it may have been
+    /// made since, and what nothing was asked about fails with EIO while the
+    /// source is away.)
+    pub(crate) fn known_entry(&self, path: &Path) -> Option<Known> {
+        let table = self.lock();
+        if table.absent.contains(path) {
+            return Some(Known::Absent);
+        }
+        let ino = table.latest.get(path)?;
+        table.attrs.get(ino).map(|(attr, _)| Known::Entry(*attr))
     }
 
     /// Records the target of symlink `ino`.
@@ -299,16 +337,15 @@ impl Inodes {
         (when.elapsed() < age).then_some(*attr)
     }
 
-    /// The last known attributes of the newest inode for `path`.
-    pub(crate) fn known_attr_of_path(&self, path: &Path) -> Option<Attr> {
-        let table = self.lock();
-        let ino = table.latest.get(path)?;
-        table.attrs.get(ino).map(|(attr, _)| *attr)
-    }
-
     /// Records the listing of directory `ino`.
     pub(crate) fn remember_listing(&self, ino: u64, entries: &[DirEntry]) {
-        self.lock().listings.insert(ino, entries.to_vec());
+        let mut table = self.lock();
+        if let Some(dir) = table.nodes.get(&ino).map(|node| node.path.clone()) {
+            for entry in entries {
+                table.absent.remove(&dir.join(&entry.name));
+            }
+        }
+        table.listings.insert(ino, entries.to_vec());
     }
 
     /// The last known listing of directory `ino`.
@@ -435,6 +472,8 @@ impl Inodes {
         }
         table.dir_changed(from);
         table.dir_changed(to);
+        table.absent.retain(|path| !path.starts_with(to));
+        table.absent.insert(from.to_path_buf());
     }
 
     /// The entry at `path` (and anything under it) was removed through the mount.
@@ -450,12 +489,15 @@ impl Inodes {
             table.detach(ino);
         }
         table.dir_changed(path);
+        table.absent.insert(path.to_path_buf());
     }
 
     /// An entry was created at `path` through the mount: its directory's listing
     /// is out of date.
     pub(crate) fn created(&self, path: &Path) {
-        self.lock().dir_changed(path);
+        let mut table = self.lock();
+        table.dir_changed(path);
+        table.absent.remove(path);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {

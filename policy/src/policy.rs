@@ -49,7 +49,7 @@ use crate::attr::{Attr, attr_of, link_attr};
 use crate::error::FsError;
 use crate::finder;
 use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
-use crate::inodes::{Inodes, Node, ROOT_INO};
+use crate::inodes::{Inodes, Known, Node, ROOT_INO};
 use crate::redirect::{Presented, RedirectPolicy};
 use crate::taint::Taints;
 use crate::tee;
@@ -389,17 +389,30 @@ impl Policy {
         let path = self.node(parent)?.path.join(name);
         let known_path = path.clone();
         let work_path = path.clone();
-        self.ask(
-            &path,
-            move |p| {
-                let meta = p.stager.source().stat(&work_path)?;
-                let attr = p.entry_attr(&work_path, &meta);
-                p.inodes.remember_attr(attr);
-                Ok(attr)
-            },
-            move |p| p.inodes.known_attr_of_path(&known_path),
-        )
-        .await
+        let known = self
+            .ask(
+                &path,
+                move |p| match p.stager.source().stat(&work_path) {
+                    Ok(meta) => {
+                        let attr = p.entry_attr(&work_path, &meta);
+                        p.inodes.remember_attr(attr);
+                        Ok(Known::Entry(attr))
+                    }
+                    // Remembered, so a loader's probe of a name the model lacks
+                    // gets the same answer while the source is away.
+                    Err(SourceError::NotFound { .. }) => {
+                        p.inodes.remember_absent(&work_path);
+                        Ok(Known::Absent)
+                    }
+                    Err(e) => Err(e.into()),
+                },
+                move |p| p.inodes.known_entry(&known_path),
+            )
+            .await?;
+        match known {
+            Known::Entry(attr) => Ok(attr),
+            Known::Absent => Err(FsError::Source(SourceError::NotFound { path })),
+        }
     }
 
     /// The inode and attributes `path` is presented with: a staged file as a link to

@@ -19,6 +19,9 @@
     hub_client.py from-pretrained REPO
                                       transformers' AutoConfig and AutoTokenizer
                                       .from_pretrained(REPO), online
+    hub_client.py loads FOLDER        mlx_lm.load and generate, AutoConfig and
+                                      AutoTokenizer, of $REPO and of the model folder
+                                      FOLDER by path; weights against $EXPECT_WEIGHTS
 
 The hub modes read HF_ENDPOINT and HF_HUB_CACHE (or HF_HOME) from the environment.
 """
@@ -241,6 +244,36 @@ def mlx_load(repo):
     }
 
 
+def loads(folder):
+    """What a user's loaders do with a model they loaded before, by repository id
+    ($REPO, through HF_HOME or HF_HUB_CACHE) and by the path of a plain model folder:
+    mlx_lm.load and a few generated tokens, and transformers' AutoConfig and
+    AutoTokenizer. Weights are compared with $EXPECT_WEIGHTS."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx.utils import tree_flatten
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    expected = load_file(os.environ["EXPECT_WEIGHTS"])
+    result = {}
+    for name, model_id in (("repo", os.environ["REPO"]), ("folder", folder)):
+        model, tokenizer = mlx_lm.load(model_id)
+        mx.eval(model.parameters())
+        loaded = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+        text = mlx_lm.generate(model, tokenizer, prompt="w1 w2", max_tokens=4)
+        config = AutoConfig.from_pretrained(model_id)
+        fast = AutoTokenizer.from_pretrained(model_id)
+        result[name] = {
+            "weights_match": loaded.keys() == expected.keys()
+            and all(np.array_equal(loaded[k], v) for k, v in expected.items()),
+            "generated": text,
+            "seed": config.to_dict().get("seed"),
+            "tokens": fast("w1 w2")["input_ids"],
+        }
+    return result
+
+
 def from_pretrained(repo):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -262,6 +295,7 @@ MODES = {
     "make-llama": make_llama,
     "mlx-load": mlx_load,
     "from-pretrained": from_pretrained,
+    "loads": loads,
 }
 
 def main(modes):

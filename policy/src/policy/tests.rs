@@ -499,6 +499,57 @@ async fn a_dead_fuse_source_serves_the_staged_model_and_fails_the_rest_with_eio(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_name_the_source_said_was_absent_is_absent_while_the_source_hangs() {
+    // What loaders probe: an HF_HOME's token, a model's generation_config.json.
+    let f = healthy();
+    for name in ["token", "models--acme--m/generation_config.json"] {
+        assert_eq!(errno(f.lookup(name).await), libc::ENOENT, "{name}");
+    }
+    f.source.set(Behaviour::Hang);
+    for name in ["token", "models--acme--m/generation_config.json"] {
+        assert_eq!(
+            errno(f.lookup_promptly(name).await),
+            libc::ENOENT,
+            "{name} while the source hangs"
+        );
+    }
+    f.source.set(Behaviour::Healthy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_remembered_absence_answers_while_the_source_is_away_and_gives_way_once_it_is_back() {
+    let f = fixture(|c, _, _| c.redirect = false);
+    assert_eq!(errno(f.lookup("token").await), libc::ENOENT);
+    f.source.set(Behaviour::Fails(libc::ENOTCONN));
+    assert_eq!(
+        errno(f.lookup_promptly("token").await),
+        libc::ENOENT,
+        "remembered"
+    );
+    assert_eq!(
+        errno(f.lookup_promptly("never-asked").await),
+        libc::EIO,
+        "unknown"
+    );
+    // Made at the source meanwhile: once the source is back, it is there.
+    fs::write(f.src.join("token"), b"hf_secret").expect("write");
+    f.source.set(Behaviour::Healthy);
+    until_back(&f, "config.json").await;
+    let attr = f
+        .lookup("token")
+        .await
+        .expect("there once the source is back");
+    assert_eq!(attr.size, 9);
+    f.source.set(Behaviour::Fails(libc::ENOTCONN));
+    let known = f.lookup_promptly("token").await.expect("what it said last");
+    assert_eq!(
+        known.size, 9,
+        "the absence was forgotten when the name was found"
+    );
+    f.source.set(Behaviour::Healthy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn every_errno_of_a_lost_server_counts_as_the_source_away() {
     for errno_away in [libc::EIO, libc::ESTALE, libc::EHOSTDOWN, libc::ENETUNREACH] {
         let (f, expected) = staged_then_failing(errno_away).await;
