@@ -600,7 +600,7 @@ fn help_and_readme_say_what_the_commands_do() {
     let readme =
         fs::read_to_string(stagefs_tests::workspace_root().join("README.md")).expect("README.md");
     for said in [
-        "cargo install --path cli",
+        "cargo install --locked --path cli",
         "a child process with a 15 s deadline",
         "a file at the export's root needs `//`",
         "`0` counts as `1s`, the shortest",
@@ -609,6 +609,8 @@ fn help_and_readme_say_what_the_commands_do() {
         assert!(readme.contains(said), "README: {said}");
     }
     assert!(!readme.contains("a file at any depth"));
+    // Without --locked, cargo install re-resolves the dependencies past Cargo.lock.
+    assert!(!readme.contains("cargo install --path"));
 }
 
 #[test]
