@@ -133,6 +133,18 @@ fn init_logging(default_filter: &str) {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = || Config::load(cli.config.as_deref(), cli.no_config);
+    // A command whose arguments name all it needs (`unmount PATH`, `status --cache-dir C`)
+    // reads the file only for defaults: an error in it is a warning, not a stop.
+    let config_unless = |given: bool| match config() {
+        Err(e) if given => match e.downcast_ref::<config::ConfigError>() {
+            Some(error) => {
+                eprintln!("stagefs: warning: {error} (went on without the file)");
+                Ok(Config::default())
+            }
+            None => Err(e),
+        },
+        loaded => loaded,
+    };
     match &cli.command {
         Command::Mount(args) => mount(args, &config()?),
         Command::Serve(args) => {
@@ -140,7 +152,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             daemon::serve_nfs(&spec)
         }
         Command::Unmount(args) => {
-            let mountpoint = mounts::mountpoint(&config()?, args.mountpoint.as_deref())?;
+            let config = config_unless(args.mountpoint.is_some())?;
+            let mountpoint = mounts::mountpoint(&config, args.mountpoint.as_deref())?;
             let how = match (args.lazy, args.force) {
                 (true, _) => stagefs_mount::UnmountHow::Lazy,
                 (_, true) => stagefs_mount::UnmountHow::Force,
@@ -160,10 +173,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
         }
         Command::Service(command) => service::run(command, &config()?),
-        Command::Status(args) => manage::status(args, &config()?, cli.verbose),
-        Command::Evict(args) => manage::evict(args, &config()?, cli.verbose),
-        Command::Verify(args) => manage::verify(args, &config()?, cli.verbose),
-        Command::Prefetch(args) => prefetch::run(args, &config()?, cli.verbose),
+        Command::Status(args) => {
+            let config = config_unless(args.cache.cache_dir.is_some())?;
+            manage::status(args, &config, cli.verbose)
+        }
+        Command::Evict(args) => {
+            let config = config_unless(args.cache.cache_dir.is_some())?;
+            manage::evict(args, &config, cli.verbose)
+        }
+        Command::Verify(args) => {
+            let config = config_unless(args.cache.cache_dir.is_some())?;
+            manage::verify(args, &config, cli.verbose)
+        }
+        Command::Prefetch(args) => {
+            let config = config_unless(args.cache.cache_dir.is_some())?;
+            prefetch::run(args, &config, cli.verbose)
+        }
         Command::Demo(args) => demo::run(args),
         Command::GenDemo(args) => gen_demo(args),
     }
