@@ -201,6 +201,15 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         args.mountpoint.as_deref(),
         &args.options(),
     )?;
+    if daemon::already_up(&spec) {
+        println!(
+            "already mounted: {} at {} (cache {}); unmount it first to change its options",
+            spec.source.display(),
+            spec.mountpoint.display(),
+            spec.cache_dir.display()
+        );
+        return Ok(());
+    }
     if args.foreground {
         if args.cleared_stale_mount {
             tracing::info!(mountpoint = %spec.mountpoint.display(), "cleared a stale mount left by a crashed daemon");
