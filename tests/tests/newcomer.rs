@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use stagefs_mount::registry;
+use stagefs_tests::hub::{HUB_CLIENT, Hub, REPO};
 use stagefs_tests::{Scratch, TEST_RESERVE, Tmpfs, generate, is_mounted, stagefs_bin, wait_for};
 
 /// A user with a fresh HOME, running the `stagefs` binary.
@@ -1104,4 +1105,61 @@ fn status_names_a_copy_by_its_snapshot_file_while_the_source_does_not_answer() {
     assert!(out.lines().any(|l| l.starts_with(named)), "{named}\n{out}");
     let _ = reader.join().expect("reader");
     drop(mount);
+}
+
+/// Issue 46: an HF_HOME that has downloaded nothing yet (`hub/` empty) was taken for
+/// an empty hub cache: `mount` found no model, `run` set HF_HUB_CACHE to the mount,
+/// and `hf download` wrote `models--…`, `.locks` and `CACHEDIR.TAG` beside `hub/` on
+/// the source. Its `hub/` makes it an HF_HOME for mount, doctor and run alike.
+#[test]
+fn an_empty_hf_home_is_one_and_hf_download_through_run_lands_in_its_hub() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    fs::create_dir(s.hub.join("hub")).expect("mkdir hub");
+    let _cleanup = Cleanup(s.mnt.clone());
+    let (mnt, cache) = (s.mnt.display(), s.cache.display());
+    let (out, _) = user.mount(&s);
+    assert!(
+        out.ends_with(&format!(
+            "; export HF_HOME={mnt} HF_XET_CACHE={cache}/xet\n"
+        )),
+        "{out}"
+    );
+    let (_, out, _) = user.run(&[&"doctor", &s.hub]);
+    let shape = format!("{}: an HF_HOME holding no model yet", s.hub.display());
+    assert!(out.contains(&shape), "{out}");
+
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &s.dir.path().join("repo"), &[]);
+    let hf = stagefs_tests::python().with_file_name("hf");
+    let out = user
+        .command(&[
+            &"run",
+            &"--source",
+            &s.hub,
+            &"--mountpoint",
+            &s.mnt,
+            &"--cache-dir",
+            &s.cache,
+            &"--",
+            &hf,
+            &"download",
+            &REPO,
+        ])
+        .env("HF_ENDPOINT", &hub.url)
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .output()
+        .expect("running stagefs run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = format!(
+        "stagefs: running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_XET_CACHE={cache}/xet (the source is an HF_HOME)\n"
+    );
+    assert!(err.starts_with(&said), "{err}");
+    let repo_dir = "models--acme--tiny";
+    assert!(s.hub.join("hub").join(repo_dir).join("snapshots").is_dir());
+    for stray in [repo_dir, ".locks", "CACHEDIR.TAG"] {
+        assert!(!s.hub.join(stray).exists(), "{stray} beside hub/");
+    }
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
 }
