@@ -1163,3 +1163,74 @@ fn an_empty_hf_home_is_one_and_hf_download_through_run_lands_in_its_hub() {
     let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
     assert!(ok, "{err}");
 }
+
+/// Issue 46, finding 3: doctor of a path no mount has to do with advised
+/// `export HF_HUB_CACHE=<mount> (its hub/ if …)` for an HF_HOME mount and added an
+/// `ok mount` line about that mount; with two mounts holding a model it examined one
+/// without a word. Its advice names the variable the running mount's source wants,
+/// and it says which of the two mounts its report is about.
+#[test]
+fn doctor_names_the_variable_of_the_mount_it_is_about_and_which_of_two_it_examines() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub.join("hub"), "acme/shared", 1, "1M");
+    let elsewhere = s.dir.path().join("elsewhere");
+    fs::create_dir_all(elsewhere.join("Llama")).expect("mkdir");
+    fs::write(elsewhere.join("Llama/config.json"), "{}").expect("config");
+    fs::write(elsewhere.join("Llama/model.safetensors"), [7u8; 4096]).expect("weights");
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let mnt = s.mnt.display();
+    let (_, out, _) = user.run(&[&"doctor", &elsewhere]);
+    assert!(
+        out.contains(&format!("\n{:19}export HF_HOME={mnt}, or", "")),
+        "{out}"
+    );
+    assert!(!out.contains("HF_HUB_CACHE="), "{out}");
+    assert!(!out.contains("\nok    mount "), "{out}");
+
+    let [hub2, mnt2, cache2] = ["hub2", "mnt2", "cache2"].map(|d| s.dir.path().join(d));
+    generate(&hub2, "acme/shared", 1, "1M");
+    fs::create_dir(&mnt2).expect("mkdir");
+    let _cleanup2 = Cleanup(mnt2.clone());
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, _, err) = user.run(&[
+        &"mount",
+        &hub2,
+        &mnt2,
+        &"--cache-dir",
+        &cache2,
+        &"--min-free",
+        &reserve,
+    ]);
+    assert!(ok, "{err}");
+    let (_, out, _) = user.run(&[&"doctor", &elsewhere, &"--cache-dir", &cache2]);
+    let hub_cache = format!("\n{:19}export HF_HUB_CACHE={}, or", "", mnt2.display());
+    assert!(out.contains(&hub_cache), "{out}");
+
+    let (_, out, _) = user.run(&[&"doctor", &"acme/shared"]);
+    let note = out
+        .lines()
+        .find(|l| l.starts_with("note  mounts       2 running mounts hold acme/shared: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    for (m, src) in [(&s.mnt, &s.hub), (&mnt2, &hub2)] {
+        assert!(
+            note.contains(&format!("{} (of {})", m.display(), src.display())),
+            "{note}"
+        );
+    }
+    let examined = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ok    mount        "))
+        .and_then(|l| l.split_once(" is mounted"))
+        .map(|(m, _)| m)
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        note.ends_with(&format!("; this report is about the one at {examined}")),
+        "{note}"
+    );
+    for m in [&s.mnt, &mnt2] {
+        let (ok, _, err) = user.run(&[&"unmount", m]);
+        assert!(ok, "{err}");
+    }
+}

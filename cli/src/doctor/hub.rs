@@ -260,10 +260,10 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     let live = stagefs_mount::live_mount(cache_dir).map_err(|e| e.to_string());
     reply(tx, Line::Daemon(live.clone()));
     let served = matches!(live, Ok(Some(_)));
-    let line = match live {
+    let line = match &live {
         Ok(Some((_, serving))) => {
-            let resolved = std::fs::canonicalize(&serving).ok();
-            resolved.map(|resolved| Line::Resolved(serving, resolved))
+            let resolved = std::fs::canonicalize(serving).ok();
+            resolved.map(|resolved| Line::Resolved(serving.clone(), resolved))
         }
         Ok(None) => {
             // `stagefs mount` refuses anything but an empty directory.
@@ -275,6 +275,14 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     };
     if let Some(line) = line {
         reply(tx, line);
+    }
+    // The shape of the mount's source, for the advice about a mount doctor was not
+    // asked about (the argument is some other path): which variable that mount wants.
+    if let Ok(Some((source, serving))) = &live
+        && serving == mountpoint
+        && let Ok(tree) = stagefs_source::SourceTree::new(source)
+    {
+        reply(tx, Line::MountShape(stagefs_layout::models::shape(&tree)));
     }
     // Last: the mount's status walks the source, and the lines above need none of it.
     if served {

@@ -12,7 +12,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_layout::models::Survey;
+use stagefs_layout::models::{Shape, Survey};
 use stagefs_source::fskind::FsInfo;
 // Why a probe has no answer: the words `mount` uses for a source that does not answer.
 use stagefs_mount::bounded::Unanswered;
@@ -76,6 +76,9 @@ pub(crate) enum Line {
     MountEmpty(Result<bool, StepError>),
     /// A path and the same path with links resolved.
     Resolved(PathBuf, PathBuf),
+    /// The shape of the source of the mount the cache directory serves at the
+    /// configured mount point.
+    MountShape(Shape),
     /// The blobs the running mount refuses (their bytes are not their names'), each
     /// as (path in the source, the name users know it by).
     Refused(Vec<(PathBuf, String)>),
