@@ -390,6 +390,8 @@ fn service_files_start_the_configured_mount() {
         s.mnt.display()
     )));
     assert!(shown.contains("Restart=on-failure\n"));
+    // Issue 46: a stop lets the daemon serve a model still open until it is closed.
+    assert!(shown.contains("\nTimeoutStopSec=infinity\n"), "{shown}");
     assert!(shown.contains("WantedBy=default.target\n"));
     assert!(shown.contains("would run: systemctl --user enable --now stagefs.service"));
     assert!(!unit.exists(), "a dry run writes nothing");
