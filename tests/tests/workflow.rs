@@ -169,6 +169,13 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
         model.shards().len(),
         "every shard staged before the command started"
     );
+    // Issue 46: what stagefs says is told from COMMAND's output by its prefix, the
+    // per-file lines too.
+    let out = stagefs(&config, &["run", "--model", &model.repo, "--", "true"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("\nstagefs: already staged "), "{err}");
+    assert!(err.lines().all(|l| l.starts_with("stagefs: ")), "{err}");
 
     let out = stagefs(
         &config,
