@@ -218,10 +218,11 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
     } else {
         let log = daemon::launch_background(&spec)?;
         // One line: where it is mounted, and how programs find the models in it.
-        let usage = stagefs_mount::bounded::shape(&spec.source, spec.fs.source_timeout)
-            .map(|shape| {
-                let usage = doctor::shape_usage(shape, &spec.mountpoint, Some(&spec.cache_dir));
-                format!("; {usage}")
+        let (source, dirs, timeout) = (&spec.source, &spec.model_dirs, spec.fs.source_timeout);
+        let usage = stagefs_mount::bounded::shape_and_loose_models(source, dirs, timeout)
+            .map(|(shape, loose)| {
+                let (mnt, cache) = (&spec.mountpoint, Some(spec.cache_dir.as_path()));
+                format!("; {}", doctor::shape_usage(shape, loose, mnt, cache))
             })
             .unwrap_or_default();
         println!("{}{usage}", daemon::describe(&spec, &log));

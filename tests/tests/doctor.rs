@@ -722,7 +722,7 @@ fn a_folder_inside_a_source_of_plain_folders_is_judged_as_part_of_it() {
         );
         let lines = [
             format!(
-                "ok    shape        {}: plain model folders holding 2 plain model folders",
+                "ok    shape        {}: 2 plain model folders, loaded by path",
                 s.hub.display()
             ),
             format!(
