@@ -787,6 +787,24 @@ fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
         )
     };
     let echo: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--", &"sh", &"-c", &"echo $HF_HUB_CACHE"];
+    // Issue 46: with nothing to pick by, every way run picks one is named, not only
+    // --cache-dir.
+    let mut bare: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"run"];
+    bare.extend(echo);
+    let (ok, _, err) = user.run(&bare);
+    assert!(!ok);
+    for said in [
+        "stagefs: 2 stagefs mounts are running: ",
+        &format!(
+            "{} (of {})",
+            mnt2.display(),
+            s.dir.path().join("hub2").display()
+        ),
+        "; pick one with --mountpoint (`stagefs run --mountpoint ",
+        "--source, --cache-dir, or --model naming a model only one holds\n",
+    ] {
+        assert!(err.contains(said), "{said} in {err}");
+    }
     let using = format!(
         "stagefs: using the mount at {} (cache {})\n",
         mnt2.display(),
