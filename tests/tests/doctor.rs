@@ -193,6 +193,13 @@ fn an_sshfs_source_is_network_and_measured() {
     assert_eq!(source["kind"], "network", "{report:#}");
     assert_eq!(source["network"], true);
     assert_eq!(source["fstype"], "fuse.sshfs");
+    // Issue 46: the options that survive a dropped connection are advised before one.
+    let advice = check(&report, "source")["advice"].as_str().unwrap_or_default();
+    assert_eq!(
+        advice,
+        "unless the sshfs command has them, add `-o reconnect,ServerAliveInterval=15` so that it survives dropped connections",
+        "{report:#}"
+    );
     let rate = &source["probe"]["throughput_bytes_per_sec"];
     assert!(positive(rate), "{report:#}");
     // 200 Mbit/s is 25 MB/s: well below ten times that, or the page cache was measured.

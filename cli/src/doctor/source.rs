@@ -545,6 +545,13 @@ fn fs_check(report: &SourceReport) -> Check {
         FsKind::Local => {
             "a local disk is already fast; stagefs pays off for network and USB sources"
         }
+        // Whether sshfs was started with them is not in the mount table: said before
+        // the first dropped connection leaves a dead mount, not only after.
+        _ if fs.fstype.ends_with("sshfs") => {
+            return Check::ok("source", summary).advise(format!(
+                "unless the sshfs command has them, add `{SSHFS_RECONNECT}` so that it survives dropped connections"
+            ));
+        }
         _ => return Check::ok("source", summary),
     };
     Check::ok("source", summary).advise(advice)
