@@ -12,7 +12,7 @@ use stagefs_layout::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
 
 use super::Check;
-use super::worker::{Gathered, Line, StepError, Tx, reply};
+use super::lines::{Gathered, Line, StepError, Tx, reply};
 
 const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 

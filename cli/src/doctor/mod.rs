@@ -5,13 +5,14 @@
 //! (`worker`).
 
 #[macro_use]
-mod worker;
+mod lines;
 mod fuse;
 mod hub;
 mod model;
 mod refused;
 mod source;
 mod space;
+mod worker;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -28,8 +29,9 @@ use crate::args::{BackendArg, DoctorArgs};
 use crate::config::Config;
 use crate::manage::escaped;
 use crate::run::RELAX_WATCHDOG_VAR;
-use source::{Findings, Target};
-use worker::{DEADLINE, Gathered, Task};
+use lines::{DEADLINE, Gathered, Target};
+use source::Findings;
+use worker::Task;
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
