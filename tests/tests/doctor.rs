@@ -194,7 +194,9 @@ fn an_sshfs_source_is_network_and_measured() {
     assert_eq!(source["network"], true);
     assert_eq!(source["fstype"], "fuse.sshfs");
     // Issue 46: the options that survive a dropped connection are advised before one.
-    let advice = check(&report, "source")["advice"].as_str().unwrap_or_default();
+    let advice = check(&report, "source")["advice"]
+        .as_str()
+        .unwrap_or_default();
     assert_eq!(
         advice,
         "unless the sshfs command has them, add `-o reconnect,ServerAliveInterval=15` so that it survives dropped connections",
