@@ -99,7 +99,7 @@ fn config_errors_name_the_file_line_and_key() {
         ),
         (
             "mount_point = \"/x\"\n",
-            "line 1, key `mount_point`: unknown field",
+            "line 1: unknown key `mount_point`; did you mean `mountpoint`?",
         ),
         (
             "cache_dir = \"relative\"\n",
