@@ -145,6 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         loaded => loaded,
     };
+    let by_cache = |cache: &args::CacheDirArg| config_unless(cache.cache_dir.is_some());
     match &cli.command {
         Command::Mount(args) => mount(args, &config()?),
         Command::Serve(args) => {
@@ -173,22 +174,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
         }
         Command::Service(command) => service::run(command, &config()?),
-        Command::Status(args) => {
-            let config = config_unless(args.cache.cache_dir.is_some())?;
-            manage::status(args, &config, cli.verbose)
-        }
-        Command::Evict(args) => {
-            let config = config_unless(args.cache.cache_dir.is_some())?;
-            manage::evict(args, &config, cli.verbose)
-        }
-        Command::Verify(args) => {
-            let config = config_unless(args.cache.cache_dir.is_some())?;
-            manage::verify(args, &config, cli.verbose)
-        }
-        Command::Prefetch(args) => {
-            let config = config_unless(args.cache.cache_dir.is_some())?;
-            prefetch::run(args, &config, cli.verbose)
-        }
+        Command::Status(args) => manage::status(args, &by_cache(&args.cache)?, cli.verbose),
+        Command::Evict(args) => manage::evict(args, &by_cache(&args.cache)?, cli.verbose),
+        Command::Verify(args) => manage::verify(args, &by_cache(&args.cache)?, cli.verbose),
+        Command::Prefetch(args) => prefetch::run(args, &by_cache(&args.cache)?, cli.verbose),
         Command::Demo(args) => demo::run(args),
         Command::GenDemo(args) => gen_demo(args),
     }

@@ -162,20 +162,10 @@ fn refuse_several_running() -> anyhow::Result<()> {
     let [first, _, ..] = known.as_slice() else {
         return Ok(());
     };
-    let listed: Vec<String> = known
-        .iter()
-        .map(|m| {
-            format!(
-                "{} (of {})",
-                m.mountpoint.display(),
-                m.record.source.display()
-            )
-        })
-        .collect();
     bail!(
         "{} stagefs mounts are running: {}; pick one with --mountpoint (`stagefs run --mountpoint {} -- …`), --source, --cache-dir, or --model naming a model only one holds",
         known.len(),
-        listed.join(", "),
+        crate::mounts::listed(&known),
         first.mountpoint.display()
     )
 }

@@ -171,17 +171,7 @@ fn running_mounts() -> Option<Check> {
     if known.len() < 2 {
         return None;
     }
-    let mounts = known
-        .iter()
-        .map(|m| {
-            format!(
-                "{} (of {})",
-                m.mountpoint.display(),
-                m.record.source.display()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let mounts = crate::mounts::listed(&known);
     let summary = format!("{} stagefs mounts are running: {mounts}", known.len());
     Some(
         Check::note("mounts", summary)
@@ -226,20 +216,10 @@ fn holders_note(
         return None;
     };
     let [other, ..] = rest else { return None };
-    let listed: Vec<String> = holders
-        .iter()
-        .map(|m| {
-            format!(
-                "{} (of {})",
-                m.mountpoint.display(),
-                m.record.source.display()
-            )
-        })
-        .collect();
     let summary = format!(
         "{} running mounts hold {id}: {}; this report is about the one at {}",
         holders.len(),
-        listed.join(", "),
+        crate::mounts::listed(holders),
         first.mountpoint.display()
     );
     let advice = format!(
