@@ -1196,6 +1196,35 @@ fn doctor_names_the_variable_of_the_mount_it_is_about_and_which_of_two_it_examin
     fs::create_dir_all(elsewhere.join("Llama")).expect("mkdir");
     fs::write(elsewhere.join("Llama/config.json"), "{}").expect("config");
     fs::write(elsewhere.join("Llama/model.safetensors"), [7u8; 4096]).expect("weights");
+    // A mount of plain folders: loaded by path, no variable to export.
+    let [plain, mnt3, cache3] = ["plain", "mnt3", "cache3"].map(|d| s.dir.path().join(d));
+    fs::create_dir_all(plain.join("Other")).expect("mkdir");
+    fs::write(plain.join("Other/config.json"), "{}").expect("config");
+    fs::write(plain.join("Other/model.safetensors"), [7u8; 4096]).expect("weights");
+    fs::create_dir(&mnt3).expect("mkdir");
+    let _cleanup3 = Cleanup(mnt3.clone());
+    let reserve = TEST_RESERVE.to_string();
+    let mount_plain: [&dyn AsRef<std::ffi::OsStr>; 7] = [
+        &"mount",
+        &plain,
+        &mnt3,
+        &"--cache-dir",
+        &cache3,
+        &"--min-free",
+        &reserve,
+    ];
+    let (ok, _, err) = user.run(&mount_plain);
+    assert!(ok, "{err}");
+    let (_, out, _) = user.run(&[&"doctor", &elsewhere]);
+    let by_path = format!(
+        "\nnote  hub-cache    the source holds plain model folders, loaded by path under {};",
+        mnt3.display()
+    );
+    assert!(out.contains(&by_path), "{out}");
+    assert!(!out.contains("export "), "{out}");
+    let (ok, _, err) = user.run(&[&"unmount", &mnt3]);
+    assert!(ok, "{err}");
+
     let _cleanup = Cleanup(s.mnt.clone());
     user.mount(&s);
     let mnt = s.mnt.display();
@@ -1211,7 +1240,6 @@ fn doctor_names_the_variable_of_the_mount_it_is_about_and_which_of_two_it_examin
     generate(&hub2, "acme/shared", 1, "1M");
     fs::create_dir(&mnt2).expect("mkdir");
     let _cleanup2 = Cleanup(mnt2.clone());
-    let reserve = TEST_RESERVE.to_string();
     let (ok, _, err) = user.run(&[
         &"mount",
         &hub2,
