@@ -275,8 +275,9 @@ pub(crate) fn hub_cache_check(
 }
 
 /// The worker's side of the `mount` check, once the cache directory answered: what
-/// its daemon serves, or what the mount point is when none answers.
-pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
+/// its daemon serves, or what the mount point is when none answers; with `shape`, the
+/// shape of the served mount's source.
+pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, shape: bool, tx: &Tx) {
     let live = stagefs_mount::live_mount(cache_dir).map_err(|e| e.to_string());
     reply(tx, Line::Daemon(live.clone()));
     let served = matches!(live, Ok(Some(_)));
@@ -299,6 +300,7 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     // The shape of the mount's source, for the advice about a mount doctor was not
     // asked about (the argument is some other path): which variable that mount wants.
     if let Ok(Some((source, serving))) = &live
+        && shape
         && serving == mountpoint
         && let Ok(tree) = stagefs_source::SourceTree::new(source)
     {

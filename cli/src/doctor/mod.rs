@@ -256,7 +256,9 @@ fn examine(
 ) -> anyhow::Result<Report> {
     let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
     let source = Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs);
-    let cache = Task::Cache(cache_dir.to_path_buf(), mountpoint.map(Into::into));
+    // Without an argument the source examined is the mount's: its survey says the shape.
+    let mount_shape = arg.is_some();
+    let cache = Task::Cache(cache_dir.into(), mountpoint.map(Into::into), mount_shape);
     let resolve = hub::paths_to_resolve(mountpoint).map(Task::Resolve);
     let tasks = [source, cache].into_iter().chain(resolve).collect();
     let gathered = worker::gather(tasks, DEADLINE);

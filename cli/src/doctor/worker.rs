@@ -25,8 +25,9 @@ pub(crate) enum Task {
     /// configured `model_dirs`).
     Source(Option<String>, Option<PathBuf>, Vec<PathBuf>),
     /// Where the cache directory is; then whether a daemon serves the mount point from
-    /// it (its control socket lives there, so it is asked only once that answered).
-    Cache(PathBuf, Option<PathBuf>),
+    /// it (its control socket lives there, so it is asked only once that answered),
+    /// and if asked (`true`), the shape of that mount's source.
+    Cache(PathBuf, Option<PathBuf>, bool),
     /// A path with links resolved; no line when it cannot be.
     Resolve(PathBuf),
 }
@@ -137,12 +138,12 @@ impl Task {
             Task::Source(arg, source, dirs) => {
                 source::probe(arg.as_deref(), source.as_deref(), dirs, tx)
             }
-            Task::Cache(dir, mountpoint) => {
+            Task::Cache(dir, mountpoint, shape) => {
                 let place = space::place(&dir).map_err(StepError::of);
                 let answered = place.is_ok();
                 send(Line::Cache(place));
                 if let (true, Some(mountpoint)) = (answered, mountpoint) {
-                    super::hub::probe_mount(&dir, &mountpoint, tx);
+                    super::hub::probe_mount(&dir, &mountpoint, shape, tx);
                 }
             }
             Task::Resolve(path) => {
