@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
-"""Lists each top-level module of a crate with the other top-level modules it uses
-(`crate::name`, `use crate::{a, b}`), and fails on a cycle between them.
+"""Lists the modules of a crate at each level (the top-level modules, and the
+submodules of each module directory, such as cli/src/doctor/*.rs) with the sibling
+modules each uses, and fails on a cycle between siblings.
+
+A module uses a sibling when its files name it: `crate::name` or `crate::{a, b}` at
+the top level; below, `super::name`, `super::{a, b}` (one `super` per level between
+the file and the siblings' parent) or the full path (`crate::doctor::name`). A
+module and its parent (`mod.rs` naming its children, children naming `super::Item`)
+are not siblings: only siblings must depend one way.
 
     python3 scripts/module-cycles.py [SRC_DIR...]
 
@@ -10,21 +17,74 @@ import re
 import sys
 from pathlib import Path
 
+NAME = r"[a-z_][a-z0-9_]*"
 
-def modules_of(src):
-    mods = {p.stem: p for p in src.glob("*.rs") if p.stem not in ("main", "lib")}
-    mods.update({p.name: p for p in src.iterdir() if p.is_dir()})
+
+def modules_of(level):
+    """The modules declared at a level: its `.rs` files and its module directories."""
+    mods = {}
+    for p in level.glob("*.rs"):
+        if p.stem not in ("main", "lib", "mod"):
+            mods.setdefault(p.stem, []).append(p)
+    for p in level.iterdir():
+        if p.is_dir() and any(p.rglob("*.rs")):
+            mods.setdefault(p.name, []).extend(sorted(p.rglob("*.rs")))
     return mods
 
 
-def uses(mods, name):
-    path = mods[name]
+def levels(src):
+    """(directory, the path its modules are named by from the crate root)."""
+    yield src, "crate"
+    for d in sorted(p for p in src.rglob("*") if p.is_dir()):
+        yield d, "::".join(["crate", *d.relative_to(src).parts])
+
+
+def group_items(text, start):
+    """The leading names of the comma-separated items of the `{...}` at `start`."""
+    depth, item, items = 0, "", []
+    for ch in text[start:]:
+        if ch == "{":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                break
+        if ch == "," and depth == 1:
+            items.append(item)
+            item = ""
+        else:
+            item += ch
+    items.append(item)
+    return [m.group(0) for m in (re.match(NAME, i.strip()) for i in items) if m]
+
+
+def named_after(text, prefix):
+    """The names that follow `prefix::`, alone or in a `{...}` group."""
+    found = set(re.findall(rf"(?<![a-z0-9_:]){re.escape(prefix)}::({NAME})", text))
+    for m in re.finditer(rf"(?<![a-z0-9_:]){re.escape(prefix)}::\{{", text):
+        found.update(group_items(text, m.end() - 1))
+    return found
+
+
+def prefixes(level, path, f):
+    """How the file `f` of a module at `level` names the level's modules."""
+    yield path
+    if path == "crate":
+        return
+    # One `super` for each module between the file and the level.
+    parts = f.relative_to(level).parts
+    depth = len(parts) - (1 if parts[-1] == "mod.rs" else 0)
+    yield "::".join(["super"] * depth)
+
+
+def uses(level, path, mods, name):
     found = set()
-    for f in [path] if path.is_file() else sorted(path.rglob("*.rs")):
+    for f in mods[name]:
         text = f.read_text()
-        found.update(re.findall(r"crate::([a-z_][a-z0-9_]*)", text))
-        for group in re.findall(r"crate::\{([^}]*)\}", text):
-            found.update(re.findall(r"\b([a-z_][a-z0-9_]*)", group))
+        for prefix in prefixes(level, path, f):
+            found.update(named_after(text, prefix))
     return sorted(m for m in found if m in mods and m != name)
 
 
@@ -47,16 +107,21 @@ def cycles_in(graph):
 
 
 def check(src, verbose):
-    mods = modules_of(src)
-    graph = {name: uses(mods, name) for name in sorted(mods)}
-    if verbose:
-        for name, deps in graph.items():
-            print(f"{name:10} -> {', '.join(deps) if deps else '(none)'}")
-    cycles = cycles_in(graph)
-    for cycle in cycles:
-        print(f"{src}: cycle: " + " -> ".join(cycle))
-    print(f"{len(cycles)} cycle(s) between the top-level modules of {src}")
-    return len(cycles)
+    found = 0
+    for level, path in levels(src):
+        mods = modules_of(level)
+        if len(mods) < 2:
+            continue
+        graph = {name: uses(level, path, mods, name) for name in sorted(mods)}
+        if verbose:
+            print(f"{level}:")
+            for name, deps in graph.items():
+                print(f"  {name:10} -> {', '.join(deps) if deps else '(none)'}")
+        for cycle in cycles_in(graph):
+            print(f"{level}: cycle: " + " -> ".join(cycle))
+            found += 1
+    print(f"{found} cycle(s) between the modules of {src}")
+    return found
 
 
 def workspace_sources():

@@ -340,18 +340,86 @@ fn parse(text: &str) -> Result<FileConfig, String> {
 
 fn locate(text: &str, error: &toml::de::Error) -> String {
     let message = error.message().trim_end();
+    let unknown = unknown_key(message);
     let Some(span) = error.span() else {
         return message.to_string();
     };
     let start = span.start.min(text.len());
     let line_number = text[..start].matches('\n').count() + 1;
     let line = text.lines().nth(line_number - 1).unwrap_or_default();
+    if let Some(key) = unknown {
+        return format!("line {line_number}: {}", unknown_key_said(key));
+    }
     match line.split_once('=') {
         Some((key, _)) if !key.trim().is_empty() => {
             format!("line {line_number}, key `{}`: {message}", key.trim())
         }
         _ => format!("line {line_number}: {message}"),
     }
+}
+
+/// The keys a config file may hold, as `FileConfig` names them (a test checks they agree).
+const KEYS: [&str; 18] = [
+    "source",
+    "mountpoint",
+    "cache_dir",
+    "max_size",
+    "min_free",
+    "min_stage_size",
+    "on_full",
+    "prefetch",
+    "prefetch_parallel",
+    "copy_streams",
+    "source_timeout",
+    "passthrough",
+    "redirect",
+    "redirect_grace",
+    "allow_other",
+    "read_only",
+    "model_dirs",
+    "backend",
+];
+
+/// The key serde's "unknown field `KEY`, expected one of …" names.
+fn unknown_key(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("unknown field `")?
+        .split_once('`')
+        .map(|(key, _)| key)
+}
+
+/// `unknown key `max_siz`; did you mean `max_size`?`, or the keys there are when none
+/// is close: the whole list of 18 is a haystack for a one-letter typo.
+fn unknown_key_said(key: &str) -> String {
+    let closest = KEYS
+        .iter()
+        .map(|known| (edit_distance(key, known), *known))
+        .min()
+        .filter(|(distance, known)| *distance <= 2.max(known.len() / 3));
+    match closest {
+        Some((_, known)) => format!("unknown key `{key}`; did you mean `{known}`?"),
+        None => format!(
+            "unknown key `{key}`; the keys are the flags' long names with _: {}",
+            KEYS.join(", ")
+        ),
+    }
+}
+
+/// Levenshtein distance: the fewest single-character insertions, deletions and
+/// substitutions that turn `a` into `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
 }
 
 fn absolute_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
@@ -499,13 +567,42 @@ model_dirs = ["teams/nlp/hf/hub", "lmstudio/models/"]
     }
 
     #[test]
+    fn keys_are_the_ones_serde_knows() {
+        let e = toml::from_str::<FileConfig>("nope = 1").expect_err("unknown");
+        let expected = e
+            .message()
+            .split_once("expected one of ")
+            .expect("a list")
+            .1;
+        let listed: Vec<&str> = expected
+            .trim()
+            .split(", ")
+            .map(|k| k.trim_matches('`'))
+            .collect();
+        assert_eq!(listed, KEYS);
+    }
+
+    #[test]
     fn errors_name_line_and_key() {
         let e = error("source = \"/a\"\nmax_size = \"20X\"\n");
         assert!(e.starts_with("line 2, key `max_size`:"), "{e}");
         assert!(e.contains("unknown size suffix"), "{e}");
         let e = error("# comment\n\nmax_sise = \"20G\"\n");
-        assert!(e.starts_with("line 3, key `max_sise`:"), "{e}");
-        assert!(e.contains("unknown field"), "{e}");
+        assert_eq!(
+            e,
+            "line 3: unknown key `max_sise`; did you mean `max_size`?"
+        );
+        let e = error("mountpiont = \"/m\"\n");
+        assert_eq!(
+            e,
+            "line 1: unknown key `mountpiont`; did you mean `mountpoint`?"
+        );
+        let e = error("colour = \"blue\"\n");
+        assert!(
+            e.starts_with("line 1: unknown key `colour`; the keys are"),
+            "{e}"
+        );
+        assert!(e.ends_with("model_dirs, backend"), "{e}");
         let e = error("mountpoint = \"relative/dir\"\n");
         assert!(e.contains("must be an absolute path"), "{e}");
         let e = error("copy_streams = 0\n");

@@ -125,10 +125,28 @@ fn detach_stdout() {
     }
 }
 
+/// Whether the mount `spec` describes (its source at its mount point, with its cache)
+/// is up already: then `mount` has nothing to do, and a service restarted on failure
+/// must not fail at every try. Paths compare as given (both absolute): resolving the
+/// source could hang on a share that is away.
+pub(crate) fn already_up(spec: &MountSpec) -> bool {
+    matches!(
+        stagefs_mount::live_mount(&spec.cache_dir),
+        Ok(Some((source, mountpoint))) if source == spec.source && mountpoint == spec.mountpoint
+    )
+}
+
 /// Starts this program again as a detached `mount --foreground` and returns once it
 /// reports the mount live; its log goes to `stagefs.log` in the cache directory.
 pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
     let cleared = spec.check().map_err(explain)?.cleared_stale_mount;
+    // Before the log is opened: the daemon would be refused the lock, and its error
+    // would land in the log of the mount that holds it.
+    if stagefs_mount::registry::locked(&spec.cache_dir) {
+        return Err(explain(MountError::CacheLocked {
+            path: spec.cache_dir.clone(),
+        }));
+    }
     if cleared {
         eprintln!(
             "stagefs: cleared a stale mount at {} left by a crashed daemon",

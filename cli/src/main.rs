@@ -133,6 +133,19 @@ fn init_logging(default_filter: &str) {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = || Config::load(cli.config.as_deref(), cli.no_config);
+    // A command whose arguments name all it needs (`unmount PATH`, `status --cache-dir C`)
+    // reads the file only for defaults: an error in it is a warning, not a stop.
+    let config_unless = |given: bool| match config() {
+        Err(e) if given => match e.downcast_ref::<config::ConfigError>() {
+            Some(error) => {
+                eprintln!("stagefs: warning: {error} (went on without the file)");
+                Ok(Config::default())
+            }
+            None => Err(e),
+        },
+        loaded => loaded,
+    };
+    let by_cache = |cache: &args::CacheDirArg| config_unless(cache.cache_dir.is_some());
     match &cli.command {
         Command::Mount(args) => mount(args, &config()?),
         Command::Serve(args) => {
@@ -140,7 +153,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             daemon::serve_nfs(&spec)
         }
         Command::Unmount(args) => {
-            let mountpoint = mounts::mountpoint(&config()?, args.mountpoint.as_deref())?;
+            let config = config_unless(args.mountpoint.is_some())?;
+            let mountpoint = mounts::mountpoint(&config, args.mountpoint.as_deref())?;
             let how = match (args.lazy, args.force) {
                 (true, _) => stagefs_mount::UnmountHow::Lazy,
                 (_, true) => stagefs_mount::UnmountHow::Force,
@@ -160,10 +174,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
         }
         Command::Service(command) => service::run(command, &config()?),
-        Command::Status(args) => manage::status(args, &config()?, cli.verbose),
-        Command::Evict(args) => manage::evict(args, &config()?, cli.verbose),
-        Command::Verify(args) => manage::verify(args, &config()?, cli.verbose),
-        Command::Prefetch(args) => prefetch::run(args, &config()?, cli.verbose),
+        Command::Status(args) => manage::status(args, &by_cache(&args.cache)?, cli.verbose),
+        Command::Evict(args) => manage::evict(args, &by_cache(&args.cache)?, cli.verbose),
+        Command::Verify(args) => manage::verify(args, &by_cache(&args.cache)?, cli.verbose),
+        Command::Prefetch(args) => prefetch::run(args, &by_cache(&args.cache)?, cli.verbose),
         Command::Demo(args) => demo::run(args),
         Command::GenDemo(args) => gen_demo(args),
     }
@@ -176,6 +190,15 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         args.mountpoint.as_deref(),
         &args.options(),
     )?;
+    if daemon::already_up(&spec) {
+        println!(
+            "already mounted: {} at {} (cache {}); unmount it first to change its options",
+            spec.source.display(),
+            spec.mountpoint.display(),
+            spec.cache_dir.display()
+        );
+        return Ok(());
+    }
     if args.foreground {
         if args.cleared_stale_mount {
             tracing::info!(mountpoint = %spec.mountpoint.display(), "cleared a stale mount left by a crashed daemon");
@@ -184,10 +207,11 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
     } else {
         let log = daemon::launch_background(&spec)?;
         // One line: where it is mounted, and how programs find the models in it.
-        let usage = stagefs_mount::bounded::shape(&spec.source, spec.fs.source_timeout)
-            .map(|shape| {
-                let usage = doctor::shape_usage(shape, &spec.mountpoint, Some(&spec.cache_dir));
-                format!("; {usage}")
+        let (source, dirs, timeout) = (&spec.source, &spec.model_dirs, spec.fs.source_timeout);
+        let usage = stagefs_mount::bounded::shape_and_loose_models(source, dirs, timeout)
+            .map(|(shape, loose)| {
+                let (mnt, cache) = (&spec.mountpoint, Some(spec.cache_dir.as_path()));
+                format!("; {}", doctor::shape_usage(shape, loose, mnt, cache))
             })
             .unwrap_or_default();
         println!("{}{usage}", daemon::describe(&spec, &log));

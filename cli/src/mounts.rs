@@ -186,6 +186,15 @@ fn holds_model(mount: &KnownMount, id: &str) -> bool {
         )
 }
 
+/// Running mounts as messages list them: `/m1 (of /nas/a), /m2 (of /nas/b)`.
+pub(crate) fn listed(mounts: &[KnownMount]) -> String {
+    let each = |m: &KnownMount| {
+        let (at, of) = (m.mountpoint.display(), m.record.source.display());
+        format!("{at} (of {of})")
+    };
+    mounts.iter().map(each).collect::<Vec<_>>().join(", ")
+}
+
 /// The mount point `unmount` acts on: the argument, the config file's, else the one
 /// mount of ours that runs (several: asks for one).
 pub(crate) fn mountpoint(config: &Config, arg: Option<&Path>) -> anyhow::Result<PathBuf> {

@@ -74,7 +74,8 @@ fn refuse_a_forgotten_source(
 }
 
 /// Where the lines naming each staged file go: stdout for `prefetch`, whose results
-/// they are; stderr for `run`, whose stdout is COMMAND's.
+/// they are; stderr for `run`, whose stdout is COMMAND's, as `stagefs: LINE` like
+/// run's own lines, so they are told from COMMAND's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Results {
     Stdout,
@@ -85,7 +86,15 @@ impl Results {
     fn print(self, line: &str) {
         match self {
             Results::Stdout => println!("{line}"),
-            Results::Stderr => eprintln!("{line}"),
+            Results::Stderr => eprintln!("stagefs: {line}"),
+        }
+    }
+
+    /// A failure: on stderr in either case.
+    fn diagnostic(self, line: &str) {
+        match self {
+            Results::Stdout => eprintln!("{line}"),
+            Results::Stderr => eprintln!("stagefs: {line}"),
         }
     }
 }
@@ -319,7 +328,7 @@ impl View {
         };
         if self.bars.is_some() {
             for f in &failed {
-                eprintln!("{}", line(f, names));
+                self.results.diagnostic(&line(f, names));
             }
         }
         let summary = format!(
@@ -375,7 +384,7 @@ fn label(name: &str) -> &str {
 /// A failure is a diagnostic (stderr); every other line is a result.
 fn print_line(results: Results, line: &str, f: &FileProgress) {
     match f.state {
-        FileState::Failed { .. } => eprintln!("{line}"),
+        FileState::Failed { .. } => results.diagnostic(line),
         _ => results.print(line),
     }
 }

@@ -130,7 +130,11 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
     let Err(missing) = asked else {
         return with_running_cache(asked?, args, config, flag);
     };
-    let cache_dir = crate::mounts::cache_dir(config, flag, &targets(args))?;
+    let targets = targets(args);
+    if flag.is_none() && config.configured_cache_dir().is_none() && targets.is_empty() {
+        refuse_several_running()?;
+    }
+    let cache_dir = crate::mounts::cache_dir(config, flag, &targets)?;
     let known = match live_mount(&cache_dir)? {
         Some(live) => Some(live),
         None => crate::mounts::standing(config, flag, &cache_dir).map(|r| (r.source, r.mountpoint)),
@@ -149,6 +153,21 @@ fn mount_spec(args: &RunArgs, config: &Config) -> anyhow::Result<MountSpec> {
         ),
         None => Err(missing),
     }
+}
+
+/// With several mounts running and nothing given to pick one, names them with every
+/// way `run` picks one: the others' refusal offers only `--cache-dir`.
+fn refuse_several_running() -> anyhow::Result<()> {
+    let known = stagefs_mount::registry::known();
+    let [first, _, ..] = known.as_slice() else {
+        return Ok(());
+    };
+    bail!(
+        "{} stagefs mounts are running: {}; pick one with --mountpoint (`stagefs run --mountpoint {} -- …`), --source, --cache-dir, or --model naming a model only one holds",
+        known.len(),
+        crate::mounts::listed(&known),
+        first.mountpoint.display()
+    )
 }
 
 /// `spec` with the cache of the mount already running at its mount point, when no

@@ -109,27 +109,59 @@ pub fn same_place(a: &Path, b: &Path, deadline: Duration) -> bool {
 /// The layout of the source at `path` (see [`models::shape`]); None if it did not
 /// answer within `deadline` or cannot be read.
 pub fn shape(path: &Path, deadline: Duration) -> Option<Shape> {
+    layout(path, None, deadline).map(|(shape, _)| shape)
+}
+
+/// The layout of the source at `path` and whether, beside an HF_HOME's or a hub
+/// cache's repositories, a search (with `model_dirs`) finds plain model folders or
+/// GGUF files too, which load by path whatever is exported: what `mount`'s line says.
+/// None if it did not answer within `deadline` or cannot be read.
+pub fn shape_and_loose_models(
+    path: &Path,
+    model_dirs: &[PathBuf],
+    deadline: Duration,
+) -> Option<(Shape, bool)> {
+    layout(path, Some(model_dirs), deadline)
+}
+
+/// [`shape`], and with `model_dirs` the search for plain models beside it.
+fn layout(
+    path: &Path,
+    model_dirs: Option<&[PathBuf]>,
+    deadline: Duration,
+) -> Option<(Shape, bool)> {
     const SHAPES: [Shape; 4] = [
         Shape::HfHome,
         Shape::HubCache,
         Shape::ModelFolders,
         Shape::Unknown,
     ];
-    let path = path.to_path_buf();
+    let (path, dirs) = (path.to_path_buf(), model_dirs.map(<[PathBuf]>::to_vec));
     let answer = in_child(deadline, move || {
         encode(
             SourceTree::new(&path)
                 .map_err(io::Error::other)
                 .map(|tree| {
-                    let shape = models::shape(&tree);
+                    let (shape, loose) = match &dirs {
+                        None => (models::shape(&tree), false),
+                        Some(dirs) => {
+                            let survey = models::survey(&tree, dirs);
+                            let loose = survey
+                                .catalog
+                                .models
+                                .iter()
+                                .any(|m| m.kind != models::ModelKind::HfRepo);
+                            (survey.shape, loose)
+                        }
+                    };
                     let index = SHAPES.iter().position(|s| *s == shape).unwrap_or(3);
-                    vec![u8::try_from(index).unwrap_or(3)]
+                    vec![u8::try_from(index).unwrap_or(3), u8::from(loose)]
                 }),
         )
     })
     .ok()?;
     match decode(&answer) {
-        Ok([index]) => SHAPES.get(usize::from(*index)).copied(),
+        Ok([index, loose]) => Some((*SHAPES.get(usize::from(*index))?, *loose == 1)),
         _ => None,
     }
 }

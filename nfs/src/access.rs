@@ -23,6 +23,29 @@ pub(crate) fn serves(owner: u32, auth: &auth_unix) -> bool {
     auth.uid == 0 || auth.uid == owner
 }
 
+/// The uid owning the TCP socket at `addr` on this machine (a loopback client's end
+/// of a connection), as `/proc/net/tcp` lists it; None where there is no such table
+/// (macOS) or the socket is gone.
+pub(crate) async fn client_uid(addr: SocketAddr) -> Option<u32> {
+    let SocketAddr::V4(v4) = addr else {
+        return None;
+    };
+    // The table writes an address as its 32 bits in host order, then the port.
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let table = tokio::fs::read_to_string("/proc/net/tcp").await.ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [_, at, _, _, _, _, _, uid, ..] if *at == local => uid.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
 /// A connection to `addr`, made from a reserved port when this process is root, as
 /// listeners under [`reserved_ports_only`] require.
 pub async fn connect_from_reserved_port(addr: SocketAddr) -> io::Result<tokio::net::TcpStream> {

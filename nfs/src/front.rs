@@ -51,9 +51,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
-use tracing::debug;
+use tracing::{debug, warn};
 
-use crate::access::{connect_from_reserved_port, serves, serving_caller};
+use crate::access::{client_uid, connect_from_reserved_port, serves, serving_caller};
 use crate::attrs::fattr;
 use crate::handle::NodeHandle;
 use crate::intents::{self, Intents};
@@ -95,6 +95,9 @@ pub(crate) struct Front {
     /// The changes answered JUKEBOX, kept for their retries (by every connection:
     /// a retry may come on a new one).
     pub(crate) retries: Arc<Retries>,
+    /// Whether only connections from reserved ports are served (root serving on
+    /// Linux; see the listen module): others are refused at accept, with a log line.
+    pub(crate) reserved_only: bool,
 }
 
 /// The most calls one connection has at the library at once. The library answers
@@ -356,6 +359,10 @@ pub(crate) async fn accept(listener: TcpListener, front: Front) {
                 continue;
             }
         };
+        if front.reserved_only && peer.port() >= 1024 {
+            tokio::spawn(refuse(client, peer));
+            continue;
+        }
         let front = front.clone();
         tokio::spawn(async move {
             debug!(%peer, "NFS connection");
@@ -364,6 +371,22 @@ pub(crate) async fn accept(listener: TcpListener, front: Front) {
             }
         });
     }
+}
+
+/// Closes a connection from an unreserved port, saying who made it: only the kernel
+/// and root can bind a reserved port, and a forged credential must not reach the
+/// server. Refused here rather than dropped at connect, so that the client fails at
+/// once and whoever runs the server reads why.
+async fn refuse(client: TcpStream, peer: SocketAddr) {
+    // Asked while the client's socket is still open.
+    let who = match client_uid(peer).await {
+        Some(uid) => format!(" (a process of uid {uid})"),
+        None => String::new(),
+    };
+    drop(client);
+    warn!(
+        "refused an NFS connection from {peer}{who}: not from a reserved port (below 1024), which only the kernel's NFS client and root can use; a root server serves no ordinary user's client (run `stagefs serve` as that user for one)"
+    );
 }
 
 impl Front {

@@ -5,15 +5,17 @@
 //! - over calls whose AUTH_UNIX uid is the serving user's or root's
 //!   ([`StageNfs`]'s `authorize`; others get an RPC auth error);
 //! - on Linux, over connections from a reserved port (below 1024), which only the
-//!   kernel or root can bind: the listening socket carries a socket filter that drops
-//!   anything else at connect, so a forged credential from an ordinary process never
-//!   reaches the server ([`reserved_ports_only`], in `crate::access`).
+//!   kernel or root can bind, so a forged credential from an ordinary process never
+//!   reaches the server.
 //!
 //! Clients connect to the connection front (`crate::front`), which relays what it
-//! does not answer itself to the library's listener on a second loopback port. Both
-//! listeners carry the port filter, and the front reaches the library from a
-//! reserved port when root serves; the front also answers only READs whose
-//! credentials the library would serve.
+//! does not answer itself to the library's listener on a second loopback port. The
+//! front closes a connection from an unreserved port as it accepts it, before reading
+//! a byte, and logs who made it (a warning with the port and, from `/proc/net/tcp`,
+//! the uid); the library's listener carries a socket filter that drops anything
+//! else at connect ([`reserved_ports_only`], in `crate::access`), and the front
+//! reaches it from a reserved port when root serves. The front also answers only
+//! READs whose credentials the library would serve.
 //!
 //! Limits: root can always get in. On macOS, since 10.14 any user may bind a low
 //! port, so no port check could tell the kernel apart there, and none is made: any
@@ -110,15 +112,17 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
     )
     .await?;
     let library_addr = SocketAddr::new(library.get_listen_ip(), library.get_listen_port());
-    for listening in [addr, library_addr] {
-        match reserved_ports_only(listening) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                info!(addr = %listening, "serving connections from any port: this kernel lets only a privileged process filter a listening socket, so credentials alone decide");
-            }
-            Err(e) => return Err(e),
+    // Only the front connects to the library: its listener drops any other
+    // connection. The front's own refuses one from an unreserved port at accept, with
+    // a log line (dropped at connect, a client only timed out and nobody knew why).
+    let reserved_only = match reserved_ports_only(library_addr) {
+        Ok(()) => cfg!(target_os = "linux"),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+            info!(%addr, "serving connections from any port: this kernel lets only a privileged process filter a listening socket, so credentials alone decide");
+            false
         }
-    }
+        Err(e) => return Err(e),
+    };
     info!(%addr, "serving NFSv3");
     let server = tokio::spawn(async move {
         if let Err(e) = library.handle_forever().await {
@@ -135,6 +139,7 @@ pub async fn serve(policy: Arc<Policy>, listen: SocketAddr, owner: u32) -> io::R
             generation,
             library: library_addr,
             retries: Arc::default(),
+            reserved_only,
         },
     ));
     let janitor = {

@@ -96,6 +96,16 @@ impl Served {
         self.terminate();
     }
 
+    /// [`Served::stop`], then what the server logged (its stderr).
+    pub fn stop_with_log(mut self) -> String {
+        self.terminate();
+        let mut log = String::new();
+        if let Some(mut stderr) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+        }
+        log
+    }
+
     /// Kills the process at once, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

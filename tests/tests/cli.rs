@@ -191,3 +191,32 @@ fn an_nfs_export_refuses_the_flags_only_fuse_has() {
         assert!(!is_mounted(&s.mnt));
     }
 }
+
+/// Issue 46: a typo in the config file stopped `unmount PATH` and `status --cache-dir C`,
+/// which need nothing from it; and the error listed all 18 keys instead of the one meant.
+#[test]
+fn a_typo_in_the_config_file_is_named_and_blocks_only_what_needs_the_file() {
+    let s = Scratch::new();
+    let config = s.dir.path().join("config.toml");
+    fs::write(&config, "max_siz = \"2G\"\n").expect("write config");
+    let said = format!(
+        "config file {}, line 1: unknown key `max_siz`; did you mean `max_size`?",
+        config.display()
+    );
+    let mount = s.mount(&[]);
+    let (ok, out, err) = run_stagefs(&[&"--config", &config, &"status", &"--cache-dir", &s.cache]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        err,
+        format!("stagefs: warning: {said} (went on without the file)\n")
+    );
+    assert!(out.contains(&s.mnt.display().to_string()), "{out}");
+    let (ok, _, err) = run_stagefs(&[&"--config", &config, &"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+    assert!(!is_mounted(&s.mnt));
+    drop(mount);
+    // A command that needs the file (its source, its mount point) still stops on it.
+    let (ok, _, err) = run_stagefs(&[&"--config", &config, &"unmount"]);
+    assert!(!ok);
+    assert_eq!(err, format!("stagefs: {said}\n"));
+}

@@ -193,6 +193,15 @@ fn an_sshfs_source_is_network_and_measured() {
     assert_eq!(source["kind"], "network", "{report:#}");
     assert_eq!(source["network"], true);
     assert_eq!(source["fstype"], "fuse.sshfs");
+    // Issue 46: the options that survive a dropped connection are advised before one.
+    let advice = check(&report, "source")["advice"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        advice,
+        "unless the sshfs command has them, add `-o reconnect,ServerAliveInterval=15` so that it survives dropped connections",
+        "{report:#}"
+    );
     let rate = &source["probe"]["throughput_bytes_per_sec"];
     assert!(positive(rate), "{report:#}");
     // 200 Mbit/s is 25 MB/s: well below ten times that, or the page cache was measured.
@@ -722,7 +731,7 @@ fn a_folder_inside_a_source_of_plain_folders_is_judged_as_part_of_it() {
         );
         let lines = [
             format!(
-                "ok    shape        {}: plain model folders holding 2 plain model folders",
+                "ok    shape        {}: 2 plain model folders, loaded by path",
                 s.hub.display()
             ),
             format!(

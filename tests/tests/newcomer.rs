@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use stagefs_mount::registry;
+use stagefs_tests::hub::{HUB_CLIENT, Hub, REPO};
 use stagefs_tests::{Scratch, TEST_RESERVE, Tmpfs, generate, is_mounted, stagefs_bin, wait_for};
 
 /// A user with a fresh HOME, running the `stagefs` binary.
@@ -600,7 +601,7 @@ fn help_and_readme_say_what_the_commands_do() {
     let readme =
         fs::read_to_string(stagefs_tests::workspace_root().join("README.md")).expect("README.md");
     for said in [
-        "cargo install --path cli",
+        "cargo install --locked --path cli",
         "a child process with a 15 s deadline",
         "a file at the export's root needs `//`",
         "`0` counts as `1s`, the shortest",
@@ -609,6 +610,8 @@ fn help_and_readme_say_what_the_commands_do() {
         assert!(readme.contains(said), "README: {said}");
     }
     assert!(!readme.contains("a file at any depth"));
+    // Without --locked, cargo install re-resolves the dependencies past Cargo.lock.
+    assert!(!readme.contains("cargo install --path"));
 }
 
 #[test]
@@ -784,6 +787,24 @@ fn with_two_mounts_run_status_and_doctor_pick_as_the_others_do() {
         )
     };
     let echo: [&dyn AsRef<std::ffi::OsStr>; 4] = [&"--", &"sh", &"-c", &"echo $HF_HUB_CACHE"];
+    // Issue 46: with nothing to pick by, every way run picks one is named, not only
+    // --cache-dir.
+    let mut bare: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"run"];
+    bare.extend(echo);
+    let (ok, _, err) = user.run(&bare);
+    assert!(!ok);
+    for said in [
+        "stagefs: 2 stagefs mounts are running: ",
+        &format!(
+            "{} (of {})",
+            mnt2.display(),
+            s.dir.path().join("hub2").display()
+        ),
+        "; pick one with --mountpoint (`stagefs run --mountpoint ",
+        "--source, --cache-dir, or --model naming a model only one holds\n",
+    ] {
+        assert!(err.contains(said), "{said} in {err}");
+    }
     let using = format!(
         "stagefs: using the mount at {} (cache {})\n",
         mnt2.display(),
@@ -1102,4 +1123,160 @@ fn status_names_a_copy_by_its_snapshot_file_while_the_source_does_not_answer() {
     assert!(out.lines().any(|l| l.starts_with(named)), "{named}\n{out}");
     let _ = reader.join().expect("reader");
     drop(mount);
+}
+
+/// Issue 46: an HF_HOME that has downloaded nothing yet (`hub/` empty) was taken for
+/// an empty hub cache: `mount` found no model, `run` set HF_HUB_CACHE to the mount,
+/// and `hf download` wrote `models--…`, `.locks` and `CACHEDIR.TAG` beside `hub/` on
+/// the source. Its `hub/` makes it an HF_HOME for mount, doctor and run alike.
+#[test]
+fn an_empty_hf_home_is_one_and_hf_download_through_run_lands_in_its_hub() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    fs::create_dir(s.hub.join("hub")).expect("mkdir hub");
+    let _cleanup = Cleanup(s.mnt.clone());
+    let (mnt, cache) = (s.mnt.display(), s.cache.display());
+    let (out, _) = user.mount(&s);
+    assert!(
+        out.ends_with(&format!(
+            "; export HF_HOME={mnt} HF_XET_CACHE={cache}/xet\n"
+        )),
+        "{out}"
+    );
+    let (_, out, _) = user.run(&[&"doctor", &s.hub]);
+    let shape = format!("{}: an HF_HOME holding no model yet", s.hub.display());
+    assert!(out.contains(&shape), "{out}");
+
+    let hub = Hub::of_a_new_model(HUB_CLIENT, &s.dir.path().join("repo"), &[]);
+    let hf = stagefs_tests::python().with_file_name("hf");
+    let out = user
+        .command(&[
+            &"run",
+            &"--source",
+            &s.hub,
+            &"--mountpoint",
+            &s.mnt,
+            &"--cache-dir",
+            &s.cache,
+            &"--",
+            &hf,
+            &"download",
+            &REPO,
+        ])
+        .env("HF_ENDPOINT", &hub.url)
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .output()
+        .expect("running stagefs run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = format!(
+        "stagefs: running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_XET_CACHE={cache}/xet (the source is an HF_HOME)\n"
+    );
+    assert!(err.starts_with(&said), "{err}");
+    let repo_dir = "models--acme--tiny";
+    assert!(s.hub.join("hub").join(repo_dir).join("snapshots").is_dir());
+    for stray in [repo_dir, ".locks", "CACHEDIR.TAG"] {
+        assert!(!s.hub.join(stray).exists(), "{stray} beside hub/");
+    }
+    let (ok, _, err) = user.run(&[&"unmount", &s.mnt]);
+    assert!(ok, "{err}");
+}
+
+/// Issue 46, finding 3: doctor of a path no mount has to do with advised
+/// `export HF_HUB_CACHE=<mount> (its hub/ if …)` for an HF_HOME mount and added an
+/// `ok mount` line about that mount; with two mounts holding a model it examined one
+/// without a word. Its advice names the variable the running mount's source wants,
+/// and it says which of the two mounts its report is about.
+#[test]
+fn doctor_names_the_variable_of_the_mount_it_is_about_and_which_of_two_it_examines() {
+    let s = Scratch::new();
+    let user = Newcomer::new(&s);
+    generate(&s.hub.join("hub"), "acme/shared", 1, "1M");
+    let elsewhere = s.dir.path().join("elsewhere");
+    fs::create_dir_all(elsewhere.join("Llama")).expect("mkdir");
+    fs::write(elsewhere.join("Llama/config.json"), "{}").expect("config");
+    fs::write(elsewhere.join("Llama/model.safetensors"), [7u8; 4096]).expect("weights");
+    // A mount of plain folders: loaded by path, no variable to export.
+    let [plain, mnt3, cache3] = ["plain", "mnt3", "cache3"].map(|d| s.dir.path().join(d));
+    fs::create_dir_all(plain.join("Other")).expect("mkdir");
+    fs::write(plain.join("Other/config.json"), "{}").expect("config");
+    fs::write(plain.join("Other/model.safetensors"), [7u8; 4096]).expect("weights");
+    fs::create_dir(&mnt3).expect("mkdir");
+    let _cleanup3 = Cleanup(mnt3.clone());
+    let reserve = TEST_RESERVE.to_string();
+    let mount_plain: [&dyn AsRef<std::ffi::OsStr>; 7] = [
+        &"mount",
+        &plain,
+        &mnt3,
+        &"--cache-dir",
+        &cache3,
+        &"--min-free",
+        &reserve,
+    ];
+    let (ok, _, err) = user.run(&mount_plain);
+    assert!(ok, "{err}");
+    let (_, out, _) = user.run(&[&"doctor", &elsewhere]);
+    let by_path = format!(
+        "\nnote  hub-cache    the source holds plain model folders, loaded by path under {};",
+        mnt3.display()
+    );
+    assert!(out.contains(&by_path), "{out}");
+    assert!(!out.contains("export "), "{out}");
+    let (ok, _, err) = user.run(&[&"unmount", &mnt3]);
+    assert!(ok, "{err}");
+
+    let _cleanup = Cleanup(s.mnt.clone());
+    user.mount(&s);
+    let mnt = s.mnt.display();
+    let (_, out, _) = user.run(&[&"doctor", &elsewhere]);
+    assert!(
+        out.contains(&format!("\n{:19}export HF_HOME={mnt}, or", "")),
+        "{out}"
+    );
+    assert!(!out.contains("HF_HUB_CACHE="), "{out}");
+    assert!(!out.contains("\nok    mount "), "{out}");
+
+    let [hub2, mnt2, cache2] = ["hub2", "mnt2", "cache2"].map(|d| s.dir.path().join(d));
+    generate(&hub2, "acme/shared", 1, "1M");
+    fs::create_dir(&mnt2).expect("mkdir");
+    let _cleanup2 = Cleanup(mnt2.clone());
+    let (ok, _, err) = user.run(&[
+        &"mount",
+        &hub2,
+        &mnt2,
+        &"--cache-dir",
+        &cache2,
+        &"--min-free",
+        &reserve,
+    ]);
+    assert!(ok, "{err}");
+    let (_, out, _) = user.run(&[&"doctor", &elsewhere, &"--cache-dir", &cache2]);
+    let hub_cache = format!("\n{:19}export HF_HUB_CACHE={}, or", "", mnt2.display());
+    assert!(out.contains(&hub_cache), "{out}");
+
+    let (_, out, _) = user.run(&[&"doctor", &"acme/shared"]);
+    let note = out
+        .lines()
+        .find(|l| l.starts_with("note  mounts       2 running mounts hold acme/shared: "))
+        .unwrap_or_else(|| panic!("{out}"));
+    for (m, src) in [(&s.mnt, &s.hub), (&mnt2, &hub2)] {
+        assert!(
+            note.contains(&format!("{} (of {})", m.display(), src.display())),
+            "{note}"
+        );
+    }
+    let examined = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ok    mount        "))
+        .and_then(|l| l.split_once(" is mounted"))
+        .map(|(m, _)| m)
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        note.ends_with(&format!("; this report is about the one at {examined}")),
+        "{note}"
+    );
+    for m in [&s.mnt, &mnt2] {
+        let (ok, _, err) = user.run(&[&"unmount", m]);
+        assert!(ok, "{err}");
+    }
 }

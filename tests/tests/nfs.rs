@@ -189,6 +189,18 @@ fn only_root_and_the_serving_user_get_in() {
         "{TEST_USER} got in: {}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // Issue 46: refused at once, and the server says who and why.
+    let log = served.stop_with_log();
+    let refused = format!(
+        "(a process of uid {}): not from a reserved port (below 1024), which only the kernel's NFS client and root can use; a root server serves no ordinary user's client (run `stagefs serve` as that user for one)",
+        s.user().uid
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("refused an NFS connection from 127.0.0.1:")
+                && l.ends_with(&refused)),
+        "{log}"
+    );
 }
 
 #[test]

@@ -246,7 +246,7 @@ fn doctor_checks(layout: Layout) {
     let (shape, json_shape) = match layout {
         Layout::HfHome => ("an HF_HOME", "hf_home"),
         Layout::HubCache => ("a hub cache", "hub_cache"),
-        Layout::PlainFolder => ("plain model folders", "model_folders"),
+        Layout::PlainFolder => ("plain model folder, loaded by path", "model_folders"),
     };
     let found = check(&report, "shape");
     assert_eq!(found["verdict"], "ok", "{report:#}");
@@ -432,17 +432,31 @@ matrix! {
 
 #[test]
 fn mount_says_what_to_export_for_each_shape() {
-    for (layout, expected) in [
+    for (i, (layout, expected)) in [
         // An HF_HOME's xet chunk cache goes beside the stagefs cache, off the NAS.
         (
             Layout::HfHome,
             "export HF_HOME={mnt} HF_XET_CACHE={cache}/xet",
         ),
-        (Layout::HubCache, "export HF_HUB_CACHE={mnt}"),
+        (Layout::HubCache, "export HF_HUB_CACHE={mnt}\n"),
         (Layout::PlainFolder, "load models by path under {mnt}"),
-    ] {
+        // Issue 46: a hub cache with plain folders beside it was told only its variable.
+        (
+            Layout::HubCache,
+            "export HF_HUB_CACHE={mnt} for its HF repositories; load its plain model folders by path under {mnt}\n",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let s = Scratch::new();
         let src = ShapedSource::generate(&s, layout, ID, 1, "64K");
+        if i == 3 {
+            let folder = src.root.join("local/llama");
+            fs::create_dir_all(&folder).expect("mkdir");
+            fs::write(folder.join("config.json"), "{}").expect("config");
+            fs::write(folder.join("model.safetensors"), [7u8; 4096]).expect("weights");
+        }
         let _unmount = Unmount(s.mnt.clone());
         let (ok, out, err) = run_stagefs(&[
             &"--no-config",

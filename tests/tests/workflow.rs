@@ -99,7 +99,7 @@ fn config_errors_name_the_file_line_and_key() {
         ),
         (
             "mount_point = \"/x\"\n",
-            "line 1, key `mount_point`: unknown field",
+            "line 1: unknown key `mount_point`; did you mean `mountpoint`?",
         ),
         (
             "cache_dir = \"relative\"\n",
@@ -169,6 +169,13 @@ fn run_mounts_stages_and_hands_over_environment_exit_code_and_signals() {
         model.shards().len(),
         "every shard staged before the command started"
     );
+    // Issue 46: what stagefs says is told from COMMAND's output by its prefix, the
+    // per-file lines too.
+    let out = stagefs(&config, &["run", "--model", &model.repo, "--", "true"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("\nstagefs: already staged "), "{err}");
+    assert!(err.lines().all(|l| l.starts_with("stagefs: ")), "{err}");
 
     let out = stagefs(
         &config,
@@ -283,6 +290,73 @@ fn run_refuses_a_cache_that_serves_another_mount() {
     assert!(!is_mounted(&elsewhere));
 }
 
+/// Issue 46: with the configured mount up, `service install` warned that the mount
+/// point was not empty, and a second `mount` of the same config exited 1, so a unit
+/// restarted on failure would fail every 30 s. The same mount up is success; another
+/// source on that mount point is refused as before, and a mount refused the cache
+/// leaves the running mount's log alone.
+#[test]
+fn the_configured_mount_already_up_is_success() {
+    let s = Scratch::new();
+    generate(&s.hub, "org/up", 1, "256K");
+    let config = daily_config(&s);
+    let _guard = Unmount(s.mnt.clone());
+    let out = stagefs(&config, &["mount"]);
+    assert!(out.status.success(), "mount: {}", text(&out.stderr));
+    let already = format!(
+        "already mounted: {} at {} (cache {}); unmount it first to change its options\n",
+        s.hub.display(),
+        s.mnt.display(),
+        s.cache.display()
+    );
+    for args in [&["mount"][..], &["mount", "--foreground"]] {
+        let out = stagefs(&config, args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), already, "{args:?}");
+        assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
+    }
+    let xdg = s.dir.path().join("xdg");
+    let out = Command::new(stagefs_bin())
+        .arg("--config")
+        .arg(&config)
+        .args(["service", "install", "--dry-run"])
+        .env("XDG_CONFIG_HOME", &xdg)
+        .output()
+        .expect("running stagefs service");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "", "no warning about our own mount");
+
+    let log = fs::read_to_string(s.cache.join("stagefs.log")).expect("log");
+    let other_source = s.dir.path().join("other-hub");
+    fs::create_dir(&other_source).expect("mkdir");
+    let source = other_source.to_str().expect("utf-8");
+    let out = stagefs(&config, &["mount", source]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("is already a mount point; unmount it first"),
+        "{}",
+        text(&out.stderr)
+    );
+    let elsewhere = s.dir.path().join("mnt2");
+    fs::create_dir(&elsewhere).expect("mkdir");
+    let out = stagefs(
+        &config,
+        &["mount", source, elsewhere.to_str().expect("utf-8")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(&format!("is in use by the mount at {}", s.mnt.display())),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!is_mounted(&elsewhere));
+    let after = fs::read_to_string(s.cache.join("stagefs.log")).expect("log");
+    assert_eq!(
+        after, log,
+        "the refused mount wrote nothing into the running one's log"
+    );
+}
+
 #[test]
 fn service_files_start_the_configured_mount() {
     let s = Scratch::new();
@@ -323,6 +397,8 @@ fn service_files_start_the_configured_mount() {
         s.mnt.display()
     )));
     assert!(shown.contains("Restart=on-failure\n"));
+    // Issue 46: a stop lets the daemon serve a model still open until it is closed.
+    assert!(shown.contains("\nTimeoutStopSec=infinity\n"), "{shown}");
     assert!(shown.contains("WantedBy=default.target\n"));
     assert!(shown.contains("would run: systemctl --user enable --now stagefs.service"));
     assert!(!unit.exists(), "a dry run writes nothing");

@@ -35,6 +35,9 @@ const FOLDER_LEVELS: usize = 2;
 const NOT_SEARCHED: [&str; 1] = ["xet"];
 /// Besides `hub/`, what marks a directory as an HF_HOME.
 const HF_HOME_MARKERS: [&str; 3] = ["token", "stored_tokens", "xet"];
+/// What huggingface_hub keeps in a hub cache besides repositories; a `hub/` holding
+/// nothing else (or nothing at all) is an HF_HOME's, not a folder of models.
+const HUB_BOOKKEEPING: [&str; 3] = [".locks", "CACHEDIR.TAG", "version.txt"];
 const CONFIG: &str = "config.json";
 
 /// A model found in a source.
@@ -251,7 +254,17 @@ fn top_level_shape(source: &SourceTree) -> Option<Shape> {
     let marked = top
         .iter()
         .any(|(name, _)| HF_HOME_MARKERS.contains(&name.as_str()));
-    (has_hub && (marked || holds_repos(&names(source, Path::new("hub"))))).then_some(Shape::HfHome)
+    if !has_hub {
+        return None;
+    }
+    // An HF_HOME that has downloaded nothing yet (or was emptied by `hf cache delete`)
+    // has an empty `hub/`: taken for an empty hub cache, a download through the mount
+    // would land beside `hub/` instead of in it.
+    let hub = names(source, Path::new("hub"));
+    let only_bookkeeping = hub
+        .iter()
+        .all(|(name, _)| HUB_BOOKKEEPING.contains(&name.as_str()));
+    (marked || only_bookkeeping || holds_repos(&hub)).then_some(Shape::HfHome)
 }
 
 fn shape_from(catalog: &Catalog) -> Shape {
@@ -722,6 +735,18 @@ mod tests {
         // An HF_HOME that has downloaded nothing yet is still one.
         fs::remove_dir_all(home.path().join("hub/models--org--a"))?;
         assert_eq!(shape(&source), Shape::HfHome);
+
+        // Nor do its token and xet/ make it one: an empty hub/ does (issue 46), and
+        // one with only huggingface_hub's lock files.
+        fs::remove_dir_all(home.path().join("xet"))?;
+        fs::remove_file(home.path().join("token"))?;
+        assert_eq!(shape(&source), Shape::HfHome);
+        fs::create_dir_all(home.path().join("hub/.locks/models--org--a"))?;
+        fs::write(home.path().join("hub/CACHEDIR.TAG"), "Signature")?;
+        assert_eq!(shape(&source), Shape::HfHome);
+        // A hub/ of plain model folders is a folder named hub.
+        folder(home.path(), "hub/mlx-community/m")?;
+        assert_eq!(shape(&source), Shape::ModelFolders);
 
         let (hub, source) = tree()?;
         repo(hub.path(), "models--org--a")?;

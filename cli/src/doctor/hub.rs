@@ -12,7 +12,7 @@ use stagefs_layout::models::{Catalog, ModelKind, SEARCH_DEPTH, Shape, Survey};
 use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
 
 use super::Check;
-use super::worker::{Gathered, Line, StepError, Tx, reply};
+use super::lines::{Gathered, Line, StepError, Tx, reply};
 
 const RUN: &str = "start programs with `stagefs run -- COMMAND`, which sets it for that command";
 
@@ -70,17 +70,26 @@ pub(crate) fn shape_check(path: &Path, survey: &Survey, advise_mounting: bool) -
         .advise("models deeper down need `model_dirs` in the config file (or --model-dir); check the path");
     }
     let (what, holding) = (survey.shape.describe(), contents(&survey.catalog));
-    let check = Check::ok(
-        "shape",
-        format!("{shown}: {what} holding {holding}{stopped}"),
-    );
+    // Plain folders are named once: "2 plain model folders", not "plain model folders
+    // holding 2 plain model folders".
+    let found = match survey.shape {
+        Shape::ModelFolders => format!("{holding}, loaded by path"),
+        _ => format!("{what} holding {holding}"),
+    };
+    let check = Check::ok("shape", format!("{shown}: {found}{stopped}"));
+    let loose = loose_models(&survey.catalog);
     match advise_mounting {
         true => check.advise(format!(
             "once mounted (`stagefs mount {shown} MOUNTPOINT`): {}",
-            usage(survey.shape, Path::new("MOUNTPOINT"), None)
+            usage(survey.shape, loose, Path::new("MOUNTPOINT"), None)
         )),
         false => check,
     }
+}
+
+/// Whether the source holds plain model folders or GGUF files (beside repositories).
+fn loose_models(catalog: &Catalog) -> bool {
+    catalog.count(ModelKind::Folder) + catalog.count(ModelKind::File) > 0
 }
 
 /// `2 HF repositories, 1 plain model folder`.
@@ -102,14 +111,25 @@ fn contents(catalog: &Catalog) -> String {
 }
 
 /// How programs find the models of a mount at `mountpoint` of a source of `shape`:
-/// `export HF_HOME=/m`, or loading by path. With the mount's cache directory known,
-/// an HF_HOME's xet cache is pointed beside it (see [`Shape::xet_cache`]).
-pub(crate) fn usage(shape: Shape, mountpoint: &Path, cache_dir: Option<&Path>) -> String {
+/// `export HF_HOME=/m`, or loading by path; both for an HF cache with plain folders or
+/// GGUF files beside it (`loose`). With the mount's cache directory known, an
+/// HF_HOME's xet cache is pointed beside it (see [`Shape::xet_cache`]).
+pub(crate) fn usage(
+    shape: Shape,
+    loose: bool,
+    mountpoint: &Path,
+    cache_dir: Option<&Path>,
+) -> String {
     let xet = cache_dir
         .and_then(|c| shape.xet_cache(c))
         .map(|xet| format!(" HF_XET_CACHE={}", xet.display()))
         .unwrap_or_default();
     match (shape, shape.export(mountpoint)) {
+        (_, Some((var, value))) if loose => format!(
+            "export {var}={}{xet} for its HF repositories; load its plain model folders by path under {}",
+            value.display(),
+            mountpoint.display()
+        ),
         (_, Some((var, value))) => format!("export {var}={}{xet}", value.display()),
         (Shape::ModelFolders, None) => format!(
             "load models by path under {} (plain folders need no HF variable)",
@@ -210,7 +230,7 @@ pub(crate) fn hub_cache_check(
         None => Some(resolved == mount || resolved == mount.join("hub")),
     };
     let export = shape
-        .map(|s| usage(s, mountpoint, None))
+        .map(|s| usage(s, false, mountpoint, None))
         .unwrap_or_default();
     let is_home = shape == Some(Shape::HfHome);
     let home_elsewhere = set(&env, "HF_HOME").map(|h| gathered.resolved(&h)) != Some(mount);
@@ -255,15 +275,16 @@ pub(crate) fn hub_cache_check(
 }
 
 /// The worker's side of the `mount` check, once the cache directory answered: what
-/// its daemon serves, or what the mount point is when none answers.
-pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
+/// its daemon serves, or what the mount point is when none answers; with `shape`, the
+/// shape of the served mount's source.
+pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, shape: bool, tx: &Tx) {
     let live = stagefs_mount::live_mount(cache_dir).map_err(|e| e.to_string());
     reply(tx, Line::Daemon(live.clone()));
     let served = matches!(live, Ok(Some(_)));
-    let line = match live {
+    let line = match &live {
         Ok(Some((_, serving))) => {
-            let resolved = std::fs::canonicalize(&serving).ok();
-            resolved.map(|resolved| Line::Resolved(serving, resolved))
+            let resolved = std::fs::canonicalize(serving).ok();
+            resolved.map(|resolved| Line::Resolved(serving.clone(), resolved))
         }
         Ok(None) => {
             // `stagefs mount` refuses anything but an empty directory.
@@ -275,6 +296,15 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, tx: &Tx) {
     };
     if let Some(line) = line {
         reply(tx, line);
+    }
+    // The shape of the mount's source, for the advice about a mount doctor was not
+    // asked about (the argument is some other path): which variable that mount wants.
+    if let Ok(Some((source, serving))) = &live
+        && shape
+        && serving == mountpoint
+        && let Ok(tree) = stagefs_source::SourceTree::new(source)
+    {
+        reply(tx, Line::MountShape(stagefs_layout::models::shape(&tree)));
     }
     // Last: the mount's status walks the source, and the lines above need none of it.
     if served {
@@ -451,8 +481,11 @@ mod tests {
         let expected =
             "/nas/hf: an HF_HOME holding 2 HF repositories, 1 plain model folder, 1 GGUF file";
         assert_eq!(home.summary, expected);
-        let advice = "once mounted (`stagefs mount /nas/hf MOUNTPOINT`): export HF_HOME=MOUNTPOINT";
+        let advice = "once mounted (`stagefs mount /nas/hf MOUNTPOINT`): export HF_HOME=MOUNTPOINT for its HF repositories; load its plain model folders by path under MOUNTPOINT";
         assert_eq!(home.advice.as_deref(), Some(advice));
+        let folders = check(Shape::ModelFolders, &[Folder, Folder, File]);
+        let expected = "/nas/hf: 2 plain model folders, 1 GGUF file, loaded by path";
+        assert_eq!(folders.summary, expected);
         let nothing = check(Shape::Unknown, &[]);
         assert_eq!(nothing.verdict, Verdict::Note);
         assert!(nothing.advice.unwrap_or_default().contains("model_dirs"));

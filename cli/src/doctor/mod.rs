@@ -5,13 +5,14 @@
 //! (`worker`).
 
 #[macro_use]
-mod worker;
+mod lines;
 mod fuse;
 mod hub;
 mod model;
 mod refused;
 mod source;
 mod space;
+mod worker;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -28,8 +29,9 @@ use crate::args::{BackendArg, DoctorArgs};
 use crate::config::Config;
 use crate::manage::escaped;
 use crate::run::RELAX_WATCHDOG_VAR;
-use source::{Findings, Target};
-use worker::{DEADLINE, Gathered, Task};
+use lines::{DEADLINE, Gathered, Target};
+use source::Findings;
+use worker::Task;
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -114,7 +116,16 @@ pub(crate) fn run(
         return worker::serve();
     }
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
-    let flag = args.cache.cache_dir.as_deref();
+    let holders = match (args.target.as_deref(), args.cache.cache_dir.is_some()) {
+        (Some(id), false) if names_no_mount(config) => mounts_holding(id),
+        _ => Vec::new(),
+    };
+    // Several running mounts hold the model: the first is examined, and the report
+    // says so (below), rather than picking one without a word.
+    let flag = match holders.as_slice() {
+        [first, _, ..] => Some(first.cache_dir.as_path()),
+        _ => args.cache.cache_dir.as_deref(),
+    };
     let cache_dir = crate::mounts::cache_dir_or_default(config, flag, &targets)?;
     // The mount this cache serves (or, named, served last) stands in for a configured one.
     let config = match &crate::mounts::standing(config, flag, &cache_dir) {
@@ -130,6 +141,12 @@ pub(crate) fn run(
         && let Some(check) = running_mounts()
     {
         // Beside the source note, which says there is nothing to examine.
+        let at = report.checks.iter().position(|c| c.name == "source");
+        report
+            .checks
+            .insert(at.map_or(report.checks.len(), |i| i + 1), check);
+    }
+    if let Some(check) = holders_note(args.target.as_deref(), &holders) {
         let at = report.checks.iter().position(|c| c.name == "source");
         report
             .checks
@@ -154,22 +171,63 @@ fn running_mounts() -> Option<Check> {
     if known.len() < 2 {
         return None;
     }
-    let mounts = known
-        .iter()
-        .map(|m| {
-            format!(
-                "{} (of {})",
-                m.mountpoint.display(),
-                m.record.source.display()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let mounts = crate::mounts::listed(&known);
     let summary = format!("{} stagefs mounts are running: {mounts}", known.len());
     Some(
         Check::note("mounts", summary)
             .advise("name one to examine it: `stagefs doctor MOUNTPOINT`"),
     )
+}
+
+/// How long asking a running mount's source whether it holds a model may take.
+const MODEL_LOOKUP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the config names neither a cache directory nor a source: the running
+/// mounts are then what a model id is looked up in.
+fn names_no_mount(config: &Config) -> bool {
+    config.configured_cache_dir().is_none() && config.source().is_none()
+}
+
+/// The running mounts whose sources hold the model `id` (none for a path, or with
+/// fewer than two mounts running), each asked under a deadline: a source may be a
+/// dead share.
+fn mounts_holding(id: &str) -> Vec<stagefs_mount::registry::KnownMount> {
+    let known = stagefs_mount::registry::known();
+    if known.len() < 2
+        || crate::mounts::names_a_path(id)
+        || !stagefs_layout::models::is_model_id(id)
+    {
+        return Vec::new();
+    }
+    let holds = |m: &stagefs_mount::registry::KnownMount| {
+        let (source, dirs) = (&m.record.source, &m.record.model_dirs);
+        stagefs_mount::bounded::holds_model(source, id, dirs, MODEL_LOOKUP_WAIT)
+    };
+    known.into_iter().filter(holds).collect()
+}
+
+/// With several running mounts holding the model asked about: which one the report
+/// is about, and how to ask about another.
+fn holders_note(
+    id: Option<&str>,
+    holders: &[stagefs_mount::registry::KnownMount],
+) -> Option<Check> {
+    let ([first, rest @ ..], Some(id)) = (holders, id) else {
+        return None;
+    };
+    let [other, ..] = rest else { return None };
+    let summary = format!(
+        "{} running mounts hold {id}: {}; this report is about the one at {}",
+        holders.len(),
+        crate::mounts::listed(holders),
+        first.mountpoint.display()
+    );
+    let advice = format!(
+        "for the one at {}: `stagefs doctor {id} --cache-dir {}`",
+        other.mountpoint.display(),
+        other.cache_dir.display()
+    );
+    Some(Check::note("mounts", summary).advise(advice))
 }
 
 /// The report for a terminal: `ok    fuse         summary`, advice indented below
@@ -198,7 +256,9 @@ fn examine(
 ) -> anyhow::Result<Report> {
     let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
     let source = Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs);
-    let cache = Task::Cache(cache_dir.to_path_buf(), mountpoint.map(Into::into));
+    // Without an argument the source examined is the mount's: its survey says the shape.
+    let mount_shape = arg.is_some();
+    let cache = Task::Cache(cache_dir.into(), mountpoint.map(Into::into), mount_shape);
     let resolve = hub::paths_to_resolve(mountpoint).map(Task::Resolve);
     let tasks = [source, cache].into_iter().chain(resolve).collect();
     let gathered = worker::gather(tasks, DEADLINE);
@@ -223,9 +283,12 @@ fn judge(
     let model = found.model.as_ref();
     let (cache_checks, cache) = space::inspect(gathered, cache_dir, config.budget(), &roots, model);
     let (mount, shape) = environment_target(&found, mountpoint);
+    // Of a mount doctor was not asked about, its running daemon's source tells.
+    let shape = shape.or_else(|| got!(gathered, MountShape).copied());
     let (hub_check, hub_cache) = hub::hub_cache_check(gathered, mount.as_deref(), shape);
-    // The worker asks the control socket in the cache directory only once that answered.
-    let answered = mountpoint.filter(|_| cache.fs.is_some());
+    // The worker asks the control socket in the cache directory only once that answered;
+    // a path that is neither the mount, in it, nor its source gets no line about it.
+    let answered = mountpoint.filter(|_| cache.fs.is_some() && !unrelated(&found));
     let sources = configured_sources(&found, config.source());
     let (mount_check, mount) = answered
         .map(|m| hub::mount_check(gathered, m, cache_dir, &sources))
@@ -262,6 +325,14 @@ fn configured_sources(found: &Findings, source: Option<&Path>) -> Vec<PathBuf> {
     let resolved = report.and_then(|r| r.canonical.clone());
     let written = source.and_then(|s| std::path::absolute(s).ok());
     resolved.into_iter().chain(written).collect()
+}
+
+/// Whether doctor was asked about a path that has nothing to do with the configured
+/// (or running) mount: not the mount, not in it, not its source nor in that.
+fn unrelated(found: &Findings) -> bool {
+    found.report.as_ref().is_some_and(|report| {
+        !report.configured && report.fs.stagefs_source.is_none() && found.within.is_none()
+    })
 }
 
 /// The mount whose use the environment is judged against, and its source's shape: the

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use stagefs_control::{self as control, Request, Response};
 
 use super::Check;
-use super::worker::{Gathered, Line, Tx, reply};
+use super::lines::{Gathered, Line, Tx, reply};
 use crate::manage::{REFUSED, download_again, escaped};
 use crate::units::count;
 

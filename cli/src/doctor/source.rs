@@ -7,15 +7,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use stagefs_control::SourceFs;
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, ModelKind, Survey};
 use stagefs_source::SourceTree;
 use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
 
+use super::lines::{Gathered, Line, Located, StepError, Target, Tx, reply};
 use super::model::{self, Model, Probe};
-use super::worker::{Gathered, Line, StepError, Tx, reply};
 use super::{Check, Verdict, hub};
 use crate::units::{count, format_bytes};
 
@@ -32,56 +32,6 @@ const LONG_STAGING_SECS: f64 = 600.0;
 /// The least read that says anything about a source's rate: a read of a few bytes is
 /// all latency, and would pass any source for a slow one.
 const RATE_NEEDS_BYTES: u64 = 1 << 20;
-
-/// What doctor was asked to look at: nothing (no argument and no configured source),
-/// a directory or file (the argument, or the configured source), or a model id in
-/// the configured source.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Target {
-    Nothing,
-    Path { path: PathBuf, configured: bool },
-    Model { id: String, hub: PathBuf },
-}
-
-impl Target {
-    /// What to look at: a model id in the configured `source` (`org/name`, or a
-    /// short name such as a folder's, as prefetch takes them), unless a path of that
-    /// name exists here; a path; or the configured source. A path that is the
-    /// configured source (compared lexically: the source may not answer) counts as
-    /// configured, so its shape decides the advice.
-    pub(crate) fn of(
-        arg: Option<&str>,
-        source: Option<&Path>,
-        exists: impl Fn(&Path) -> bool,
-    ) -> Result<Target, String> {
-        let path = |path: PathBuf, configured| Target::Path { path, configured };
-        let Some(arg) = arg else {
-            return Ok(source.map_or(Target::Nothing, |s| path(s.into(), true)));
-        };
-        let is_id = match source {
-            Some(_) => models::is_model_id(arg),
-            None => hf::repo_dir_for(arg).is_some(),
-        };
-        if !is_id || exists(Path::new(arg)) {
-            let absolute = std::path::absolute(arg).map_err(|e| e.to_string())?;
-            let same = |s: &Path| hf::normalize(&absolute) == hf::normalize(s);
-            let configured = source.is_some_and(same);
-            return Ok(path(absolute, configured));
-        }
-        let hub = source.ok_or_else(|| format!("{arg} is a model id, but no source is configured: set `source` in the config file, or pass the directory to examine"))?;
-        let (id, hub) = (arg.into(), hub.into());
-        Ok(Target::Model { id, hub })
-    }
-
-    /// The path examined, whether it is the configured source, and the model asked for.
-    pub(crate) fn parts(&self) -> Option<(&Path, bool, Option<&str>)> {
-        match self {
-            Target::Nothing => None,
-            Target::Path { path, configured } => Some((path, *configured, None)),
-            Target::Model { id, hub } => Some((hub, true, Some(id))),
-        }
-    }
-}
 
 /// The source as reported in JSON: the path as given (absolute) and with links
 /// resolved (null if the source did not answer), whether every probe answered, and
@@ -114,14 +64,6 @@ pub(crate) struct Findings {
     pub(crate) roots: Vec<PathBuf>,
     /// The source the examined path lies inside, which the survey describes.
     pub(crate) within: Option<PathBuf>,
-}
-
-/// A path's place: resolved, its filesystem, and whether it is a file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Located {
-    pub(crate) canonical: PathBuf,
-    pub(crate) fs: FsInfo,
-    pub(crate) is_file: bool,
 }
 
 /// Resolves `path` (in the worker).
@@ -544,6 +486,13 @@ fn fs_check(report: &SourceReport) -> Check {
         }
         FsKind::Local => {
             "a local disk is already fast; stagefs pays off for network and USB sources"
+        }
+        // Whether sshfs was started with them is not in the mount table: said before
+        // the first dropped connection leaves a dead mount, not only after.
+        _ if fs.fstype.ends_with("sshfs") => {
+            return Check::ok("source", summary).advise(format!(
+                "unless the sshfs command has them, add `{SSHFS_RECONNECT}` so that it survives dropped connections"
+            ));
         }
         _ => return Check::ok("source", summary),
     };

@@ -4,13 +4,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use stagefs_source::fskind::{FsInfo, FsKind, filesystem_of};
 use stagefs_store::budget::{VolumeSpace, default_min_free, volume_space};
 
 use super::Check;
+use super::lines::{Gathered, Place};
 use super::model::Model;
-use super::worker::Gathered;
 use crate::units::format_bytes;
 
 /// The cache as reported in JSON: `fs` is the filesystem of the directory (or of its
@@ -28,11 +28,6 @@ pub(crate) struct CacheReport {
     pub(crate) usable_bytes: Option<u64>,
     pub(crate) max_size_bytes: Option<u64>,
 }
-
-/// Where the cache directory is: resolved as far as it exists, whether it does, its
-/// filesystem and its volume's space.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Place(PathBuf, bool, FsInfo, VolumeSpace);
 
 /// Resolves the directory, or its nearest existing ancestor for one not created yet
 /// (in the worker).

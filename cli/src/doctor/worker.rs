@@ -6,33 +6,17 @@
 //! be killed, but a process nobody waits for does not hold doctor up.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use stagefs_layout::models::Survey;
-use stagefs_source::fskind::FsInfo;
 // Why a probe has no answer: the words `mount` uses for a source that does not answer.
 use stagefs_mount::bounded::Unanswered;
 
-use super::model::{Model, Probe};
-use super::source::{self, Located, Target};
-use super::space::{self, Place};
-
-/// How long one doctor run waits for its worker's answers.
-pub(crate) const DEADLINE: Duration = Duration::from_secs(15);
-
-/// The answer of the probe printed as `Line::$kind`, if it came.
-macro_rules! got {
-    ($gathered:expr, $kind:ident) => {
-        $gathered.lines.iter().find_map(|line| match line {
-            $crate::doctor::worker::Line::$kind(answer) => Some(answer),
-            _ => None,
-        })
-    };
-}
+use super::lines::{Gathered, Line, StepError, Tx, reply};
+use super::{source, space};
 
 /// What a worker is asked to do; each task runs on its own thread.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,113 +25,11 @@ pub(crate) enum Task {
     /// configured `model_dirs`).
     Source(Option<String>, Option<PathBuf>, Vec<PathBuf>),
     /// Where the cache directory is; then whether a daemon serves the mount point from
-    /// it (its control socket lives there, so it is asked only once that answered).
-    Cache(PathBuf, Option<PathBuf>),
+    /// it (its control socket lives there, so it is asked only once that answered),
+    /// and if asked (`true`), the shape of that mount's source.
+    Cache(PathBuf, Option<PathBuf>, bool),
     /// A path with links resolved; no line when it cannot be.
     Resolve(PathBuf),
-}
-
-/// One finished probe.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum Line {
-    Target(Result<Target, String>),
-    /// The filesystem the examined path lies on by its name alone (the mount table).
-    Lexical(FsInfo),
-    Located(Result<Located, StepError>),
-    /// The filesystem of a stagefs mount's source.
-    SourceFs(Option<FsInfo>),
-    Survey(Result<Survey, StepError>),
-    /// The source root the examined path lies inside (a stagefs mount's source, or
-    /// the configured source), whose shape the survey describes.
-    Within(PathBuf),
-    Model(Result<Option<Model>, StepError>),
-    /// For a whole source (no model named or containing the path): the first of a few
-    /// of its models whose links lead to no file.
-    Unfollowable(Option<Model>),
-    /// The measurement; None when there is no file to measure.
-    Measured(Result<Option<Probe>, StepError>),
-    Cache(Result<Place, StepError>),
-    /// The mount served from the cache directory, as (source, mount point).
-    Daemon(Result<Option<(PathBuf, PathBuf)>, String>),
-    /// The filesystem the configured mount point lies on, when no daemon answered.
-    MountFs(FsInfo),
-    /// Whether the configured mount point, when no daemon answered, is an empty
-    /// directory (`true`) or holds entries; an error when it cannot be listed.
-    MountEmpty(Result<bool, StepError>),
-    /// A path and the same path with links resolved.
-    Resolved(PathBuf, PathBuf),
-    /// The blobs the running mount refuses (their bytes are not their names'), each
-    /// as (path in the source, the name users know it by).
-    Refused(Vec<(PathBuf, String)>),
-}
-
-/// What a probe reports when it ran but failed; `not_found` when the path did not
-/// exist (a bad argument rather than a broken source), and the errno where the
-/// system gave one, which tells a dead mount and a refused permission apart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{message}")]
-pub(crate) struct StepError {
-    pub(crate) not_found: bool,
-    pub(crate) message: String,
-    #[serde(default)]
-    pub(crate) errno: Option<i32>,
-}
-
-impl StepError {
-    pub(crate) fn of(e: impl Into<anyhow::Error>) -> StepError {
-        let e = e.into();
-        let io = e.downcast_ref::<io::Error>();
-        let not_found = io.is_some_and(|io| io.kind() == io::ErrorKind::NotFound);
-        let message = stagefs_source::without_os_error(&format!("{e:#}"));
-        let (errno, message) = (io.and_then(io::Error::raw_os_error), message);
-        StepError {
-            not_found,
-            message,
-            errno,
-        }
-    }
-
-    /// Whether the errno says the mount the path is on is dead: its FUSE process (or
-    /// the connection under it) is gone, and every request fails at once.
-    pub(crate) fn dead_mount(&self) -> bool {
-        self.errno == Some(libc::ENOTCONN)
-    }
-
-    /// Whether the errno says the source's server or the network to it is away
-    /// (ESTALE, EHOSTDOWN, ...), as the mount's source pool judges it.
-    pub(crate) fn away(&self) -> bool {
-        let errno = self.errno.map(io::Error::from_raw_os_error);
-        errno.is_some_and(|e| stagefs_source::is_away_errno(&e))
-    }
-
-    pub(crate) fn denied(&self) -> bool {
-        self.errno == Some(libc::EACCES) || self.errno == Some(libc::EPERM)
-    }
-}
-
-/// The lines a worker printed in time, and why any other probe has no answer.
-#[derive(Debug)]
-pub(crate) struct Gathered {
-    pub(crate) lines: Vec<Line>,
-    pub(crate) missing: Unanswered,
-}
-
-impl Gathered {
-    /// What arrived before the deadline.
-    #[cfg(test)]
-    pub(crate) fn late(lines: Vec<Line>) -> Gathered {
-        let missing = Unanswered::Late(DEADLINE);
-        Gathered { lines, missing }
-    }
-
-    /// `path` with links resolved where it answered, else as written.
-    pub(crate) fn resolved(&self, path: &Path) -> PathBuf {
-        let found = self.lines.iter().find_map(|line| match line {
-            Line::Resolved(asked, resolved) if asked == path => Some(resolved.clone()),
-            _ => None,
-        });
-        found.unwrap_or_else(|| std::path::absolute(path).unwrap_or_else(|_| path.into()))
-    }
 }
 
 /// Runs `tasks` in one worker and gathers what it answers within `deadline`.
@@ -249,15 +131,6 @@ fn work(tasks: Vec<Task>, mut out: impl Write) -> io::Result<()> {
     Ok(())
 }
 
-/// Where a task sends its lines.
-pub(crate) type Tx = Sender<Line>;
-
-/// Sends `line` to the worker's main thread, which prints it. It lives until every
-/// task has ended, so the send cannot fail.
-pub(crate) fn reply(tx: &Tx, line: Line) {
-    let _ = tx.send(line);
-}
-
 impl Task {
     fn run(self, tx: &Tx) {
         let send = |line| reply(tx, line);
@@ -265,12 +138,12 @@ impl Task {
             Task::Source(arg, source, dirs) => {
                 source::probe(arg.as_deref(), source.as_deref(), dirs, tx)
             }
-            Task::Cache(dir, mountpoint) => {
+            Task::Cache(dir, mountpoint, shape) => {
                 let place = space::place(&dir).map_err(StepError::of);
                 let answered = place.is_ok();
                 send(Line::Cache(place));
                 if let (true, Some(mountpoint)) = (answered, mountpoint) {
-                    super::hub::probe_mount(&dir, &mountpoint, tx);
+                    super::hub::probe_mount(&dir, &mountpoint, shape, tx);
                 }
             }
             Task::Resolve(path) => {
@@ -284,6 +157,9 @@ impl Task {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use super::super::lines::DEADLINE;
     use super::*;
 
     const SHORT: Duration = Duration::from_millis(50);

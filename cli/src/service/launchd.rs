@@ -54,9 +54,16 @@ fn arguments(service: &Service) -> Vec<String> {
     arguments
 }
 
+/// How long launchd waits after SIGTERM before it kills the agent. With files open,
+/// the daemon keeps serving them until they are closed and then exits; launchd's
+/// default (about 20 s) would kill it under a model server still reading. Not 0,
+/// launchd's "forever", which Apple warns can stall a shutdown: at a logout the
+/// programs holding models are quit too, and two minutes lets their files close.
+const EXIT_TIMEOUT_SECS: i64 = 120;
+
 /// The agent plist. RunAtLoad starts it at login; KeepAlive on an unsuccessful exit,
 /// throttled, retries a NAS that is not mounted yet, while `stagefs unmount` (a clean
-/// exit) stays stopped.
+/// exit) stays stopped; ExitTimeOut is [`EXIT_TIMEOUT_SECS`].
 pub(super) fn agent(service: &Service) -> anyhow::Result<String> {
     let mut keep_alive = Dictionary::new();
     keep_alive.insert("SuccessfulExit".into(), false.into());
@@ -70,6 +77,7 @@ pub(super) fn agent(service: &Service) -> anyhow::Result<String> {
     agent.insert("RunAtLoad".into(), true.into());
     agent.insert("KeepAlive".into(), keep_alive.into());
     agent.insert("ThrottleInterval".into(), 30.into());
+    agent.insert("ExitTimeOut".into(), EXIT_TIMEOUT_SECS.into());
     agent.insert("StandardOutPath".into(), log.clone());
     agent.insert("StandardErrorPath".into(), log);
     let mut out = Vec::new();
@@ -127,6 +135,8 @@ mod tests {
         assert_eq!(dict["RunAtLoad"].as_boolean(), Some(true));
         let keep_alive = dict["KeepAlive"].as_dictionary().expect("dict");
         assert_eq!(keep_alive["SuccessfulExit"].as_boolean(), Some(false));
+        // Not launchd's ~20 s default: a daemon serving an open model may finish.
+        assert_eq!(dict["ExitTimeOut"].as_signed_integer(), Some(120));
         assert_eq!(
             dict["StandardErrorPath"].as_string(),
             Some("/home/ann/.cache/stagefs/stagefs.log")

@@ -33,6 +33,8 @@ pub(crate) struct Service {
     pub(crate) log: PathBuf,
     /// The config file's `backend`, if it names one.
     pub(crate) backend: Option<Backend>,
+    /// Whether this mount is up already (a non-empty mount point is then ours).
+    pub(crate) up: bool,
 }
 
 impl Service {
@@ -85,6 +87,7 @@ fn service(config: &Config) -> anyhow::Result<Service> {
         .context("finding the stagefs executable")?;
     Ok(Service {
         exe,
+        up: crate::daemon::already_up(&spec),
         config: path.clone(),
         log: spec.cache_dir.join("stagefs.log"),
         backend: config.backend(),
@@ -166,6 +169,9 @@ fn warn_unstartable(service: &Service) {
         eprintln!(
             "stagefs: warning: the source {source}: {problem}; the service's mount fails until it is there (mount the share, or fix `source` in the config file)"
         );
+    }
+    if service.up {
+        return;
     }
     let mnt = service.mountpoint.display();
     let problem = match std::fs::read_dir(&service.mountpoint).map(|mut e| e.next().is_some()) {
@@ -271,5 +277,6 @@ pub(crate) fn sample() -> Service {
         mountpoint: "/home/ann/hf".into(),
         log: "/home/ann/.cache/stagefs/stagefs.log".into(),
         backend: None,
+        up: false,
     }
 }

@@ -36,6 +36,13 @@ pub(super) fn state() -> String {
 /// The unit text. Restart-on-failure with a pause covers a NAS that is not yet
 /// mounted at login: the mount refuses a missing source and is retried. SIGTERM
 /// makes the daemon unmount, so no ExecStop is needed.
+///
+/// No stop timeout: with files open, SIGTERM detaches the mount at once (new opens
+/// no longer see it) and the daemon serves the open files until they are closed,
+/// then exits. A timeout would SIGKILL it under a model server still reading, whose
+/// every read would then fail. A second SIGTERM (`systemctl --user kill stagefs`)
+/// stops it at once, and a logout or shutdown stays bounded by the user manager's
+/// own stop timeout (user@.service's).
 pub(super) fn unit(service: &Service) -> String {
     let exec: Vec<String> = service.arguments().iter().map(|a| quote(a)).collect();
     format!(
@@ -48,7 +55,9 @@ pub(super) fn unit(service: &Service) -> String {
          ExecStart={exec}\n\
          Restart=on-failure\n\
          RestartSec=30\n\
-         TimeoutStopSec=30\n\
+         # With files open, a stop waits until they are closed; `systemctl --user kill\n\
+         # stagefs` stops at once (see `stagefs service install` in the README).\n\
+         TimeoutStopSec=infinity\n\
          \n\
          [Install]\n\
          WantedBy=default.target\n",
@@ -92,6 +101,8 @@ mod tests {
         ), "{unit}");
         assert!(unit.contains("Description=stagefs: stage /mnt/nas/hub at /home/ann/hf\n"));
         assert!(unit.contains("Restart=on-failure\n"));
+        // A stop with a model still open waits for it to be closed, not 30 s.
+        assert!(unit.contains("\nTimeoutStopSec=infinity\n"), "{unit}");
         assert!(unit.contains("[Install]\nWantedBy=default.target\n"));
     }
 
