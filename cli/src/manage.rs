@@ -53,41 +53,44 @@ pub(crate) fn download_again(path: &Path) -> String {
 }
 
 /// `stagefs status`: the named cache, else every running mount's (one block each),
-/// else the default cache.
+/// else the default cache. With a model, the cache whose mount serves it (picked as
+/// for `evict`), that model alone, with its cached files; with `--files`, every
+/// model's cached files.
 pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
-    let dirs = crate::mounts::cache_dirs(config, args.cache.cache_dir.as_deref())?;
+    let flag = args.cache.cache_dir.as_deref();
+    let dirs = match args.model.as_deref() {
+        Some(model) => vec![crate::mounts::cache_dir(config, flag, &[model])?],
+        None => crate::mounts::cache_dirs(config, flag)?,
+    };
     // A fresh account: no mount has made the cache yet, which is no error.
     if let [dir] = dirs.as_slice()
         && !dir.exists()
+        && args.model.is_none()
     {
-        let line = format!(
-            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
-            dir.display()
-        );
         match args.json {
-            // No cache, no mount: an empty list of them, as several are an array.
-            true => println!("[]"),
-            false => println!("{line}"),
+            // No cache, no mount: no report in the list of them.
+            true => print_json(&StatusJson { mounts: &[] })?,
+            false => println!(
+                "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
+                dir.display()
+            ),
         }
         return Ok(());
     }
     let reports = dirs
         .iter()
-        .map(|dir| status_of(dir))
+        .map(|dir| status_of(dir, args))
         .collect::<anyhow::Result<Vec<_>>>()?;
     if args.json {
-        // One mount: its report, as ever; several: an array of them.
-        let json = match reports.as_slice() {
-            [one] => serde_json::to_string_pretty(one)?,
-            several => serde_json::to_string_pretty(several)?,
-        };
-        println!("{json}");
-        return Ok(());
+        return print_json(&StatusJson { mounts: &reports });
     }
     let blocks: Vec<String> = (dirs.iter().zip(&reports))
         .map(|(dir, report)| {
             let copying = report.in_flight.iter().map(|f| f.path.clone());
-            let paths = copying.chain(report.refused.iter().cloned()).collect();
+            let listed = report.models.iter().flat_map(|m| &m.files);
+            let paths = (copying.chain(report.refused.iter().cloned()))
+                .chain(listed.map(|f| f.path.clone()))
+                .collect();
             render_status(report, &Names::of(dir, paths, verbose))
         })
         .collect();
@@ -95,8 +98,22 @@ pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyho
     Ok(())
 }
 
-/// The status of the cache at `dir`, with the dead mount it left if any.
-fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
+/// `status --json`: always an object with one report per cache in `mounts`, whether
+/// none, one or several run, so that a script reads every case the same way.
+#[derive(serde::Serialize)]
+struct StatusJson<'a> {
+    mounts: &'a [StatusReport],
+}
+
+/// Prints a command's report as JSON on stdout.
+pub(crate) fn print_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(report)?);
+    Ok(())
+}
+
+/// The status of the cache at `dir`, with the dead mount it left if any, and the
+/// cached files `args` asks for under their models.
+fn status_of(dir: &Path, args: &StatusArgs) -> anyhow::Result<StatusReport> {
     let mut report = match ask(dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
@@ -104,7 +121,51 @@ fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
     if report.mountpoint.is_none() {
         report.dead_mount = stagefs_mount::registry::dead_mount_of(dir);
     }
+    let selector = match args.model.as_deref() {
+        Some(model) => named(model, dir)?,
+        None if args.files => EvictSelector::All,
+        None => return Ok(*report),
+    };
+    let files = match ask(
+        dir,
+        Request::Files {
+            selector: selector.clone(),
+        },
+    )? {
+        Response::Files { files } => files,
+        other => return Err(unexpected(other)),
+    };
+    file_under_models(&mut report, files);
+    if let Some(model) = args.model.as_deref() {
+        report.models.retain(|m| is_named(m, model, &selector));
+    }
     Ok(*report)
+}
+
+/// Puts each cached file under the model it belongs to (the deepest whose path holds it).
+fn file_under_models(report: &mut StatusReport, files: Vec<FileRef>) {
+    for file in files {
+        let owner = report
+            .models
+            .iter_mut()
+            .filter(|m| file.path.starts_with(&m.path))
+            .max_by_key(|m| m.path.components().count());
+        if let Some(model) = owner {
+            model.files.push(file);
+        }
+    }
+}
+
+/// Whether `model` is the one `status MODEL` named: it has cached files the name
+/// chose, or the name is its id, its path, or the end of it.
+fn is_named(model: &ModelStatus, name: &str, selector: &EvictSelector) -> bool {
+    let by_name = match selector {
+        EvictSelector::Path { path } => {
+            model.path.starts_with(path) || path.starts_with(&model.path)
+        }
+        _ => model.model == name || models::id_matches(name, &model.path),
+    };
+    by_name || !model.files.is_empty()
 }
 
 /// `stagefs evict`.
@@ -123,8 +184,13 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow:
     let paths: Vec<PathBuf> = (report.evicted.iter().chain(&report.in_use))
         .map(|f| f.path.clone())
         .collect();
-    let names = Names::of(&dir, paths, verbose);
-    print!("{}", render_evict(&report, &names));
+    match args.json {
+        true => print_json(&report)?,
+        false => print!(
+            "{}",
+            render_evict(&report, &Names::of(&dir, paths, verbose))
+        ),
+    }
     if let Some(refusal) = kept_because(&report.in_use) {
         bail!("{refusal}");
     }
@@ -149,10 +215,34 @@ pub(crate) fn verify(args: &VerifyArgs, config: &Config, verbose: bool) -> anyho
         Response::Verified { report } => report,
         other => return Err(unexpected(other)),
     };
-    let paths = report.mismatches.iter().map(|m| m.path.clone()).collect();
-    let names = Names::of(&dir, paths, verbose);
-    print!("{}", render_verify(&report, &names));
-    let unrepaired = report.mismatches.len() - report.repaired.len();
+    let mismatched = report.mismatches.iter().map(|m| &m.path);
+    let paths = mismatched.chain(&report.stale).cloned().collect();
+    match args.json {
+        true => print_json(&report)?,
+        false => print!(
+            "{}",
+            render_verify(&report, &Names::of(&dir, paths, verbose))
+        ),
+    }
+    let repaired = |path: &PathBuf| report.repaired.contains(path);
+    let unrepaired = report
+        .mismatches
+        .iter()
+        .filter(|m| !repaired(&m.path))
+        .count();
+    let stale = report.stale.iter().filter(|p| !repaired(p)).count();
+    // A stale copy is never served (the next open copies the file again): said, not
+    // a failure.
+    if stale > 0 && !args.json {
+        let (is, was, it) = match stale {
+            1 => ("is", "it was", "it"),
+            _ => ("are", "they were", "them"),
+        };
+        eprintln!(
+            "stagefs: {} {is} stale (the source changed since {was} staged; the next open stages {it} again); `stagefs verify --repair` drops {it} now",
+            count(stale, "staged copy", "staged copies"),
+        );
+    }
     if unrepaired > 0 {
         let verb = if unrepaired == 1 { "does" } else { "do" };
         bail!(
@@ -438,6 +528,15 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
                 let _ = writeln!(out, "    {}", escaped(&line));
             }
         }
+        for f in &m.files {
+            let in_use = if f.hold.is_some() { ", in use" } else { "" };
+            let _ = writeln!(
+                out,
+                "  cached  {} ({}{in_use})",
+                names.show(&f.path),
+                format_bytes(f.bytes)
+            );
+        }
     }
     out
 }
@@ -516,19 +615,29 @@ fn render_evict(r: &EvictReport, names: &Names) -> String {
     out
 }
 
+/// What `verify` says of a copy the source has moved past.
+pub(crate) const STALE: &str = "stale: the source changed since it was staged";
+
 fn render_verify(r: &VerifyReport, names: &Names) -> String {
     let mut out = String::new();
+    let fixed = |path: &PathBuf| match r.repaired.contains(path) {
+        true => " (dropped; it will be staged again)",
+        false => "",
+    };
     for m in &r.mismatches {
-        let fixed = if r.repaired.contains(&m.path) {
-            " (dropped; it will be staged again)"
-        } else {
-            ""
-        };
-        let _ = writeln!(out, "MISMATCH {}: {}{fixed}", names.show(&m.path), m.reason);
+        let (name, fixed) = (names.show(&m.path), fixed(&m.path));
+        let _ = writeln!(out, "MISMATCH {name}: {}{fixed}", m.reason);
     }
+    for path in &r.stale {
+        let _ = writeln!(out, "STALE {}: {STALE}{}", names.show(path), fixed(path));
+    }
+    let stale = match r.stale.len() {
+        0 => String::new(),
+        n => format!(", {n} stale"),
+    };
     let _ = writeln!(
         out,
-        "checked {} ({}): {}",
+        "checked {} ({}): {}{stale}",
         count(r.checked, "staged file", "staged files"),
         format_bytes(r.bytes),
         count(r.mismatches.len(), "mismatch", "mismatches")
@@ -571,6 +680,7 @@ mod tests {
             total_files: totals.then_some(4),
             total_bytes: totals.then_some(4 << 20),
             unfollowable: Vec::new(),
+            files: Vec::new(),
         }
     }
 

@@ -28,6 +28,9 @@ pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow
     let flag = args.cache.cache_dir.as_deref();
     let dir = crate::mounts::cache_dir(config, flag, &targets)?;
     refuse_a_forgotten_source(config, flag, &dir, &targets)?;
+    if args.json {
+        return json(args, &dir);
+    }
     if args.dry_run {
         return dry_run(&dir, &args.targets, args.revision.as_deref(), verbose);
     }
@@ -39,6 +42,49 @@ pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow
     let summary = stage.run(&dir, &args.targets, args.revision.as_deref())?;
     println!("{summary}");
     Ok(())
+}
+
+/// `prefetch --json`: every file and how it ended (or, with `--dry-run`, would), as
+/// one JSON object once it is over; no progress is shown. Fails as without `--json`
+/// when a file could not be staged.
+fn json(args: &PrefetchArgs, dir: &Path) -> anyhow::Result<()> {
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| target(t, args.revision.as_deref(), dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (files, note) = match args.dry_run {
+        true => cache_dir::plan(dir, targets),
+        false => cache_dir::prefetch(dir, targets, usize::from(args.parallel), |_| {})
+            .map(|files| (files, None)),
+    }
+    .map_err(with_cache_hint)?;
+    crate::manage::print_json(&PrefetchJson {
+        dry_run: args.dry_run,
+        files: &files,
+        note,
+    })?;
+    let failed = files
+        .iter()
+        .filter(|f| matches!(f.state, FileState::Failed { .. }))
+        .count();
+    if failed > 0 {
+        bail!("{} could not be staged", count(failed, "file", "files"));
+    }
+    Ok(())
+}
+
+/// What `prefetch --json` prints.
+#[derive(serde::Serialize)]
+struct PrefetchJson<'a> {
+    dry_run: bool,
+    /// Each file: `path` in the source, `total` bytes, `state` (`staged`,
+    /// `already_staged`, `failed` with its `error`; `waiting` in a dry run: it would
+    /// be copied).
+    files: &'a [FileProgress],
+    /// What limits a dry run's answer (the source did not answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 /// With no mount running, a prefetch stages from the source the cache recorded last.

@@ -130,6 +130,12 @@ pub enum Request {
         /// Drop mismatches.
         repair: bool,
     },
+    /// The staged copies a selector names, as `evict --dry-run` would list them
+    /// without the grace it gives links (`status MODEL`, `status --files`).
+    Files {
+        /// Which.
+        selector: EvictSelector,
+    },
     /// How users know the files at these source paths (`stagefs_mount::admin::names`).
     Names {
         /// Source paths, relative to the source root.
@@ -186,6 +192,11 @@ pub enum Response {
         /// are listed).
         #[serde(default)]
         note: Option<String>,
+    },
+    /// Answer to [`Request::Files`].
+    Files {
+        /// The copies, by source path, oldest use first.
+        files: Vec<crate::report::FileRef>,
     },
     /// Answer to [`Request::Names`]: one name per path, in order.
     Names {

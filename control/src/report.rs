@@ -77,6 +77,9 @@ pub struct ModelStatus {
     /// Links of a folder model that lead to no file (its totals leave them out).
     #[serde(default)]
     pub unfollowable: Vec<UnfollowableLink>,
+    /// Its staged copies, when they were asked for (`status MODEL`, `status --files`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileRef>,
 }
 
 /// One snapshot of a repository.
@@ -171,7 +174,11 @@ pub struct VerifyReport {
     pub bytes: u64,
     /// Copies that do not match.
     pub mismatches: Vec<Mismatch>,
-    /// Mismatched copies dropped (with `repair`).
+    /// Copies the source has moved past: its file changed since they were staged
+    /// (the next open stages it again; these only take room). Source paths.
+    #[serde(default)]
+    pub stale: Vec<PathBuf>,
+    /// Mismatched and stale copies dropped (with `repair`).
     pub repaired: Vec<PathBuf>,
 }
 

@@ -15,7 +15,7 @@ use stagefs_control::report::{
 use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
-use stagefs_source::{SourceTree, is_plain_relative};
+use stagefs_source::{SourceTree, Stamp, is_plain_relative};
 use stagefs_store::StoreError;
 use stagefs_store::key::Key;
 use stagefs_store::{CopyCheck, EntryInfo, Hold, Store, compare_with_record};
@@ -75,14 +75,9 @@ pub fn answer(
             model,
             path,
             repair,
-        } => {
-            let selector = match (model, path) {
-                (Some(id), _) => EvictSelector::Model { id },
-                (None, Some(path)) => EvictSelector::Path { path },
-                (None, None) => EvictSelector::All,
-            };
-            verify(store, source, &selector, repair).map(|report| Response::Verified { report })
-        }
+        } => verify(store, source, &verify_selector(model, path), repair)
+            .map(|report| Response::Verified { report }),
+        Request::Files { selector } => files(store, source, &selector),
         Request::Names { paths } => Ok(Response::Names {
             names: names(source.map(|s| s.tree), &paths),
         }),
@@ -93,6 +88,15 @@ pub fn answer(
     result.unwrap_or_else(|e| Response::Error {
         message: e.to_string(),
     })
+}
+
+/// The copies a verify request names: a model's, those under a path, else all.
+pub fn verify_selector(model: Option<String>, path: Option<PathBuf>) -> EvictSelector {
+    match (model, path) {
+        (Some(id), _) => EvictSelector::Model { id },
+        (None, Some(path)) => EvictSelector::Path { path },
+        (None, None) => EvictSelector::All,
+    }
 }
 
 /// Why an admin request failed.
@@ -207,6 +211,24 @@ pub fn evict(
     Ok(report)
 }
 
+/// The copies `selector` names, each with what holds it if it is in use.
+fn files(
+    store: &Store,
+    source: Option<ModelSource<'_>>,
+    selector: &EvictSelector,
+) -> Result<Response, AdminError> {
+    let chosen = select(store, source, selector, stagefs_source::sys::now_secs())?;
+    let files = chosen
+        .into_iter()
+        .map(|info| FileRef {
+            path: info.entry.source,
+            bytes: info.entry.stamp.size,
+            hold: info.in_use.then(|| info.hold.unwrap_or(Hold::Open)),
+        })
+        .collect();
+    Ok(Response::Files { files })
+}
+
 fn select(
     store: &Store,
     source: Option<ModelSource<'_>>,
@@ -218,12 +240,19 @@ fn select(
         EvictSelector::All => entries,
         EvictSelector::Model { id } => {
             let id = checked_id(id)?;
+            let found = found_model(source, id)?;
             let chosen: Vec<EntryInfo> = entries
                 .into_iter()
                 .filter(|i| {
-                    models::id_matches(id, &i.entry.source) && !is_repo_bookkeeping(&i.entry.source)
+                    let path = &i.entry.source;
+                    models::id_matches(id, path)
+                        && !is_repo_bookkeeping(path)
+                        && found.as_ref().is_none_or(|m| is_of(m, path))
                 })
                 .collect();
+            if found.is_none() {
+                one_owner(id, &chosen)?;
+            }
             if chosen.is_empty() {
                 known_model(source, id)?;
             }
@@ -259,6 +288,62 @@ fn select(
     })
 }
 
+/// The model `id` names in the source, when it is reachable and has it; fails when
+/// `id` names several of its models (`a/TinyLlama`, `b/TinyLlama`), as prefetch does.
+fn found_model(source: Option<ModelSource<'_>>, id: &str) -> Result<Option<ModelRef>, AdminError> {
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    match models::find(source.tree, id, source.model_dirs) {
+        Ok(model) => Ok(Some(model)),
+        Err(e @ ModelError::Ambiguous { .. }) => Err(e.into()),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Whether the copy of source path `path` is one of `model`'s files.
+fn is_of(model: &ModelRef, path: &Path) -> bool {
+    match model.kind {
+        // Its id names it wherever it lies (the root, `hub/`, model_dirs).
+        ModelKind::HfRepo => true,
+        ModelKind::Folder | ModelKind::File => path.starts_with(&model.path),
+    }
+}
+
+/// Without the source to ask, the copies `id` chose tell by their paths whether it
+/// names several models: refused as the source would refuse it.
+fn one_owner(id: &str, chosen: &[EntryInfo]) -> Result<(), AdminError> {
+    let owners: std::collections::BTreeSet<PathBuf> = chosen
+        .iter()
+        .filter_map(|i| owner_by_path(id, &i.entry.source))
+        .collect();
+    if owners.len() < 2 {
+        return Ok(());
+    }
+    Err(ModelError::Ambiguous {
+        id: id.to_string(),
+        count: owners.len(),
+        paths: owners
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+    .into())
+}
+
+/// The model a copy of `path` belongs to as `id` matched it: its repository (by its
+/// directory's name: one id, wherever it lies), or the folder or file whose path
+/// ends with `id`.
+fn owner_by_path(id: &str, path: &Path) -> Option<PathBuf> {
+    if let Some(repo) = hf::repo_of(path) {
+        return repo.file_name().map(PathBuf::from);
+    }
+    path.ancestors()
+        .find(|a| !a.as_os_str().is_empty() && a.ends_with(id))
+        .map(Path::to_path_buf)
+}
+
 /// Fails with [`ModelError::NotFound`] when the source is reachable and has no model
 /// `id`: with nothing staged either, the id is most likely a typo. Without the source
 /// nothing can be told, and an ambiguous id is still a model.
@@ -272,40 +357,97 @@ fn known_model(source: Option<ModelSource<'_>>, id: &str) -> Result<(), AdminErr
     }
 }
 
-/// Re-hashes the staged copies `selector` names (as for [`evict`]; by age or size
-/// makes no sense here but works) against the recorded blake3 and, for LFS blobs, the
-/// sha256 in their name; with `repair`, drops the mismatches so they are staged again
-/// on the next open.
+/// A copy `verify` checks, and whether the source has moved past it.
+#[derive(Debug)]
+pub struct ToVerify {
+    info: EntryInfo,
+    /// The source's file is no longer the version staged: the next open copies it
+    /// again, and this copy only takes room.
+    stale: bool,
+}
+
+/// The copies `selector` names (as for [`evict`]; by age or size makes no sense
+/// here but works), each compared with the source's file when `source` is reachable.
+/// This is the part of `verify` that asks the source.
+pub fn to_verify(
+    store: &Store,
+    source: Option<ModelSource<'_>>,
+    selector: &EvictSelector,
+) -> Result<Vec<ToVerify>, AdminError> {
+    let chosen = select(store, source, selector, stagefs_source::sys::now_secs())?;
+    Ok(chosen
+        .into_iter()
+        .map(|info| ToVerify {
+            stale: source.is_some_and(|s| moved_past(s.tree, &info)),
+            info,
+        })
+        .collect())
+}
+
+/// Whether the source's file at the copy's path is another version than the one
+/// staged, by the rule the stager reuses copies by. A file gone from the source is
+/// not: its copy still holds what was staged, and the source may be away.
+fn moved_past(source: &SourceTree, info: &EntryInfo) -> bool {
+    let Some(key) = Key::parse(&info.key) else {
+        return false;
+    };
+    let path = &info.entry.source;
+    match source.stat(path) {
+        Ok(meta) if meta.is_file() => {
+            !stagefs_stage::reusable(&info.entry, &key, path, Stamp::of(&meta))
+        }
+        _ => false,
+    }
+}
+
+/// Re-hashes the copies `selector` names against the recorded blake3 and, for LFS
+/// blobs, the sha256 in their name, and reports those the source has moved past;
+/// with `repair`, drops the mismatched and the stale, so they are staged again on
+/// the next open.
 pub fn verify(
     store: &Store,
     source: Option<ModelSource<'_>>,
     selector: &EvictSelector,
     repair: bool,
 ) -> Result<VerifyReport, AdminError> {
+    Ok(verify_copies(
+        store,
+        to_verify(store, source, selector)?,
+        repair,
+    ))
+}
+
+/// The part of [`verify`] that reads the cache alone: hashes every copy but the
+/// stale ones (staged again on the next open whatever their bytes).
+pub fn verify_copies(store: &Store, copies: Vec<ToVerify>, repair: bool) -> VerifyReport {
     let mut report = VerifyReport {
         checked: 0,
         bytes: 0,
         mismatches: Vec::new(),
+        stale: Vec::new(),
         repaired: Vec::new(),
     };
-    for info in select(store, source, selector, stagefs_source::sys::now_secs())? {
+    for ToVerify { info, stale } in copies {
         let Some(key) = Key::parse(&info.key) else {
             continue;
         };
         report.checked += 1;
         report.bytes += info.entry.stamp.size;
-        let Some(reason) = mismatch(store, &key, &info) else {
+        if stale {
+            report.stale.push(info.entry.source.clone());
+        } else if let Some(reason) = mismatch(store, &key, &info) {
+            report.mismatches.push(Mismatch {
+                path: info.entry.source.clone(),
+                reason,
+            });
+        } else {
             continue;
-        };
-        report.mismatches.push(Mismatch {
-            path: info.entry.source.clone(),
-            reason,
-        });
+        }
         if repair && matches!(store.remove(&key), Ok(Some(_))) {
             report.repaired.push(info.entry.source.clone());
         }
     }
-    Ok(report)
+    report
 }
 
 /// How users know the files at `paths` (relative to the source root), in order:
@@ -474,6 +616,7 @@ fn empty_status(model: &ModelRef) -> ModelStatus {
         total_files: None,
         total_bytes: None,
         unfollowable: Vec::new(),
+        files: Vec::new(),
     }
 }
 

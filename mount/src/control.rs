@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::admin::{self, Live};
 use crate::prefetch_plan::{self, Job, Target};
-use stagefs_control::{Backend, Request, Response};
+use stagefs_control::{Backend, EvictSelector, Request, Response};
 use stagefs_layout::models::ModelSource;
 use stagefs_stage::Stager;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -197,7 +197,7 @@ impl ControlServer {
     async fn handle(&self, request: Request) -> Response {
         match request {
             Request::Status => self.status().await,
-            Request::Evict { .. } if !self.source_suspect() => {
+            Request::Evict { .. } | Request::Files { .. } if !self.source_suspect() => {
                 let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
                 let asked = self.stager.source_pool().run(move || {
                     let source = ModelSource {
@@ -212,10 +212,50 @@ impl ControlServer {
                     ),
                 })
             }
-            Request::Evict { .. } => self.answer_locally(request, false).await,
+            Request::Evict { .. } | Request::Files { .. } => {
+                self.answer_locally(request, false).await
+            }
             Request::Names { paths } => self.names(paths).await,
-            // Stats only names the source; verify reads the cache alone.
+            Request::Verify {
+                model,
+                path,
+                repair,
+            } => {
+                self.verify(admin::verify_selector(model, path), repair)
+                    .await
+            }
+            // Stats only names the source.
             request => self.answer_locally(request, true).await,
+        }
+    }
+
+    /// Verify: the copies chosen, and which the source has moved past, asked of the
+    /// source while it answers (else chosen from the cache alone, none of them known
+    /// stale); then hashed on the blocking pool, which may take minutes, so no
+    /// source thread waits on it.
+    async fn verify(&self, selector: EvictSelector, repair: bool) -> Response {
+        let asked = selector.clone();
+        let from_source = self.while_the_source_answers(move |stager, source| {
+            admin::to_verify(stager.store(), Some(source), &asked)
+        });
+        let stager = self.stager.clone();
+        let chosen = from_source.await;
+        let answered = tokio::task::spawn_blocking(move || {
+            let copies = match chosen {
+                Some(chosen) => chosen?,
+                None => admin::to_verify(stager.store(), None, &selector)?,
+            };
+            Ok::<_, admin::AdminError>(admin::verify_copies(stager.store(), copies, repair))
+        })
+        .await;
+        match answered {
+            Ok(Ok(report)) => Response::Verified { report },
+            Ok(Err(e)) => Response::Error {
+                message: e.to_string(),
+            },
+            Err(e) => Response::Error {
+                message: format!("the request failed: {e}"),
+            },
         }
     }
 

@@ -995,11 +995,15 @@ pub fn run_stagefs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, Strin
     )
 }
 
-/// `stagefs status --json` for `cache`.
+/// `stagefs status --json` for `cache`: its one report.
 pub fn status_json(cache: &Path) -> Value {
     let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
     assert!(ok, "status failed: {err}");
-    serde_json::from_str(&out).expect("status JSON")
+    let all: Value = serde_json::from_str(&out).expect("status JSON");
+    match all["mounts"].as_array().map(Vec::as_slice) {
+        Some([one]) => one.clone(),
+        _ => panic!("status --json of one cache is not one report in `mounts`: {out}"),
+    }
 }
 
 /// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a

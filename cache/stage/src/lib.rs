@@ -998,7 +998,7 @@ impl Inner {
 /// same mtime whatever its inode and change time (an sshfs remount numbers inodes
 /// anew, a chmod on the NAS changes the change time: neither is worth copying every
 /// model again), or from another repository's path.
-fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
+pub fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
     match (key.content_sha256().is_some(), entry.source == rel) {
         (true, true) => (entry.stamp.size, entry.stamp.mtime_ns) == (stamp.size, stamp.mtime_ns),
         (true, false) => entry.stamp.size == stamp.size,
