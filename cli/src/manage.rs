@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use stagefs_control::{
-    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport,
-    UnfollowableLink, VerifyReport,
+    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StagingFailure,
+    StatusReport, TooLarge, UnfollowableLink, VerifyReport,
 };
 use stagefs_layout::models::{self, ModelKind};
 use stagefs_mount::cache_dir::{self, CacheDirError};
@@ -90,6 +90,9 @@ pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyho
             let listed = report.models.iter().flat_map(|m| &m.files);
             let paths = (copying.chain(report.refused.iter().cloned()))
                 .chain(listed.map(|f| f.path.clone()))
+                .chain(report.too_large.iter().map(|t| t.path.clone()))
+                .chain(report.failures.iter().map(|f| f.path.clone()))
+                .chain(report.other_examples.iter().cloned())
                 .collect();
             render_status(report, &Names::of(dir, paths, verbose))
         })
@@ -166,6 +169,29 @@ fn is_named(model: &ModelStatus, name: &str, selector: &EvictSelector) -> bool {
         _ => model.model == name || models::id_matches(name, &model.path),
     };
     by_name || !model.files.is_empty()
+}
+
+/// Right after a mount with a `--max-size`: one warning line if a model's file is
+/// larger than it, since opening that file fails (or reads the source) and the
+/// loader's own error would not say why. Asked of the mount, which knows the
+/// models; says nothing if it does not answer.
+pub(crate) fn warn_too_large(cache_dir: &Path) {
+    let Ok(Response::Status { report }) = cache_dir::ask(cache_dir, Request::Status) else {
+        return;
+    };
+    let Some(first) = report.too_large.first() else {
+        return;
+    };
+    let paths = report.too_large.iter().map(|t| t.path.clone()).collect();
+    let names = Names::of(cache_dir, paths, false);
+    let more = match report.too_large.len() {
+        1 => String::new(),
+        n => format!(" (and the largest files of {} more models)", n - 1),
+    };
+    eprintln!(
+        "stagefs: warning: {}{more}; `stagefs status` lists them",
+        too_large_line(first, &report, &names)
+    );
 }
 
 /// `stagefs evict`.
@@ -416,7 +442,7 @@ fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
 }
 
 /// The status report; `names` show the files being copied (with `-v`, their paths
-/// in the source too, and revisions in full).
+/// in the source too).
 fn render_status(r: &StatusReport, names: &Names) -> String {
     let mut out = String::new();
     let u = &r.usage;
@@ -459,9 +485,10 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
     let min_free = u.budget.min_free.map_or("none".into(), format_bytes);
     let _ = writeln!(
         out,
-        "used      {} in {} (max {max}); volume {} free of {} (keep {min_free} free)",
+        "used      {} in {}{} (max {max}); volume {} free of {} (keep {min_free} free)",
         format_bytes(u.used),
         count(u.entries, "file", "files"),
+        others_note(r, names),
         format_bytes(u.volume.available),
         format_bytes(u.volume.total),
     );
@@ -503,7 +530,12 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
             download_again(path)
         );
     }
-    let shown = if names.verbose { usize::MAX } else { 12 };
+    for big in &r.too_large {
+        let _ = writeln!(out, "too large {}", too_large_line(big, r, names));
+    }
+    for failure in &r.failures {
+        let _ = writeln!(out, "failed    {}", failure_line(failure, names));
+    }
     for m in &r.models {
         let _ = writeln!(out, "{}", escaped(&model_line(m)));
         if let Some(line) = links_line(&m.unfollowable) {
@@ -518,7 +550,8 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
             let _ = writeln!(
                 out,
                 "  {}{refs}: {}/{} files, {} of {}",
-                &rev.revision[..rev.revision.len().min(shown)],
+                // Whole, as `prefetch --revision` and `hf download --revision` take it.
+                rev.revision,
                 rev.staged_files,
                 rev.total_files,
                 format_bytes(rev.staged_bytes),
@@ -539,6 +572,60 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
         }
     }
     out
+}
+
+/// `, 2 of them no model's (org/r: refs/main, token)` when copies are none of the
+/// models' files, so that the count agrees with the models' below.
+fn others_note(r: &StatusReport, names: &Names) -> String {
+    if r.other_files == 0 {
+        return String::new();
+    }
+    let mut named: Vec<String> = r.other_examples.iter().map(|p| names.show(p)).collect();
+    if r.other_files > named.len() {
+        named.push("…".into());
+    }
+    format!(
+        ", {} of them no model's ({})",
+        r.other_files,
+        named.join(", ")
+    )
+}
+
+/// `org/name: FILE (2.0 GiB) is larger than the cache's --max-size (1.0 GiB): …`:
+/// a file that can never be staged, and what opening it does.
+pub(crate) fn too_large_line(big: &TooLarge, r: &StatusReport, names: &Names) -> String {
+    let max = r
+        .usage
+        .budget
+        .max_size
+        .map_or("no limit".into(), format_bytes);
+    let opening = match r.reads_source_when_full {
+        true => "it is read from the source, at its speed (--on-full read-source)",
+        false => "opening it fails",
+    };
+    format!(
+        "{} ({}) is larger than the cache's --max-size ({max}): {opening}; raise --max-size",
+        names.show(&big.path),
+        format_bytes(big.bytes)
+    )
+}
+
+/// `org/name: FILE: why; what to try (3m ago)`: a file the mount could not stage.
+fn failure_line(f: &StagingFailure, names: &Names) -> String {
+    let why = f
+        .error
+        .strip_prefix(&format!("{}: ", f.path.display()))
+        .unwrap_or(&f.error);
+    let hint = f
+        .remedy
+        .map(|r| format!("; {}", crate::args::flag_hint(r)))
+        .unwrap_or_default();
+    let ago = stagefs_source::sys::now_secs().saturating_sub(f.at_secs);
+    format!(
+        "{}: {why}{hint} ({} ago)",
+        names.show(&f.path),
+        stagefs_control::units::format_duration(std::time::Duration::from_secs(ago))
+    )
 }
 
 /// `3 links cannot be followed; config.json: <why>` under a snapshot or folder whose

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::values::{Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, Usage};
+use crate::values::{
+    Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, StagingFailure, Usage,
+};
 
 /// Everything `stagefs status` shows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +54,32 @@ pub struct StatusReport {
     /// the source do not match the sha256 in their names, so opens of them fail.
     #[serde(default)]
     pub refused: Vec<PathBuf>,
+    /// The last files the running mount could not stage, and why, oldest first.
+    #[serde(default)]
+    pub failures: Vec<StagingFailure>,
+    /// Files larger than the cache's size limit (`--max-size`), the largest of each
+    /// model that has one: they can never be staged.
+    #[serde(default)]
+    pub too_large: Vec<TooLarge>,
+    /// Copies that are none of the models' files (`refs/main`, small files kept for
+    /// when the source is away, a file outside any model), counted in `usage`; 0
+    /// when the source could not be asked (it cannot be told then).
+    #[serde(default)]
+    pub other_files: usize,
+    /// The first few of them, by source path.
+    #[serde(default)]
+    pub other_examples: Vec<PathBuf>,
+}
+
+/// A model's file the cache's size limit cannot hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TooLarge {
+    /// The model, as `ModelStatus::model` names it.
+    pub model: String,
+    /// The file, relative to the source root.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
 }
 
 /// One model's share of the cache.

@@ -12,7 +12,9 @@ use stagefs_control::report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
     UnfollowableLink, VerifyReport,
 };
-use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
+use stagefs_control::{
+    Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth, StagingFailure, TooLarge,
+};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
 use stagefs_source::{SourceTree, Stamp, is_plain_relative};
@@ -41,6 +43,8 @@ pub struct Live {
     pub reads_source_when_full: bool,
     /// Blobs the mount refuses: their bytes are not the sha256 in their names.
     pub refused: Vec<PathBuf>,
+    /// The last files the mount could not stage.
+    pub failures: Vec<StagingFailure>,
 }
 
 /// Serves `request` against `store`; `live` carries what only a running mount knows.
@@ -125,27 +129,37 @@ pub fn status(
         .map(|s| models::discover(s.tree, s.model_dirs))
         .unwrap_or_default();
     let mut models: BTreeMap<PathBuf, ModelStatus> = BTreeMap::new();
+    let mut others = Vec::new();
     for info in &store.entries() {
-        let Some(owner) = catalog.owner(&info.entry.source) else {
+        let owner = catalog.owner(&info.entry.source);
+        let Some(owner) = owner.filter(|o| is_model_file(o, &info.entry.source)) else {
+            others.push(info.entry.source.clone());
             continue;
         };
-        if !is_model_file(&owner, &info.entry.source) {
-            continue;
-        }
         let model = models
             .entry(owner.path.clone())
             .or_insert_with(|| empty_status(&owner));
         model.staged_files += 1;
         model.staged_bytes += info.entry.stamp.size;
     }
+    let mut largest = Vec::new();
     if let Some(source) = source {
-        add_totals(store, source.tree, &catalog, &mut models);
+        largest = add_totals(store, source.tree, &catalog, &mut models);
     }
+    let usage = store.usage()?;
+    // Without the source, copies of folders and files cannot be told from others.
+    if source.is_none() {
+        others.clear();
+    }
+    let too_large = largest
+        .into_iter()
+        .filter(|l| usage.budget.max_size.is_some_and(|max| l.bytes > max))
+        .collect();
     Ok(StatusReport {
         cache_dir: store.dir().to_path_buf(),
         source: source.map(|s| s.tree.root().to_path_buf()),
         mountpoint: live.mountpoint,
-        usage: store.usage()?,
+        usage,
         models: models.into_values().collect(),
         metrics: live.metrics,
         in_flight: live.in_flight,
@@ -157,8 +171,15 @@ pub fn status(
         reads_source_when_full: live.reads_source_when_full,
         dead_mount: None,
         refused: live.refused,
+        failures: live.failures,
+        too_large,
+        other_files: others.len(),
+        other_examples: others.into_iter().take(OTHER_EXAMPLES).collect(),
     })
 }
+
+/// Copies of no model's files that status names (the rest it counts).
+const OTHER_EXAMPLES: usize = 3;
 
 /// Drops the copies `selector` names, except those in use. The source, when
 /// reachable, resolves the snapshot links under a directory to the blobs they name,
@@ -559,21 +580,29 @@ fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
 
 /// Fills in per-snapshot totals of the repositories and totals of the folders and
 /// files in `catalog`, adding those with nothing staged. A repository without a
-/// snapshot (a download that never finished) is left out.
+/// snapshot (a download that never finished) is left out. Returns each model's
+/// largest file.
 fn add_totals(
     store: &Store,
     source: &SourceTree,
     catalog: &Catalog,
     models: &mut BTreeMap<PathBuf, ModelStatus>,
-) {
+) -> Vec<TooLarge> {
+    let mut largest = Vec::new();
     for found in &catalog.models {
         let files = match found.kind {
             ModelKind::HfRepo => {
-                let revisions = revisions(store, source, &found.path);
+                let (revisions, files) = revisions(store, source, &found.path);
                 if revisions.is_empty() {
                     continue;
                 }
-                model_entry(models, found).revisions = revisions;
+                let model = model_entry(models, found);
+                model.revisions = revisions;
+                // A blob two repositories share is one copy, staged from either's
+                // path: counted for each, as their revisions count it.
+                model.staged_files = files.iter().filter(|f| f.staged).count();
+                model.staged_bytes = files.iter().filter(|f| f.staged).map(|f| f.bytes).sum();
+                largest.extend(largest_of(found, files.iter().map(|f| (&f.path, f.bytes))));
                 continue;
             }
             ModelKind::Folder => {
@@ -582,10 +611,25 @@ fn add_totals(
             }
             ModelKind::File => sized(source, vec![found.path.clone()]),
         };
+        largest.extend(largest_of(found, files.iter().map(|(p, size)| (p, *size))));
         let model = model_entry(models, found);
         model.total_files = Some(files.len());
         model.total_bytes = Some(files.iter().map(|(_, size)| size).sum());
     }
+    largest
+}
+
+/// The largest of `model`'s `files` (path, size).
+fn largest_of<'a>(
+    model: &ModelRef,
+    files: impl Iterator<Item = (&'a PathBuf, u64)>,
+) -> Option<TooLarge> {
+    let (path, bytes) = files.max_by_key(|(_, size)| *size)?;
+    Some(TooLarge {
+        model: model.id.clone(),
+        path: path.clone(),
+        bytes,
+    })
 }
 
 /// Whether a copy at `path` is one of `model`'s files: a repository's `refs/` and
@@ -629,9 +673,22 @@ fn model_entry<'a>(
         .or_insert_with(|| empty_status(found))
 }
 
-fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionStatus> {
+/// A file of a repository's snapshots, once however many list it.
+struct RepoFile {
+    path: PathBuf,
+    bytes: u64,
+    staged: bool,
+}
+
+/// Each snapshot's totals, and the files of all of them.
+fn revisions(
+    store: &Store,
+    source: &SourceTree,
+    repo: &Path,
+) -> (Vec<RevisionStatus>, Vec<RepoFile>) {
     let refs = hf::refs_by_commit(source, repo);
-    hf::snapshots(source, repo)
+    let mut files: BTreeMap<PathBuf, RepoFile> = BTreeMap::new();
+    let revisions = hf::snapshots(source, repo)
         .into_iter()
         .map(|rev| {
             let snapshot = repo.join("snapshots").join(&rev);
@@ -645,16 +702,23 @@ fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionSta
                 unfollowable: unfollowable(source, &snapshot),
             };
             for (file, size) in snapshot_files(source, &snapshot) {
+                let staged = store.contains(&Key::for_source_path(&file));
                 status.total_files += 1;
                 status.total_bytes += size;
-                if store.contains(&Key::for_source_path(&file)) {
+                if staged {
                     status.staged_files += 1;
                     status.staged_bytes += size;
                 }
+                files.entry(file.clone()).or_insert(RepoFile {
+                    path: file,
+                    bytes: size,
+                    staged,
+                });
             }
             status
         })
-        .collect()
+        .collect();
+    (revisions, files.into_values().collect())
 }
 
 /// The key of `path`, and for a directory the keys of every file under it, with

@@ -359,6 +359,7 @@ impl ControlServer {
             read_only: self.read_only,
             reads_source_when_full: self.reads_source_when_full,
             refused: self.stager.refused_blobs(),
+            failures: self.stager.recent_failures(),
         }
     }
 

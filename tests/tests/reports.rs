@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use stagefs_tests::{Scratch, TEST_RESERVE, is_mounted, pseudo_random, stagefs_bin};
+use stagefs_tests::{
+    Scratch, TEST_RESERVE, generate, is_mounted, pseudo_random, stagefs_bin, status_json, wait_for,
+};
 
 /// A user with a HOME of their own, running the `stagefs` binary.
 struct User {
@@ -54,6 +56,17 @@ impl User {
     /// `stagefs mount SOURCE MNT --cache-dir CACHE` in the background, as a user types
     /// it; unmounted when the returned guard goes.
     fn mount(&self, source: &Path, mnt: &Path, cache: &Path, extra: &[&str]) -> Mounted {
+        self.mount_saying(source, mnt, cache, extra).0
+    }
+
+    /// [`User::mount`], with what it said on stderr.
+    fn mount_saying(
+        &self,
+        source: &Path,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+    ) -> (Mounted, String) {
         fs::create_dir_all(mnt).expect("mkdir mnt");
         let reserve = TEST_RESERVE.to_string();
         let (source, mnt_text, cache) = (text(source), text(mnt), text(cache));
@@ -72,10 +85,11 @@ impl User {
         args.extend(extra);
         let (ok, out, err) = self.run(&args);
         assert!(ok, "mount failed: {out}{err}");
-        Mounted {
+        let mounted = Mounted {
             mnt: mnt.to_path_buf(),
             home: self.home.clone(),
-        }
+        };
+        (mounted, err)
     }
 }
 
@@ -380,4 +394,106 @@ fn every_report_has_one_json_shape_and_status_lists_a_models_files() {
     let evicted = json(&out);
     assert_eq!(evicted["evicted"][0]["path"], "org/m/model.safetensors");
     assert_eq!(evicted["freed"], 2 << 20);
+}
+
+#[test]
+fn status_names_what_a_mount_cannot_stage_and_why_its_last_stagings_failed() {
+    let s = Scratch::new();
+    let user = User::new(&s);
+    folder(&s.hub, "org/small", 1);
+    let big = folder(&s.hub, "org/big", 2);
+    fs::write(big.join("model.safetensors"), pseudo_random(3 << 20, 3)).expect("weights");
+    let (_mounted, err) = user.mount_saying(&s.hub, &s.mnt, &s.cache, &["--max-size", "2621440"]);
+    let too_large = "org/big/model.safetensors (3.0 MiB) is larger than the cache's --max-size (2.5 MiB): opening it fails; raise --max-size";
+    assert_eq!(
+        err,
+        format!("stagefs: warning: {too_large}; `stagefs status` lists them\n")
+    );
+    stage(&s.mnt, "org/small/model.safetensors");
+    assert!(fs::read(s.mnt.join("org/big/model.safetensors")).is_err());
+    let (ok, out, err) = user.run(&["status"]);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("\ntoo large {too_large}\n")), "{out}");
+    let failed = out
+        .lines()
+        .find(|l| l.starts_with("failed    "))
+        .unwrap_or_default();
+    assert!(
+        failed.starts_with(
+            "failed    org/big/model.safetensors: needs 3.0 MiB but the cache cannot make room ("
+        ) && failed.contains(
+            "; raise --max-size, lower --min-free, free disk space, or close models in use ("
+        ) && failed.ends_with(" ago)"),
+        "{out}"
+    );
+    // Scripts read the same.
+    let report = status_json(&s.cache);
+    assert_eq!(report["failures"][0]["path"], "org/big/model.safetensors");
+    assert_eq!(report["too_large"][0]["bytes"], 3 << 20);
+}
+
+#[test]
+fn counts_agree_and_status_shows_a_revision_prefetch_takes() {
+    let s = Scratch::new();
+    let user = User::new(&s);
+    let model = generate(&s.hub, "acme/a", 1, "2M");
+    // A second repository holding the same blob (as a fork or a re-upload does).
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(s.hub.join("models--acme--a"))
+        .arg(s.hub.join("models--acme--b"))
+        .status();
+    assert!(copied.is_ok_and(|st| st.success()));
+    fs::write(s.hub.join("token"), "hf_secret").expect("token");
+    let _mounted = user.mount(&s.hub, &s.mnt, &s.cache, &[]);
+    let shard = model.shards().remove(0);
+    stage(&s.mnt, shard.to_str().expect("utf-8"));
+    // A loader reads these small files; the mount keeps copies of them.
+    stage(&s.mnt, "models--acme--a/refs/main");
+    stage(&s.mnt, "token");
+    wait_for("the small files' copies", || {
+        status_json(&s.cache)["usage"]["entries"] == 3
+    });
+    let (ok, out, err) = user.run(&["status"]);
+    assert!(ok, "{err}");
+    let used = out
+        .lines()
+        .find(|l| l.starts_with("used"))
+        .unwrap_or_default();
+    assert!(
+        used.contains(" in 3 files, 2 of them no model's (")
+            && used.contains("acme/a: refs/main")
+            && used.contains("token"),
+        "{out}"
+    );
+    let commit = &model.commit;
+    for repo in ["acme/a", "acme/b"] {
+        let block = format!(
+            "model     {repo}: 1 staged file, 2.0 MiB\n  {commit} (main): 1/3 files, 2.0 MiB of 2.0 MiB\n"
+        );
+        assert!(out.contains(&block), "{block}in\n{out}");
+    }
+    // The hash status shows is one prefetch takes.
+    let (ok, out, err) = user.run(&["prefetch", "acme/b", "--revision", commit]);
+    assert!(ok, "{out}{err}");
+}
+
+#[test]
+fn revision_main_is_a_plain_folders_own() {
+    let s = Scratch::new();
+    let user = User::new(&s);
+    folder(&s.hub, "org/m", 1);
+    let _mounted = user.mount(&s.hub, &s.mnt, &s.cache, &[]);
+    let (ok, out, err) = user.run(&["prefetch", "org/m", "--revision", "main"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("staged org/m/model.safetensors (2.0 MiB)"),
+        "{out}"
+    );
+    let (ok, _, err) = user.run(&["prefetch", "org/m", "--revision", "v2"]);
+    assert!(!ok);
+    assert!(
+        err.contains("org/m is a plain model folder (org/m), which has no revisions"),
+        "{err}"
+    );
 }
