@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, anyhow, bail};
 use stagefs_control::{
     EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StagingFailure,
-    StatusReport, TooLarge, UnfollowableLink, VerifyReport,
+    StatusReport, Stopping, TooLarge, UnfollowableLink, VerifyReport,
 };
 use stagefs_layout::models::{self, ModelKind};
 use stagefs_mount::cache_dir::{self, CacheDirError};
@@ -451,10 +451,17 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
         (Some(mnt), _) if !mnt.as_os_str().is_empty() => {
             let backend = r.backend.map(|b| format!(", {b}")).unwrap_or_default();
             let read_only = if r.read_only { ", read-only" } else { "" };
+            let state = match r.stopping {
+                None => "running",
+                Some(Stopping::Unmounting) => "stopping",
+                Some(Stopping::Detached) => "detached",
+                Some(Stopping::Busy) => "stopping",
+            };
             let _ = writeln!(
                 out,
-                "mount     {} (running{backend}{read_only})",
-                mnt.display()
+                "mount     {} ({state}{backend}{read_only}){}",
+                mnt.display(),
+                stopping_note(r.stopping)
             );
         }
         // `stagefs serve`: an export, mounted by no one here.
@@ -572,6 +579,19 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
         }
     }
     out
+}
+
+/// What a mount asked to stop still does, after its mount line.
+fn stopping_note(stopping: Option<Stopping>) -> &'static str {
+    match stopping {
+        None | Some(Stopping::Unmounting) => "",
+        Some(Stopping::Detached) => {
+            ": asked to stop with files still open there; new opens no longer reach it, the open files are served until they are closed, then it exits (a second SIGINT or SIGTERM stops it at once)"
+        }
+        Some(Stopping::Busy) => {
+            ": asked to stop with files still open there; served until they are closed, then unmounted (a second SIGINT or SIGTERM stops it at once)"
+        }
+    }
 }
 
 /// `, 2 of them no model's (org/r: refs/main, token)` when copies are none of the

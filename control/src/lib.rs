@@ -24,5 +24,5 @@ pub use report::{
 };
 pub use values::{
     Backend, Budget, Hold, InFlight, MetricsSnapshot, ModelKind, Remedy, SourceHealth,
-    StagingFailure, Usage, VolumeSpace,
+    StagingFailure, Stopping, Usage, VolumeSpace,
 };

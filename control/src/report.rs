@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::values::{
-    Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, StagingFailure, Usage,
+    Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, StagingFailure, Stopping,
+    Usage,
 };
 
 /// Everything `stagefs status` shows.
@@ -54,6 +55,9 @@ pub struct StatusReport {
     /// the source do not match the sha256 in their names, so opens of them fail.
     #[serde(default)]
     pub refused: Vec<PathBuf>,
+    /// The running mount was asked to stop and is still serving files open in it.
+    #[serde(default)]
+    pub stopping: Option<Stopping>,
     /// The last files the running mount could not stage, and why, oldest first.
     #[serde(default)]
     pub failures: Vec<StagingFailure>,

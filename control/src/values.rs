@@ -183,6 +183,20 @@ impl ModelKind {
     }
 }
 
+/// How far a mount asked to stop (SIGINT, SIGTERM, `stagefs unmount`) has gone
+/// while files are still open in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stopping {
+    /// Unmounting now.
+    Unmounting,
+    /// Detached from the mount point (Linux): new opens no longer reach it, the
+    /// files still open are served until they are closed.
+    Detached,
+    /// Still mounted, busy (macOS): served until its files are closed, then unmounted.
+    Busy,
+}
+
 /// A file a running mount could not stage, as `status` lists the last few.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagingFailure {

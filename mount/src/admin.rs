@@ -13,7 +13,8 @@ use stagefs_control::report::{
     UnfollowableLink, VerifyReport,
 };
 use stagefs_control::{
-    Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth, StagingFailure, TooLarge,
+    Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth, StagingFailure, Stopping,
+    TooLarge,
 };
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
@@ -45,6 +46,8 @@ pub struct Live {
     pub refused: Vec<PathBuf>,
     /// The last files the mount could not stage.
     pub failures: Vec<StagingFailure>,
+    /// How far the mount has gone in stopping, if it was asked to.
+    pub stopping: Option<Stopping>,
 }
 
 /// Serves `request` against `store`; `live` carries what only a running mount knows.
@@ -171,6 +174,7 @@ pub fn status(
         reads_source_when_full: live.reads_source_when_full,
         dead_mount: None,
         refused: live.refused,
+        stopping: live.stopping,
         failures: live.failures,
         too_large,
         other_files: others.len(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::admin::{self, Live};
 use crate::prefetch_plan::{self, Job, Target};
-use stagefs_control::{Backend, EvictSelector, Request, Response};
+use stagefs_control::{Backend, EvictSelector, Request, Response, Stopping};
 use stagefs_layout::models::ModelSource;
 use stagefs_stage::Stager;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -34,6 +34,23 @@ pub(crate) struct ControlServer {
     pub(crate) read_path: String,
     read_only: bool,
     reads_source_when_full: bool,
+    /// How far the mount has gone in stopping, set by the thread that stops it.
+    pub(crate) stop_phase: StopPhase,
+}
+
+/// How far a mount has gone in stopping, shared by the thread that stops it and the
+/// control socket, which answers status meanwhile (files still open there).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StopPhase(Arc<std::sync::Mutex<Option<Stopping>>>);
+
+impl StopPhase {
+    pub(crate) fn set(&self, phase: Stopping) {
+        *stagefs_source::locks::lock(&self.0) = Some(phase);
+    }
+
+    fn get(&self) -> Option<Stopping> {
+        *stagefs_source::locks::lock(&self.0)
+    }
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -61,6 +78,7 @@ pub(crate) async fn bind(
         read_path: String::new(),
         read_only: spec.fs.read_only,
         reads_source_when_full: spec.fs.on_full == stagefs_policy::OnFull::ReadSource,
+        stop_phase: StopPhase::default(),
     })
 }
 
@@ -360,6 +378,7 @@ impl ControlServer {
             reads_source_when_full: self.reads_source_when_full,
             refused: self.stager.refused_blobs(),
             failures: self.stager.recent_failures(),
+            stopping: self.stop_phase.get(),
         }
     }
 

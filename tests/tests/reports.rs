@@ -497,3 +497,30 @@ fn revision_main_is_a_plain_folders_own() {
         "{err}"
     );
 }
+
+#[test]
+fn status_says_a_mount_asked_to_stop_with_files_open_is_detached() {
+    let s = Scratch::new();
+    folder(&s.hub, "org/m", 1);
+    let mut mount = stagefs_tests::Mount::start(&s.hub, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let open = fs::File::open(s.mnt.join("org/m/model.safetensors")).expect("open");
+    mount.signal(libc::SIGINT);
+    let status = || {
+        let (ok, out, err) = stagefs_tests::run_stagefs(&[&"status", &"--cache-dir", &s.cache]);
+        assert!(ok, "{err}");
+        out
+    };
+    wait_for("status to say the mount is detached", || {
+        status().contains(&format!("mount     {} (detached, fuse): ", s.mnt.display()))
+    });
+    let out = status();
+    assert!(
+        out.contains("asked to stop with files still open there; new opens no longer reach it, the open files are served until they are closed, then it exits (a second SIGINT or SIGTERM stops it at once)\n"),
+        "{out}"
+    );
+    assert!(!out.contains("(running"), "{out}");
+    assert_eq!(status_json(&s.cache)["stopping"], "detached");
+    drop(open);
+    let exited = mount.wait_exit();
+    assert!(exited.success(), "{exited}");
+}
