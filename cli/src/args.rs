@@ -446,9 +446,10 @@ pub(crate) struct PrefetchArgs {
     /// Revision of the models: a ref (branch, tag) or a commit [default: main].
     #[arg(long)]
     pub(crate) revision: Option<String>,
-    /// Files copied at a time.
-    #[arg(long, default_value_t = defaults::PREFETCH_COMMAND_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub(crate) parallel: u16,
+    /// Files copied at a time [default: 2; through a running mount, as many as it
+    /// copies at a time (its --prefetch-parallel, else by the source's kind)].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) parallel: Option<u16>,
     /// Only list what would be copied and what is staged already; copy nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
@@ -603,7 +604,7 @@ mod tests {
         }
         let help = help_of("prefetch");
         let parallel = defaults::PREFETCH_COMMAND_PARALLEL;
-        assert!(help.contains(&format!("[default: {parallel}]")), "{help}");
+        assert!(help.contains(&format!("[default: {parallel};")), "{help}");
     }
 
     #[test]

@@ -35,11 +35,12 @@ pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow
         return dry_run(&dir, &args.targets, args.revision.as_deref(), verbose);
     }
     let stage = Stage {
-        parallel: usize::from(args.parallel),
+        parallel: parallel(args),
         verbose,
         results: Results::Stdout,
     };
-    let summary = stage.run(&dir, &args.targets, args.revision.as_deref())?;
+    let asked = args.parallel.is_some();
+    let summary = stage.run_asking(&dir, &args.targets, args.revision.as_deref(), asked)?;
     println!("{summary}");
     Ok(())
 }
@@ -55,8 +56,10 @@ fn json(args: &PrefetchArgs, dir: &Path) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (files, note) = match args.dry_run {
         true => cache_dir::plan(dir, targets),
-        false => cache_dir::prefetch(dir, targets, usize::from(args.parallel), |_| {})
-            .map(|files| (files, None)),
+        false => {
+            let parallel = (parallel(args), args.parallel.is_some());
+            cache_dir::prefetch(dir, targets, parallel, |_| {}).map(|files| (files, None))
+        }
     }
     .map_err(with_cache_hint)?;
     crate::manage::print_json(&PrefetchJson {
@@ -72,6 +75,14 @@ fn json(args: &PrefetchArgs, dir: &Path) -> anyhow::Result<()> {
         bail!("{} could not be staged", count(failed, "file", "files"));
     }
     Ok(())
+}
+
+/// Files copied at a time: `--parallel`, else the command's default.
+fn parallel(args: &PrefetchArgs) -> usize {
+    usize::from(
+        args.parallel
+            .unwrap_or(stagefs_stage::defaults::PREFETCH_COMMAND_PARALLEL),
+    )
 }
 
 /// What `prefetch --json` prints.
@@ -210,12 +221,25 @@ impl Stage {
         targets: &[String],
         revision: Option<&str>,
     ) -> anyhow::Result<String> {
+        self.run_asking(dir, targets, revision, false)
+    }
+
+    /// [`Stage::run`]; `asked`: the user named how many files to copy at a time,
+    /// which a mount then copies too (else it copies as many as it does itself).
+    pub(crate) fn run_asking(
+        &self,
+        dir: &Path,
+        targets: &[String],
+        revision: Option<&str>,
+        asked: bool,
+    ) -> anyhow::Result<String> {
         let targets = targets
             .iter()
             .map(|t| target(t, revision, dir))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut view = View::new(std::io::stderr().is_terminal(), dir, self);
-        let files = cache_dir::prefetch(dir, targets, self.parallel, |files| view.update(files))
+        let parallel = (self.parallel, asked);
+        let files = cache_dir::prefetch(dir, targets, parallel, |files| view.update(files))
             .map_err(with_cache_hint)?;
         view.finish(&files)
     }

@@ -118,6 +118,10 @@ pub enum Request {
         /// [`Response::Planned`].
         #[serde(default)]
         dry_run: bool,
+        /// Files copied at a time, as the command asked (`prefetch --parallel`);
+        /// absent: the mount's own (`--prefetch-parallel`, else by the source's kind).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parallel: Option<usize>,
     },
     /// Re-hash copies.
     Verify {

@@ -15,7 +15,7 @@ use stagefs_stage::Stager;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::{MountError, MountSpec};
 
@@ -105,10 +105,12 @@ impl ControlServer {
                 Ok(Request::Prefetch {
                     targets,
                     dry_run: false,
-                }) => self.prefetch(targets, &mut write).await,
+                    parallel,
+                }) => self.prefetch(targets, parallel, &mut write).await,
                 Ok(Request::Prefetch {
                     targets,
                     dry_run: true,
+                    ..
                 }) => send(&mut write, &self.plan(targets).await).await,
                 Ok(request) => send(&mut write, &self.handle(request).await).await,
                 Err(e) => {
@@ -123,16 +125,19 @@ impl ControlServer {
     }
 
     /// Streams progress every 200 ms until every file is settled. The copies go on if
-    /// the client goes away: they are the cache's, not the connection's.
+    /// the client goes away: they are the cache's, not the connection's. `asked`
+    /// files are copied at a time if the command asked, else the mount's own number.
     async fn prefetch(
         &self,
         targets: Vec<Target>,
+        asked: Option<usize>,
         write: &mut OwnedWriteHalf,
     ) -> std::io::Result<()> {
         let source = self.stager.source().clone();
         let min_size = self.min_stage_size;
         let model_dirs = Arc::clone(&self.model_dirs);
-        let (stager, parallel) = (self.stager.clone(), self.prefetch_parallel);
+        let parallel = asked.or(self.prefetch_parallel);
+        let stager = self.stager.clone();
         let resolved = match self.source_suspect() {
             true => Err("the source is not answering; nothing can be staged from it now".into()),
             false => self
@@ -155,6 +160,11 @@ impl ControlServer {
             Ok(planned) => planned,
             Err(message) => return send(write, &Response::Error { message }).await,
         };
+        info!(
+            files = files.len(),
+            at_a_time = width,
+            "prefetching on request"
+        );
         let job = Job::reporting(self.stager.clone(), files, failed);
         let running = tokio::spawn(Arc::clone(&job).run(width, true));
         while !running.is_finished() {

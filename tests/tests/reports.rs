@@ -524,3 +524,33 @@ fn status_says_a_mount_asked_to_stop_with_files_open_is_detached() {
     let exited = mount.wait_exit();
     assert!(exited.success(), "{exited}");
 }
+
+#[test]
+fn prefetch_parallel_through_a_mount_is_the_number_it_copies_at_a_time() {
+    let s = Scratch::new();
+    folder(&s.hub, "org/m", 1);
+    folder(&s.hub, "org/n", 2);
+    let mount =
+        stagefs_tests::Mount::start(&s.hub, &s.mnt, &s.cache, &["--prefetch-parallel", "3"]);
+    let prefetch = |model: &str, extra: &[&str]| {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
+            vec![&"prefetch", &"--cache-dir", &s.cache];
+        args.push(&model);
+        args.extend(extra.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
+        let (ok, out, err) = stagefs_tests::run_stagefs(&args);
+        assert!(ok, "{out}{err}");
+    };
+    prefetch("org/m", &["--parallel", "8"]);
+    let log = mount.log_text();
+    assert!(
+        log.contains("prefetching on request files=1 at_a_time=8"),
+        "{log}"
+    );
+    // Not asked, the mount copies as many as it does itself.
+    prefetch("org/n", &[]);
+    let log = mount.log_text();
+    assert!(
+        log.contains("prefetching on request files=1 at_a_time=3"),
+        "{log}"
+    );
+}
