@@ -27,21 +27,8 @@ impl Newcomer {
     }
 
     fn command(&self, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Command {
-        let mut command = Command::new(stagefs_bin());
-        command
-            .args(args.iter().map(|a| a.as_ref()))
-            .env("HOME", &self.home)
-            .env("HF_HOME", self.home.join("hf"));
-        for var in [
-            "XDG_CONFIG_HOME",
-            "XDG_CACHE_HOME",
-            "XDG_STATE_HOME",
-            "STAGEFS_CONFIG",
-            "HF_HUB_CACHE",
-            "RUST_LOG",
-        ] {
-            command.env_remove(var);
-        }
+        let mut command = stagefs_tests::stagefs_at_home(&self.home);
+        command.args(args.iter().map(|a| a.as_ref()));
         command
     }
 

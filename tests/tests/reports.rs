@@ -13,7 +13,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use stagefs_tests::{
-    Scratch, TEST_RESERVE, generate, is_mounted, pseudo_random, stagefs_bin, status_json, wait_for,
+    Scratch, TEST_RESERVE, generate, is_mounted, pseudo_random, status_json, wait_for,
 };
 
 /// A user with a HOME of their own, running the `stagefs` binary.
@@ -30,22 +30,10 @@ impl User {
 
     /// Runs `stagefs ARGS`: (success, stdout, stderr).
     fn run(&self, args: &[&str]) -> (bool, String, String) {
-        let mut command = Command::new(stagefs_bin());
-        command
+        let out = stagefs_tests::stagefs_at_home(&self.home)
             .args(args)
-            .env("HOME", &self.home)
-            .env("HF_HOME", self.home.join("hf"));
-        for var in [
-            "XDG_CONFIG_HOME",
-            "XDG_CACHE_HOME",
-            "XDG_STATE_HOME",
-            "STAGEFS_CONFIG",
-            "HF_HUB_CACHE",
-            "RUST_LOG",
-        ] {
-            command.env_remove(var);
-        }
-        let out = command.output().expect("running stagefs");
+            .output()
+            .expect("running stagefs");
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -103,13 +91,9 @@ struct Mounted {
 impl Drop for Mounted {
     fn drop(&mut self) {
         if is_mounted(&self.mnt) {
-            let _ = Command::new(stagefs_bin())
+            let _ = stagefs_tests::stagefs_at_home(&self.home)
                 .arg("unmount")
                 .arg(&self.mnt)
-                .env("HOME", &self.home)
-                .env_remove("XDG_STATE_HOME")
-                .env_remove("XDG_CONFIG_HOME")
-                .env_remove("STAGEFS_CONFIG")
                 .stdout(std::process::Stdio::null())
                 .status();
         }
