@@ -68,7 +68,7 @@ run() {
     t2=$(date +%s.%N)
     grep -q '"tensors_match": true' "$T/load.json" || { echo "$name: wrong bytes" >&2; exit 1; }
     copied=$("$bin" --no-config status --json --cache-dir "$T/cache" |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["metrics"]["bytes_copied"] >> 20)')
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["mounts"][0]["metrics"]["bytes_copied"] >> 20)')
     "$bin" --no-config unmount "$T/mnt" >/dev/null
     bash "$ROOT/tests/scripts/netfs.sh" down "$NETFS_ID" "$T/nas" >/dev/null
     echo "$name download_and_read_s $(seconds "$t0" "$t1") load_s $(seconds "$t1" "$t2") copied_mib $copied"

@@ -74,7 +74,7 @@ sf status --cache-dir "$cache"
 sf status --cache-dir "$cache" --json >"$work/status.json"
 "$python" - "$work/status.json" "$backend" <<'EOF'
 import json, sys
-status = json.load(open(sys.argv[1]))
+(status,) = json.load(open(sys.argv[1]))["mounts"]
 assert sys.argv[2] in ("", status["backend"]), (status["backend"], sys.argv[2])
 (model,) = [m for m in status["models"] if m["model"] == "stagefs/e2e-model"]
 (rev,) = model["revisions"]

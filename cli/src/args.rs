@@ -387,7 +387,12 @@ pub(crate) struct CacheDirArg {
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     pub(crate) cache: CacheDirArg,
-    /// Print the report as JSON.
+    /// Only this model (org/name, a folder's path or the end of it), with its cached files.
+    pub(crate) model: Option<String>,
+    /// List each model's cached files.
+    #[arg(long)]
+    pub(crate) files: bool,
+    /// Print the report as JSON: `{"mounts": [...]}`, one report per cache.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -411,6 +416,9 @@ pub(crate) struct EvictArgs {
     /// Show what would be dropped without dropping it.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -419,9 +427,13 @@ pub(crate) struct VerifyArgs {
     pub(crate) cache: CacheDirArg,
     /// Only this model id (org/name), or a file path inside the mount or the source.
     pub(crate) target: Option<String>,
-    /// Drop copies that do not match, so they are staged again on the next open.
+    /// Drop copies that do not match, and those the source has moved past, so they
+    /// are staged again on the next open.
     #[arg(long)]
     pub(crate) repair: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -434,12 +446,16 @@ pub(crate) struct PrefetchArgs {
     /// Revision of the models: a ref (branch, tag) or a commit [default: main].
     #[arg(long)]
     pub(crate) revision: Option<String>,
-    /// Files copied at a time.
-    #[arg(long, default_value_t = defaults::PREFETCH_COMMAND_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub(crate) parallel: u16,
+    /// Files copied at a time [default: 2; through a running mount, as many as it
+    /// copies at a time (its --prefetch-parallel, else by the source's kind)].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) parallel: Option<u16>,
     /// Only list what would be copied and what is staged already; copy nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Print every file's outcome as JSON at the end, instead of progress and lines.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -588,7 +604,7 @@ mod tests {
         }
         let help = help_of("prefetch");
         let parallel = defaults::PREFETCH_COMMAND_PARALLEL;
-        assert!(help.contains(&format!("[default: {parallel}]")), "{help}");
+        assert!(help.contains(&format!("[default: {parallel};")), "{help}");
     }
 
     #[test]

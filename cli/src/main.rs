@@ -215,6 +215,9 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
             })
             .unwrap_or_default();
         println!("{}{usage}", daemon::describe(&spec, &log));
+        if spec.max_size.is_some() {
+            manage::warn_too_large(&spec.cache_dir);
+        }
         Ok(())
     }
 }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use stagefs_control::{
-    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StatusReport,
-    UnfollowableLink, VerifyReport,
+    EvictReport, EvictSelector, FileRef, ModelStatus, Request, Response, StagingFailure,
+    StatusReport, Stopping, TooLarge, UnfollowableLink, VerifyReport,
 };
 use stagefs_layout::models::{self, ModelKind};
 use stagefs_mount::cache_dir::{self, CacheDirError};
@@ -53,41 +53,47 @@ pub(crate) fn download_again(path: &Path) -> String {
 }
 
 /// `stagefs status`: the named cache, else every running mount's (one block each),
-/// else the default cache.
+/// else the default cache. With a model, the cache whose mount serves it (picked as
+/// for `evict`), that model alone, with its cached files; with `--files`, every
+/// model's cached files.
 pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyhow::Result<()> {
-    let dirs = crate::mounts::cache_dirs(config, args.cache.cache_dir.as_deref())?;
+    let flag = args.cache.cache_dir.as_deref();
+    let dirs = match args.model.as_deref() {
+        Some(model) => vec![crate::mounts::cache_dir(config, flag, &[model])?],
+        None => crate::mounts::cache_dirs(config, flag)?,
+    };
     // A fresh account: no mount has made the cache yet, which is no error.
     if let [dir] = dirs.as_slice()
         && !dir.exists()
+        && args.model.is_none()
     {
-        let line = format!(
-            "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
-            dir.display()
-        );
         match args.json {
-            // No cache, no mount: an empty list of them, as several are an array.
-            true => println!("[]"),
-            false => println!("{line}"),
+            // No cache, no mount: no report in the list of them.
+            true => print_json(&StatusJson { mounts: &[] })?,
+            false => println!(
+                "nothing mounted yet (no cache at {}); start with `stagefs mount SOURCE MOUNTPOINT`",
+                dir.display()
+            ),
         }
         return Ok(());
     }
     let reports = dirs
         .iter()
-        .map(|dir| status_of(dir))
+        .map(|dir| status_of(dir, args))
         .collect::<anyhow::Result<Vec<_>>>()?;
     if args.json {
-        // One mount: its report, as ever; several: an array of them.
-        let json = match reports.as_slice() {
-            [one] => serde_json::to_string_pretty(one)?,
-            several => serde_json::to_string_pretty(several)?,
-        };
-        println!("{json}");
-        return Ok(());
+        return print_json(&StatusJson { mounts: &reports });
     }
     let blocks: Vec<String> = (dirs.iter().zip(&reports))
         .map(|(dir, report)| {
             let copying = report.in_flight.iter().map(|f| f.path.clone());
-            let paths = copying.chain(report.refused.iter().cloned()).collect();
+            let listed = report.models.iter().flat_map(|m| &m.files);
+            let paths = (copying.chain(report.refused.iter().cloned()))
+                .chain(listed.map(|f| f.path.clone()))
+                .chain(report.too_large.iter().map(|t| t.path.clone()))
+                .chain(report.failures.iter().map(|f| f.path.clone()))
+                .chain(report.other_examples.iter().cloned())
+                .collect();
             render_status(report, &Names::of(dir, paths, verbose))
         })
         .collect();
@@ -95,8 +101,22 @@ pub(crate) fn status(args: &StatusArgs, config: &Config, verbose: bool) -> anyho
     Ok(())
 }
 
-/// The status of the cache at `dir`, with the dead mount it left if any.
-fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
+/// `status --json`: always an object with one report per cache in `mounts`, whether
+/// none, one or several run, so that a script reads every case the same way.
+#[derive(serde::Serialize)]
+struct StatusJson<'a> {
+    mounts: &'a [StatusReport],
+}
+
+/// Prints a command's report as JSON on stdout.
+pub(crate) fn print_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(report)?);
+    Ok(())
+}
+
+/// The status of the cache at `dir`, with the dead mount it left if any, and the
+/// cached files `args` asks for under their models.
+fn status_of(dir: &Path, args: &StatusArgs) -> anyhow::Result<StatusReport> {
     let mut report = match ask(dir, Request::Status)? {
         Response::Status { report } => report,
         other => return Err(unexpected(other)),
@@ -104,7 +124,74 @@ fn status_of(dir: &Path) -> anyhow::Result<StatusReport> {
     if report.mountpoint.is_none() {
         report.dead_mount = stagefs_mount::registry::dead_mount_of(dir);
     }
+    let selector = match args.model.as_deref() {
+        Some(model) => named(model, dir)?,
+        None if args.files => EvictSelector::All,
+        None => return Ok(*report),
+    };
+    let files = match ask(
+        dir,
+        Request::Files {
+            selector: selector.clone(),
+        },
+    )? {
+        Response::Files { files } => files,
+        other => return Err(unexpected(other)),
+    };
+    file_under_models(&mut report, files);
+    if let Some(model) = args.model.as_deref() {
+        report.models.retain(|m| is_named(m, model, &selector));
+    }
     Ok(*report)
+}
+
+/// Puts each cached file under the model it belongs to (the deepest whose path holds it).
+fn file_under_models(report: &mut StatusReport, files: Vec<FileRef>) {
+    for file in files {
+        let owner = report
+            .models
+            .iter_mut()
+            .filter(|m| file.path.starts_with(&m.path))
+            .max_by_key(|m| m.path.components().count());
+        if let Some(model) = owner {
+            model.files.push(file);
+        }
+    }
+}
+
+/// Whether `model` is the one `status MODEL` named: it has cached files the name
+/// chose, or the name is its id, its path, or the end of it.
+fn is_named(model: &ModelStatus, name: &str, selector: &EvictSelector) -> bool {
+    let by_name = match selector {
+        EvictSelector::Path { path } => {
+            model.path.starts_with(path) || path.starts_with(&model.path)
+        }
+        _ => model.model == name || models::id_matches(name, &model.path),
+    };
+    by_name || !model.files.is_empty()
+}
+
+/// Right after a mount with a `--max-size`: one warning line if a model's file is
+/// larger than it, since opening that file fails (or reads the source) and the
+/// loader's own error would not say why. Asked of the mount, which knows the
+/// models; says nothing if it does not answer.
+pub(crate) fn warn_too_large(cache_dir: &Path) {
+    let Ok(Response::Status { report }) = cache_dir::ask(cache_dir, Request::Status) else {
+        return;
+    };
+    let Some(first) = report.too_large.first() else {
+        return;
+    };
+    let paths = report.too_large.iter().map(|t| t.path.clone()).collect();
+    let names = Names::of(cache_dir, paths, false);
+    let more = match report.too_large.len() {
+        1 => String::new(),
+        n => format!(" (and the largest files of {} more models)", n - 1),
+    };
+    eprintln!(
+        "stagefs: warning: {}{more}; `stagefs status` lists them",
+        too_large_line(first, &report, &names)
+    );
 }
 
 /// `stagefs evict`.
@@ -123,8 +210,13 @@ pub(crate) fn evict(args: &EvictArgs, config: &Config, verbose: bool) -> anyhow:
     let paths: Vec<PathBuf> = (report.evicted.iter().chain(&report.in_use))
         .map(|f| f.path.clone())
         .collect();
-    let names = Names::of(&dir, paths, verbose);
-    print!("{}", render_evict(&report, &names));
+    match args.json {
+        true => print_json(&report)?,
+        false => print!(
+            "{}",
+            render_evict(&report, &Names::of(&dir, paths, verbose))
+        ),
+    }
     if let Some(refusal) = kept_because(&report.in_use) {
         bail!("{refusal}");
     }
@@ -149,10 +241,34 @@ pub(crate) fn verify(args: &VerifyArgs, config: &Config, verbose: bool) -> anyho
         Response::Verified { report } => report,
         other => return Err(unexpected(other)),
     };
-    let paths = report.mismatches.iter().map(|m| m.path.clone()).collect();
-    let names = Names::of(&dir, paths, verbose);
-    print!("{}", render_verify(&report, &names));
-    let unrepaired = report.mismatches.len() - report.repaired.len();
+    let mismatched = report.mismatches.iter().map(|m| &m.path);
+    let paths = mismatched.chain(&report.stale).cloned().collect();
+    match args.json {
+        true => print_json(&report)?,
+        false => print!(
+            "{}",
+            render_verify(&report, &Names::of(&dir, paths, verbose))
+        ),
+    }
+    let repaired = |path: &PathBuf| report.repaired.contains(path);
+    let unrepaired = report
+        .mismatches
+        .iter()
+        .filter(|m| !repaired(&m.path))
+        .count();
+    let stale = report.stale.iter().filter(|p| !repaired(p)).count();
+    // A stale copy is never served (the next open copies the file again): said, not
+    // a failure.
+    if stale > 0 && !args.json {
+        let (is, was, it) = match stale {
+            1 => ("is", "it was", "it"),
+            _ => ("are", "they were", "them"),
+        };
+        eprintln!(
+            "stagefs: {} {is} stale (the source changed since {was} staged; the next open stages {it} again); `stagefs verify --repair` drops {it} now",
+            count(stale, "staged copy", "staged copies"),
+        );
+    }
     if unrepaired > 0 {
         let verb = if unrepaired == 1 { "does" } else { "do" };
         bail!(
@@ -326,7 +442,7 @@ fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
 }
 
 /// The status report; `names` show the files being copied (with `-v`, their paths
-/// in the source too, and revisions in full).
+/// in the source too).
 fn render_status(r: &StatusReport, names: &Names) -> String {
     let mut out = String::new();
     let u = &r.usage;
@@ -335,10 +451,17 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
         (Some(mnt), _) if !mnt.as_os_str().is_empty() => {
             let backend = r.backend.map(|b| format!(", {b}")).unwrap_or_default();
             let read_only = if r.read_only { ", read-only" } else { "" };
+            let state = match r.stopping {
+                None => "running",
+                Some(Stopping::Unmounting) => "stopping",
+                Some(Stopping::Detached) => "detached",
+                Some(Stopping::Busy) => "stopping",
+            };
             let _ = writeln!(
                 out,
-                "mount     {} (running{backend}{read_only})",
-                mnt.display()
+                "mount     {} ({state}{backend}{read_only}){}",
+                mnt.display(),
+                stopping_note(r.stopping)
             );
         }
         // `stagefs serve`: an export, mounted by no one here.
@@ -369,9 +492,10 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
     let min_free = u.budget.min_free.map_or("none".into(), format_bytes);
     let _ = writeln!(
         out,
-        "used      {} in {} (max {max}); volume {} free of {} (keep {min_free} free)",
+        "used      {} in {}{} (max {max}); volume {} free of {} (keep {min_free} free)",
         format_bytes(u.used),
         count(u.entries, "file", "files"),
+        others_note(r, names),
         format_bytes(u.volume.available),
         format_bytes(u.volume.total),
     );
@@ -413,7 +537,12 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
             download_again(path)
         );
     }
-    let shown = if names.verbose { usize::MAX } else { 12 };
+    for big in &r.too_large {
+        let _ = writeln!(out, "too large {}", too_large_line(big, r, names));
+    }
+    for failure in &r.failures {
+        let _ = writeln!(out, "failed    {}", failure_line(failure, names));
+    }
     for m in &r.models {
         let _ = writeln!(out, "{}", escaped(&model_line(m)));
         if let Some(line) = links_line(&m.unfollowable) {
@@ -428,7 +557,8 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
             let _ = writeln!(
                 out,
                 "  {}{refs}: {}/{} files, {} of {}",
-                &rev.revision[..rev.revision.len().min(shown)],
+                // Whole, as `prefetch --revision` and `hf download --revision` take it.
+                rev.revision,
                 rev.staged_files,
                 rev.total_files,
                 format_bytes(rev.staged_bytes),
@@ -438,8 +568,84 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
                 let _ = writeln!(out, "    {}", escaped(&line));
             }
         }
+        for f in &m.files {
+            let in_use = if f.hold.is_some() { ", in use" } else { "" };
+            let _ = writeln!(
+                out,
+                "  cached  {} ({}{in_use})",
+                names.show(&f.path),
+                format_bytes(f.bytes)
+            );
+        }
     }
     out
+}
+
+/// What a mount asked to stop still does, after its mount line.
+fn stopping_note(stopping: Option<Stopping>) -> &'static str {
+    match stopping {
+        None | Some(Stopping::Unmounting) => "",
+        Some(Stopping::Detached) => {
+            ": asked to stop with files still open there; new opens no longer reach it, the open files are served until they are closed, then it exits (a second SIGINT or SIGTERM stops it at once)"
+        }
+        Some(Stopping::Busy) => {
+            ": asked to stop with files still open there; served until they are closed, then unmounted (a second SIGINT or SIGTERM stops it at once)"
+        }
+    }
+}
+
+/// `, 2 of them no model's (org/r: refs/main, token)` when copies are none of the
+/// models' files, so that the count agrees with the models' below.
+fn others_note(r: &StatusReport, names: &Names) -> String {
+    if r.other_files == 0 {
+        return String::new();
+    }
+    let mut named: Vec<String> = r.other_examples.iter().map(|p| names.show(p)).collect();
+    if r.other_files > named.len() {
+        named.push("…".into());
+    }
+    format!(
+        ", {} of them no model's ({})",
+        r.other_files,
+        named.join(", ")
+    )
+}
+
+/// `org/name: FILE (2.0 GiB) is larger than the cache's --max-size (1.0 GiB): …`:
+/// a file that can never be staged, and what opening it does.
+pub(crate) fn too_large_line(big: &TooLarge, r: &StatusReport, names: &Names) -> String {
+    let max = r
+        .usage
+        .budget
+        .max_size
+        .map_or("no limit".into(), format_bytes);
+    let opening = match r.reads_source_when_full {
+        true => "it is read from the source, at its speed (--on-full read-source)",
+        false => "opening it fails",
+    };
+    format!(
+        "{} ({}) is larger than the cache's --max-size ({max}): {opening}; raise --max-size",
+        names.show(&big.path),
+        format_bytes(big.bytes)
+    )
+}
+
+/// `org/name: FILE: why; what to try (3m ago)`: a file the mount could not stage.
+fn failure_line(f: &StagingFailure, names: &Names) -> String {
+    let why = f
+        .error
+        .strip_prefix(&format!("{}: ", f.path.display()))
+        .unwrap_or(&f.error);
+    let hint = f
+        .remedy
+        .map(|r| format!("; {}", crate::args::flag_hint(r)))
+        .unwrap_or_default();
+    let ago = stagefs_source::sys::now_secs().saturating_sub(f.at_secs);
+    format!(
+        "{}: {why}{hint} ({} ago)",
+        names.show(&f.path),
+        stagefs_control::units::format_duration(std::time::Duration::from_secs(ago))
+    )
 }
 
 /// `3 links cannot be followed; config.json: <why>` under a snapshot or folder whose
@@ -516,19 +722,29 @@ fn render_evict(r: &EvictReport, names: &Names) -> String {
     out
 }
 
+/// What `verify` says of a copy the source has moved past.
+pub(crate) const STALE: &str = "stale: the source changed since it was staged";
+
 fn render_verify(r: &VerifyReport, names: &Names) -> String {
     let mut out = String::new();
+    let fixed = |path: &PathBuf| match r.repaired.contains(path) {
+        true => " (dropped; it will be staged again)",
+        false => "",
+    };
     for m in &r.mismatches {
-        let fixed = if r.repaired.contains(&m.path) {
-            " (dropped; it will be staged again)"
-        } else {
-            ""
-        };
-        let _ = writeln!(out, "MISMATCH {}: {}{fixed}", names.show(&m.path), m.reason);
+        let (name, fixed) = (names.show(&m.path), fixed(&m.path));
+        let _ = writeln!(out, "MISMATCH {name}: {}{fixed}", m.reason);
     }
+    for path in &r.stale {
+        let _ = writeln!(out, "STALE {}: {STALE}{}", names.show(path), fixed(path));
+    }
+    let stale = match r.stale.len() {
+        0 => String::new(),
+        n => format!(", {n} stale"),
+    };
     let _ = writeln!(
         out,
-        "checked {} ({}): {}",
+        "checked {} ({}): {}{stale}",
         count(r.checked, "staged file", "staged files"),
         format_bytes(r.bytes),
         count(r.mismatches.len(), "mismatch", "mismatches")
@@ -571,6 +787,7 @@ mod tests {
             total_files: totals.then_some(4),
             total_bytes: totals.then_some(4 << 20),
             unfollowable: Vec::new(),
+            files: Vec::new(),
         }
     }
 

@@ -40,8 +40,9 @@ pub(crate) fn cache_dir(
             Ok(mount.cache_dir.clone())
         }
         Picked::None => config.cache_dir(None),
-        Picked::Several => Err(several(&known, None)),
-        Picked::Unheld(ids) => Err(several(&known, Some(&ids))),
+        Picked::Several => Err(Several::unpicked(&known)),
+        Picked::HeldBy(mounts, ids) => Err(Several::held_by(&mounts, &ids)),
+        Picked::Unheld(ids, silent) => Err(Several::unheld(&known, &ids, &silent)),
     }
 }
 
@@ -56,8 +57,9 @@ pub(crate) fn cache_dir_or_default(
 ) -> anyhow::Result<PathBuf> {
     match cache_dir(config, flag, targets) {
         Ok(dir) => Ok(dir),
-        // A model no running mount's source holds is the argument's fault: said so.
-        Err(e) if e.downcast_ref::<Several>().is_some_and(|s| !s.unheld) => config.cache_dir(None),
+        // A model no running mount's source holds is the argument's fault, and one
+        // that several hold needs one named: said so.
+        Err(e) if e.downcast_ref::<Several>().is_some_and(|s| s.unpicked) => config.cache_dir(None),
         Err(e) => Err(e),
     }
 }
@@ -81,21 +83,78 @@ fn names_cache_dir(config: &Config, flag: Option<&Path>) -> bool {
     flag.is_some() || config.configured_cache_dir().is_some()
 }
 
-/// Several mounts run and nothing the command names picks one.
+/// Several mounts run and what the command names picks none of them, or more than one.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 struct Several {
     message: String,
-    /// The targets were model ids that none of the mounts' sources holds.
-    unheld: bool,
+    /// Nothing the command names was looked for (no target, or paths outside every
+    /// mount): not the argument's fault.
+    unpicked: bool,
 }
 
-/// The refusal when several mounts run; `unheld`: the model ids named, which no
-/// running mount's source holds (a typo, or a model since deleted whose copies one of
-/// the caches may still hold).
-fn several(known: &[KnownMount], unheld: Option<&[&str]>) -> anyhow::Error {
-    let mounts = known
-        .iter()
+impl Several {
+    /// Nothing the command names picks one.
+    fn unpicked(known: &[KnownMount]) -> anyhow::Error {
+        let message = format!(
+            "{} stagefs mounts are running ({}); name one with --cache-dir",
+            known.len(),
+            listed(known.iter())
+        );
+        Several {
+            message,
+            unpicked: true,
+        }
+        .into()
+    }
+
+    /// The model ids named are in the sources of several running mounts.
+    fn held_by(mounts: &[&KnownMount], ids: &[&str]) -> anyhow::Error {
+        let message = format!(
+            "{} is in the sources of {} running mounts ({}); name one with --cache-dir",
+            ids.join(", "),
+            mounts.len(),
+            listed(mounts.iter().copied())
+        );
+        Several {
+            message,
+            unpicked: false,
+        }
+        .into()
+    }
+
+    /// No running mount's source holds the model ids named (a typo, or a model since
+    /// deleted whose copies one of the caches may still hold); `silent`: the mounts
+    /// whose sources did not answer, which may hold them.
+    fn unheld(known: &[KnownMount], ids: &[&str], silent: &[&KnownMount]) -> anyhow::Error {
+        let ids = ids.join(", ");
+        let held = match silent {
+            [] => format!("no running mount's source holds {ids}"),
+            silent => format!(
+                "no running mount's source that answered holds {ids} (the source of {} did not answer within {}s)",
+                silent
+                    .iter()
+                    .map(|m| m.mountpoint.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                MODEL_LOOKUP_WAIT.as_secs()
+            ),
+        };
+        let message = format!(
+            "{held} ({}); for copies left in one of their caches, name it with --cache-dir",
+            listed(known.iter())
+        );
+        Several {
+            message,
+            unpicked: false,
+        }
+        .into()
+    }
+}
+
+/// `MOUNTPOINT with cache DIR, …`.
+fn listed<'a>(mounts: impl Iterator<Item = &'a KnownMount>) -> String {
+    mounts
         .map(|m| {
             format!(
                 "{} with cache {}",
@@ -104,31 +163,18 @@ fn several(known: &[KnownMount], unheld: Option<&[&str]>) -> anyhow::Error {
             )
         })
         .collect::<Vec<_>>()
-        .join(", ");
-    let message = match unheld {
-        Some(ids) => format!(
-            "no running mount's source holds {} ({}); for copies left in one of their caches, name it with --cache-dir",
-            ids.join(", "),
-            mounts
-        ),
-        None => format!(
-            "{} stagefs mounts are running ({mounts}); name one with --cache-dir",
-            known.len()
-        ),
-    };
-    Several {
-        message,
-        unheld: unheld.is_some(),
-    }
-    .into()
+        .join(", ")
 }
 
 enum Picked<'a> {
     One(&'a KnownMount),
     None,
     Several,
-    /// Several run, and the targets are model ids none of their sources holds.
-    Unheld(Vec<&'a str>),
+    /// Several run, and the targets are model ids more than one's source holds.
+    HeldBy(Vec<&'a KnownMount>, Vec<&'a str>),
+    /// Several run, and the targets are model ids none of their sources holds; with
+    /// the mounts whose sources did not answer.
+    Unheld(Vec<&'a str>, Vec<&'a KnownMount>),
 }
 
 fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
@@ -140,26 +186,44 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
             .iter()
             .any(|root| path.starts_with(table::resolve(root).unwrap_or((*root).clone())))
     };
-    let mut by_path: Vec<&KnownMount> = known
+    let by_path: Vec<&KnownMount> = known
         .iter()
         .filter(|m| targets.iter().any(|t| inside(m, t)))
         .collect();
-    if by_path.is_empty() && known.len() > 1 {
-        by_path = known
-            .iter()
-            .filter(|m| targets.iter().any(|t| holds_model(m, t)))
-            .collect();
-    }
-    let all_ids = !targets.is_empty()
-        && targets
-            .iter()
-            .all(|t| !names_a_path(t) && stagefs_layout::models::is_model_id(t));
+    let ids: Vec<&str> = targets
+        .iter()
+        .copied()
+        .filter(|t| !names_a_path(t) && stagefs_layout::models::is_model_id(t))
+        .collect();
     match (by_path.as_slice(), known) {
         ([one], _) => Picked::One(one),
         (_, []) => Picked::None,
         (_, [one]) => Picked::One(one),
-        ([], _) if all_ids => Picked::Unheld(targets.to_vec()),
+        ([], _) if !ids.is_empty() => by_model(known, ids, targets.len()),
         _ => Picked::Several,
+    }
+}
+
+/// Among several running mounts, the one whose source holds the model ids named:
+/// every mount's source is asked, so that a model two of them hold is refused by
+/// name rather than taken from the first.
+fn by_model<'a>(known: &'a [KnownMount], ids: Vec<&'a str>, targets: usize) -> Picked<'a> {
+    let mut held = Vec::new();
+    let mut silent = Vec::new();
+    for mount in known {
+        let answers: Vec<Result<bool, bounded::Unanswered>> =
+            ids.iter().map(|id| holds_model(mount, id)).collect();
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
+            held.push(mount);
+        } else if answers.iter().any(Result::is_err) {
+            silent.push(mount);
+        }
+    }
+    match held.as_slice() {
+        [one] => Picked::One(one),
+        [] if ids.len() == targets => Picked::Unheld(ids, silent),
+        [] => Picked::Several,
+        _ => Picked::HeldBy(held, ids),
     }
 }
 
@@ -174,16 +238,15 @@ pub(crate) fn names_a_path(text: &str) -> bool {
 const MODEL_LOOKUP_WAIT: Duration = Duration::from_secs(2);
 
 /// Whether `mount`'s source holds the model `id` as prefetch finds it (a repository
-/// id, a folder's path, a short name): asked in a child process under a deadline,
+/// id, a folder's path, a short name, also one several of its models end with): asked in a child process under a deadline,
 /// since the source may be a dead share.
-fn holds_model(mount: &KnownMount, id: &str) -> bool {
-    stagefs_layout::models::is_model_id(id)
-        && bounded::holds_model(
-            &mount.record.source,
-            id,
-            &mount.record.model_dirs,
-            MODEL_LOOKUP_WAIT,
-        )
+fn holds_model(mount: &KnownMount, id: &str) -> Result<bool, bounded::Unanswered> {
+    bounded::holds_model(
+        &mount.record.source,
+        id,
+        &mount.record.model_dirs,
+        MODEL_LOOKUP_WAIT,
+    )
 }
 
 /// Running mounts as messages list them: `/m1 (of /nas/a), /m2 (of /nas/b)`.

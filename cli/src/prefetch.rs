@@ -28,17 +28,74 @@ pub(crate) fn run(args: &PrefetchArgs, config: &Config, verbose: bool) -> anyhow
     let flag = args.cache.cache_dir.as_deref();
     let dir = crate::mounts::cache_dir(config, flag, &targets)?;
     refuse_a_forgotten_source(config, flag, &dir, &targets)?;
+    if args.json {
+        return json(args, &dir);
+    }
     if args.dry_run {
         return dry_run(&dir, &args.targets, args.revision.as_deref(), verbose);
     }
     let stage = Stage {
-        parallel: usize::from(args.parallel),
+        parallel: parallel(args),
         verbose,
         results: Results::Stdout,
     };
-    let summary = stage.run(&dir, &args.targets, args.revision.as_deref())?;
+    let asked = args.parallel.is_some();
+    let summary = stage.run_asking(&dir, &args.targets, args.revision.as_deref(), asked)?;
     println!("{summary}");
     Ok(())
+}
+
+/// `prefetch --json`: every file and how it ended (or, with `--dry-run`, would), as
+/// one JSON object once it is over; no progress is shown. Fails as without `--json`
+/// when a file could not be staged.
+fn json(args: &PrefetchArgs, dir: &Path) -> anyhow::Result<()> {
+    let targets = args
+        .targets
+        .iter()
+        .map(|t| target(t, args.revision.as_deref(), dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (files, note) = match args.dry_run {
+        true => cache_dir::plan(dir, targets),
+        false => {
+            let parallel = (parallel(args), args.parallel.is_some());
+            cache_dir::prefetch(dir, targets, parallel, |_| {}).map(|files| (files, None))
+        }
+    }
+    .map_err(with_cache_hint)?;
+    crate::manage::print_json(&PrefetchJson {
+        dry_run: args.dry_run,
+        files: &files,
+        note,
+    })?;
+    let failed = files
+        .iter()
+        .filter(|f| matches!(f.state, FileState::Failed { .. }))
+        .count();
+    if failed > 0 {
+        bail!("{} could not be staged", count(failed, "file", "files"));
+    }
+    Ok(())
+}
+
+/// Files copied at a time: `--parallel`, else the command's default.
+fn parallel(args: &PrefetchArgs) -> usize {
+    usize::from(
+        args.parallel
+            .unwrap_or(stagefs_stage::defaults::PREFETCH_COMMAND_PARALLEL),
+    )
+}
+
+/// What `prefetch --json` prints.
+#[derive(serde::Serialize)]
+struct PrefetchJson<'a> {
+    dry_run: bool,
+    /// Each file: `path` in the source, `total` bytes, `state` (`staged`,
+    /// `already_staged`, `failed` with its `error`; `waiting` in a dry run: it would
+    /// be copied).
+    files: &'a [FileProgress],
+    /// What limits a dry run's answer (the source did not answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 /// With no mount running, a prefetch stages from the source the cache recorded last.
@@ -173,12 +230,25 @@ impl Stage {
         targets: &[String],
         revision: Option<&str>,
     ) -> anyhow::Result<String> {
+        self.run_asking(dir, targets, revision, false)
+    }
+
+    /// [`Stage::run`]; `asked`: the user named how many files to copy at a time,
+    /// which a mount then copies too (else it copies as many as it does itself).
+    pub(crate) fn run_asking(
+        &self,
+        dir: &Path,
+        targets: &[String],
+        revision: Option<&str>,
+        asked: bool,
+    ) -> anyhow::Result<String> {
         let targets = targets
             .iter()
             .map(|t| target(t, revision, dir))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut view = View::new(std::io::stderr().is_terminal(), dir, self);
-        let files = cache_dir::prefetch(dir, targets, self.parallel, |files| view.update(files))
+        let parallel = (self.parallel, asked);
+        let files = cache_dir::prefetch(dir, targets, parallel, |files| view.update(files))
             .map_err(with_cache_hint)?;
         view.finish(&files)
     }

@@ -20,9 +20,9 @@ pub use protocol::{
 };
 pub use report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
-    UnfollowableLink, VerifyReport,
+    TooLarge, UnfollowableLink, VerifyReport,
 };
 pub use values::{
-    Backend, Budget, Hold, InFlight, MetricsSnapshot, ModelKind, Remedy, SourceHealth, Usage,
-    VolumeSpace,
+    Backend, Budget, Hold, InFlight, MetricsSnapshot, ModelKind, Remedy, SourceHealth,
+    StagingFailure, Stopping, Usage, VolumeSpace,
 };

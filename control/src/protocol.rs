@@ -118,6 +118,10 @@ pub enum Request {
         /// [`Response::Planned`].
         #[serde(default)]
         dry_run: bool,
+        /// Files copied at a time, as the command asked (`prefetch --parallel`);
+        /// absent: the mount's own (`--prefetch-parallel`, else by the source's kind).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parallel: Option<usize>,
     },
     /// Re-hash copies.
     Verify {
@@ -129,6 +133,12 @@ pub enum Request {
         path: Option<PathBuf>,
         /// Drop mismatches.
         repair: bool,
+    },
+    /// The staged copies a selector names, as `evict --dry-run` would list them
+    /// without the grace it gives links (`status MODEL`, `status --files`).
+    Files {
+        /// Which.
+        selector: EvictSelector,
     },
     /// How users know the files at these source paths (`stagefs_mount::admin::names`).
     Names {
@@ -186,6 +196,11 @@ pub enum Response {
         /// are listed).
         #[serde(default)]
         note: Option<String>,
+    },
+    /// Answer to [`Request::Files`].
+    Files {
+        /// The copies, by source path, oldest use first.
+        files: Vec<crate::report::FileRef>,
     },
     /// Answer to [`Request::Names`]: one name per path, in order.
     Names {

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::values::{Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, Usage};
+use crate::values::{
+    Backend, Hold, InFlight, MetricsSnapshot, ModelKind, SourceHealth, StagingFailure, Stopping,
+    Usage,
+};
 
 /// Everything `stagefs status` shows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +55,35 @@ pub struct StatusReport {
     /// the source do not match the sha256 in their names, so opens of them fail.
     #[serde(default)]
     pub refused: Vec<PathBuf>,
+    /// The running mount was asked to stop and is still serving files open in it.
+    #[serde(default)]
+    pub stopping: Option<Stopping>,
+    /// The last files the running mount could not stage, and why, oldest first.
+    #[serde(default)]
+    pub failures: Vec<StagingFailure>,
+    /// Files larger than the cache's size limit (`--max-size`), the largest of each
+    /// model that has one: they can never be staged.
+    #[serde(default)]
+    pub too_large: Vec<TooLarge>,
+    /// Copies that are none of the models' files (`refs/main`, small files kept for
+    /// when the source is away, a file outside any model), counted in `usage`; 0
+    /// when the source could not be asked (it cannot be told then).
+    #[serde(default)]
+    pub other_files: usize,
+    /// The first few of them, by source path.
+    #[serde(default)]
+    pub other_examples: Vec<PathBuf>,
+}
+
+/// A model's file the cache's size limit cannot hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TooLarge {
+    /// The model, as `ModelStatus::model` names it.
+    pub model: String,
+    /// The file, relative to the source root.
+    pub path: PathBuf,
+    /// Its size.
+    pub bytes: u64,
 }
 
 /// One model's share of the cache.
@@ -77,6 +109,9 @@ pub struct ModelStatus {
     /// Links of a folder model that lead to no file (its totals leave them out).
     #[serde(default)]
     pub unfollowable: Vec<UnfollowableLink>,
+    /// Its staged copies, when they were asked for (`status MODEL`, `status --files`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileRef>,
 }
 
 /// One snapshot of a repository.
@@ -171,7 +206,11 @@ pub struct VerifyReport {
     pub bytes: u64,
     /// Copies that do not match.
     pub mismatches: Vec<Mismatch>,
-    /// Mismatched copies dropped (with `repair`).
+    /// Copies the source has moved past: its file changed since they were staged
+    /// (the next open stages it again; these only take room). Source paths.
+    #[serde(default)]
+    pub stale: Vec<PathBuf>,
+    /// Mismatched and stale copies dropped (with `repair`).
     pub repaired: Vec<PathBuf>,
 }
 

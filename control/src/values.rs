@@ -183,6 +183,34 @@ impl ModelKind {
     }
 }
 
+/// How far a mount asked to stop (SIGINT, SIGTERM, `stagefs unmount`) has gone
+/// while files are still open in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stopping {
+    /// Unmounting now.
+    Unmounting,
+    /// Detached from the mount point (Linux): new opens no longer reach it, the
+    /// files still open are served until they are closed.
+    Detached,
+    /// Still mounted, busy (macOS): served until its files are closed, then unmounted.
+    Busy,
+}
+
+/// A file a running mount could not stage, as `status` lists the last few.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagingFailure {
+    /// Source path, relative to the source root.
+    pub path: std::path::PathBuf,
+    /// Why, as the core says it.
+    pub error: String,
+    /// What would let it be staged, for the front end to name.
+    #[serde(default)]
+    pub remedy: Option<Remedy>,
+    /// When, in seconds since the Unix epoch.
+    pub at_secs: u64,
+}
+
 /// What a user can change so an error does not recur. The core's texts describe
 /// only the condition; each front end names the remedy in its own terms (the CLI
 /// as the flag to try), so no core text goes stale when a flag is renamed.

@@ -12,10 +12,13 @@ use stagefs_control::report::{
     EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
     UnfollowableLink, VerifyReport,
 };
-use stagefs_control::{Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth};
+use stagefs_control::{
+    Backend, InFlight, MetricsSnapshot, Request, Response, SourceHealth, StagingFailure, Stopping,
+    TooLarge,
+};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, Catalog, ModelError, ModelKind, ModelRef, ModelSource};
-use stagefs_source::{SourceTree, is_plain_relative};
+use stagefs_source::{SourceTree, Stamp, is_plain_relative};
 use stagefs_store::StoreError;
 use stagefs_store::key::Key;
 use stagefs_store::{CopyCheck, EntryInfo, Hold, Store, compare_with_record};
@@ -41,6 +44,10 @@ pub struct Live {
     pub reads_source_when_full: bool,
     /// Blobs the mount refuses: their bytes are not the sha256 in their names.
     pub refused: Vec<PathBuf>,
+    /// The last files the mount could not stage.
+    pub failures: Vec<StagingFailure>,
+    /// How far the mount has gone in stopping, if it was asked to.
+    pub stopping: Option<Stopping>,
 }
 
 /// Serves `request` against `store`; `live` carries what only a running mount knows.
@@ -75,14 +82,9 @@ pub fn answer(
             model,
             path,
             repair,
-        } => {
-            let selector = match (model, path) {
-                (Some(id), _) => EvictSelector::Model { id },
-                (None, Some(path)) => EvictSelector::Path { path },
-                (None, None) => EvictSelector::All,
-            };
-            verify(store, source, &selector, repair).map(|report| Response::Verified { report })
-        }
+        } => verify(store, source, &verify_selector(model, path), repair)
+            .map(|report| Response::Verified { report }),
+        Request::Files { selector } => files(store, source, &selector),
         Request::Names { paths } => Ok(Response::Names {
             names: names(source.map(|s| s.tree), &paths),
         }),
@@ -93,6 +95,15 @@ pub fn answer(
     result.unwrap_or_else(|e| Response::Error {
         message: e.to_string(),
     })
+}
+
+/// The copies a verify request names: a model's, those under a path, else all.
+pub fn verify_selector(model: Option<String>, path: Option<PathBuf>) -> EvictSelector {
+    match (model, path) {
+        (Some(id), _) => EvictSelector::Model { id },
+        (None, Some(path)) => EvictSelector::Path { path },
+        (None, None) => EvictSelector::All,
+    }
 }
 
 /// Why an admin request failed.
@@ -121,27 +132,37 @@ pub fn status(
         .map(|s| models::discover(s.tree, s.model_dirs))
         .unwrap_or_default();
     let mut models: BTreeMap<PathBuf, ModelStatus> = BTreeMap::new();
+    let mut others = Vec::new();
     for info in &store.entries() {
-        let Some(owner) = catalog.owner(&info.entry.source) else {
+        let owner = catalog.owner(&info.entry.source);
+        let Some(owner) = owner.filter(|o| is_model_file(o, &info.entry.source)) else {
+            others.push(info.entry.source.clone());
             continue;
         };
-        if !is_model_file(&owner, &info.entry.source) {
-            continue;
-        }
         let model = models
             .entry(owner.path.clone())
             .or_insert_with(|| empty_status(&owner));
         model.staged_files += 1;
         model.staged_bytes += info.entry.stamp.size;
     }
+    let mut largest = Vec::new();
     if let Some(source) = source {
-        add_totals(store, source.tree, &catalog, &mut models);
+        largest = add_totals(store, source.tree, &catalog, &mut models);
     }
+    let usage = store.usage()?;
+    // Without the source, copies of folders and files cannot be told from others.
+    if source.is_none() {
+        others.clear();
+    }
+    let too_large = largest
+        .into_iter()
+        .filter(|l| usage.budget.max_size.is_some_and(|max| l.bytes > max))
+        .collect();
     Ok(StatusReport {
         cache_dir: store.dir().to_path_buf(),
         source: source.map(|s| s.tree.root().to_path_buf()),
         mountpoint: live.mountpoint,
-        usage: store.usage()?,
+        usage,
         models: models.into_values().collect(),
         metrics: live.metrics,
         in_flight: live.in_flight,
@@ -153,8 +174,16 @@ pub fn status(
         reads_source_when_full: live.reads_source_when_full,
         dead_mount: None,
         refused: live.refused,
+        stopping: live.stopping,
+        failures: live.failures,
+        too_large,
+        other_files: others.len(),
+        other_examples: others.into_iter().take(OTHER_EXAMPLES).collect(),
     })
 }
+
+/// Copies of no model's files that status names (the rest it counts).
+const OTHER_EXAMPLES: usize = 3;
 
 /// Drops the copies `selector` names, except those in use. The source, when
 /// reachable, resolves the snapshot links under a directory to the blobs they name,
@@ -207,6 +236,24 @@ pub fn evict(
     Ok(report)
 }
 
+/// The copies `selector` names, each with what holds it if it is in use.
+fn files(
+    store: &Store,
+    source: Option<ModelSource<'_>>,
+    selector: &EvictSelector,
+) -> Result<Response, AdminError> {
+    let chosen = select(store, source, selector, stagefs_source::sys::now_secs())?;
+    let files = chosen
+        .into_iter()
+        .map(|info| FileRef {
+            path: info.entry.source,
+            bytes: info.entry.stamp.size,
+            hold: info.in_use.then(|| info.hold.unwrap_or(Hold::Open)),
+        })
+        .collect();
+    Ok(Response::Files { files })
+}
+
 fn select(
     store: &Store,
     source: Option<ModelSource<'_>>,
@@ -218,12 +265,19 @@ fn select(
         EvictSelector::All => entries,
         EvictSelector::Model { id } => {
             let id = checked_id(id)?;
+            let found = found_model(source, id)?;
             let chosen: Vec<EntryInfo> = entries
                 .into_iter()
                 .filter(|i| {
-                    models::id_matches(id, &i.entry.source) && !is_repo_bookkeeping(&i.entry.source)
+                    let path = &i.entry.source;
+                    models::id_matches(id, path)
+                        && !is_repo_bookkeeping(path)
+                        && found.as_ref().is_none_or(|m| is_of(m, path))
                 })
                 .collect();
+            if found.is_none() {
+                one_owner(id, &chosen)?;
+            }
             if chosen.is_empty() {
                 known_model(source, id)?;
             }
@@ -259,6 +313,62 @@ fn select(
     })
 }
 
+/// The model `id` names in the source, when it is reachable and has it; fails when
+/// `id` names several of its models (`a/TinyLlama`, `b/TinyLlama`), as prefetch does.
+fn found_model(source: Option<ModelSource<'_>>, id: &str) -> Result<Option<ModelRef>, AdminError> {
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    match models::find(source.tree, id, source.model_dirs) {
+        Ok(model) => Ok(Some(model)),
+        Err(e @ ModelError::Ambiguous { .. }) => Err(e.into()),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Whether the copy of source path `path` is one of `model`'s files.
+fn is_of(model: &ModelRef, path: &Path) -> bool {
+    match model.kind {
+        // Its id names it wherever it lies (the root, `hub/`, model_dirs).
+        ModelKind::HfRepo => true,
+        ModelKind::Folder | ModelKind::File => path.starts_with(&model.path),
+    }
+}
+
+/// Without the source to ask, the copies `id` chose tell by their paths whether it
+/// names several models: refused as the source would refuse it.
+fn one_owner(id: &str, chosen: &[EntryInfo]) -> Result<(), AdminError> {
+    let owners: std::collections::BTreeSet<PathBuf> = chosen
+        .iter()
+        .filter_map(|i| owner_by_path(id, &i.entry.source))
+        .collect();
+    if owners.len() < 2 {
+        return Ok(());
+    }
+    Err(ModelError::Ambiguous {
+        id: id.to_string(),
+        count: owners.len(),
+        paths: owners
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+    .into())
+}
+
+/// The model a copy of `path` belongs to as `id` matched it: its repository (by its
+/// directory's name: one id, wherever it lies), or the folder or file whose path
+/// ends with `id`.
+fn owner_by_path(id: &str, path: &Path) -> Option<PathBuf> {
+    if let Some(repo) = hf::repo_of(path) {
+        return repo.file_name().map(PathBuf::from);
+    }
+    path.ancestors()
+        .find(|a| !a.as_os_str().is_empty() && a.ends_with(id))
+        .map(Path::to_path_buf)
+}
+
 /// Fails with [`ModelError::NotFound`] when the source is reachable and has no model
 /// `id`: with nothing staged either, the id is most likely a typo. Without the source
 /// nothing can be told, and an ambiguous id is still a model.
@@ -272,40 +382,97 @@ fn known_model(source: Option<ModelSource<'_>>, id: &str) -> Result<(), AdminErr
     }
 }
 
-/// Re-hashes the staged copies `selector` names (as for [`evict`]; by age or size
-/// makes no sense here but works) against the recorded blake3 and, for LFS blobs, the
-/// sha256 in their name; with `repair`, drops the mismatches so they are staged again
-/// on the next open.
+/// A copy `verify` checks, and whether the source has moved past it.
+#[derive(Debug)]
+pub struct ToVerify {
+    info: EntryInfo,
+    /// The source's file is no longer the version staged: the next open copies it
+    /// again, and this copy only takes room.
+    stale: bool,
+}
+
+/// The copies `selector` names (as for [`evict`]; by age or size makes no sense
+/// here but works), each compared with the source's file when `source` is reachable.
+/// This is the part of `verify` that asks the source.
+pub fn to_verify(
+    store: &Store,
+    source: Option<ModelSource<'_>>,
+    selector: &EvictSelector,
+) -> Result<Vec<ToVerify>, AdminError> {
+    let chosen = select(store, source, selector, stagefs_source::sys::now_secs())?;
+    Ok(chosen
+        .into_iter()
+        .map(|info| ToVerify {
+            stale: source.is_some_and(|s| moved_past(s.tree, &info)),
+            info,
+        })
+        .collect())
+}
+
+/// Whether the source's file at the copy's path is another version than the one
+/// staged, by the rule the stager reuses copies by. A file gone from the source is
+/// not: its copy still holds what was staged, and the source may be away.
+fn moved_past(source: &SourceTree, info: &EntryInfo) -> bool {
+    let Some(key) = Key::parse(&info.key) else {
+        return false;
+    };
+    let path = &info.entry.source;
+    match source.stat(path) {
+        Ok(meta) if meta.is_file() => {
+            !stagefs_stage::reusable(&info.entry, &key, path, Stamp::of(&meta))
+        }
+        _ => false,
+    }
+}
+
+/// Re-hashes the copies `selector` names against the recorded blake3 and, for LFS
+/// blobs, the sha256 in their name, and reports those the source has moved past;
+/// with `repair`, drops the mismatched and the stale, so they are staged again on
+/// the next open.
 pub fn verify(
     store: &Store,
     source: Option<ModelSource<'_>>,
     selector: &EvictSelector,
     repair: bool,
 ) -> Result<VerifyReport, AdminError> {
+    Ok(verify_copies(
+        store,
+        to_verify(store, source, selector)?,
+        repair,
+    ))
+}
+
+/// The part of [`verify`] that reads the cache alone: hashes every copy but the
+/// stale ones (staged again on the next open whatever their bytes).
+pub fn verify_copies(store: &Store, copies: Vec<ToVerify>, repair: bool) -> VerifyReport {
     let mut report = VerifyReport {
         checked: 0,
         bytes: 0,
         mismatches: Vec::new(),
+        stale: Vec::new(),
         repaired: Vec::new(),
     };
-    for info in select(store, source, selector, stagefs_source::sys::now_secs())? {
+    for ToVerify { info, stale } in copies {
         let Some(key) = Key::parse(&info.key) else {
             continue;
         };
         report.checked += 1;
         report.bytes += info.entry.stamp.size;
-        let Some(reason) = mismatch(store, &key, &info) else {
+        if stale {
+            report.stale.push(info.entry.source.clone());
+        } else if let Some(reason) = mismatch(store, &key, &info) {
+            report.mismatches.push(Mismatch {
+                path: info.entry.source.clone(),
+                reason,
+            });
+        } else {
             continue;
-        };
-        report.mismatches.push(Mismatch {
-            path: info.entry.source.clone(),
-            reason,
-        });
+        }
         if repair && matches!(store.remove(&key), Ok(Some(_))) {
             report.repaired.push(info.entry.source.clone());
         }
     }
-    Ok(report)
+    report
 }
 
 /// How users know the files at `paths` (relative to the source root), in order:
@@ -417,21 +584,29 @@ fn checked_relative(path: &Path) -> Result<PathBuf, AdminError> {
 
 /// Fills in per-snapshot totals of the repositories and totals of the folders and
 /// files in `catalog`, adding those with nothing staged. A repository without a
-/// snapshot (a download that never finished) is left out.
+/// snapshot (a download that never finished) is left out. Returns each model's
+/// largest file.
 fn add_totals(
     store: &Store,
     source: &SourceTree,
     catalog: &Catalog,
     models: &mut BTreeMap<PathBuf, ModelStatus>,
-) {
+) -> Vec<TooLarge> {
+    let mut largest = Vec::new();
     for found in &catalog.models {
         let files = match found.kind {
             ModelKind::HfRepo => {
-                let revisions = revisions(store, source, &found.path);
+                let (revisions, files) = revisions(store, source, &found.path);
                 if revisions.is_empty() {
                     continue;
                 }
-                model_entry(models, found).revisions = revisions;
+                let model = model_entry(models, found);
+                model.revisions = revisions;
+                // A blob two repositories share is one copy, staged from either's
+                // path: counted for each, as their revisions count it.
+                model.staged_files = files.iter().filter(|f| f.staged).count();
+                model.staged_bytes = files.iter().filter(|f| f.staged).map(|f| f.bytes).sum();
+                largest.extend(largest_of(found, files.iter().map(|f| (&f.path, f.bytes))));
                 continue;
             }
             ModelKind::Folder => {
@@ -440,10 +615,25 @@ fn add_totals(
             }
             ModelKind::File => sized(source, vec![found.path.clone()]),
         };
+        largest.extend(largest_of(found, files.iter().map(|(p, size)| (p, *size))));
         let model = model_entry(models, found);
         model.total_files = Some(files.len());
         model.total_bytes = Some(files.iter().map(|(_, size)| size).sum());
     }
+    largest
+}
+
+/// The largest of `model`'s `files` (path, size).
+fn largest_of<'a>(
+    model: &ModelRef,
+    files: impl Iterator<Item = (&'a PathBuf, u64)>,
+) -> Option<TooLarge> {
+    let (path, bytes) = files.max_by_key(|(_, size)| *size)?;
+    Some(TooLarge {
+        model: model.id.clone(),
+        path: path.clone(),
+        bytes,
+    })
 }
 
 /// Whether a copy at `path` is one of `model`'s files: a repository's `refs/` and
@@ -474,6 +664,7 @@ fn empty_status(model: &ModelRef) -> ModelStatus {
         total_files: None,
         total_bytes: None,
         unfollowable: Vec::new(),
+        files: Vec::new(),
     }
 }
 
@@ -486,9 +677,22 @@ fn model_entry<'a>(
         .or_insert_with(|| empty_status(found))
 }
 
-fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionStatus> {
+/// A file of a repository's snapshots, once however many list it.
+struct RepoFile {
+    path: PathBuf,
+    bytes: u64,
+    staged: bool,
+}
+
+/// Each snapshot's totals, and the files of all of them.
+fn revisions(
+    store: &Store,
+    source: &SourceTree,
+    repo: &Path,
+) -> (Vec<RevisionStatus>, Vec<RepoFile>) {
     let refs = hf::refs_by_commit(source, repo);
-    hf::snapshots(source, repo)
+    let mut files: BTreeMap<PathBuf, RepoFile> = BTreeMap::new();
+    let revisions = hf::snapshots(source, repo)
         .into_iter()
         .map(|rev| {
             let snapshot = repo.join("snapshots").join(&rev);
@@ -502,16 +706,23 @@ fn revisions(store: &Store, source: &SourceTree, repo: &Path) -> Vec<RevisionSta
                 unfollowable: unfollowable(source, &snapshot),
             };
             for (file, size) in snapshot_files(source, &snapshot) {
+                let staged = store.contains(&Key::for_source_path(&file));
                 status.total_files += 1;
                 status.total_bytes += size;
-                if store.contains(&Key::for_source_path(&file)) {
+                if staged {
                     status.staged_files += 1;
                     status.staged_bytes += size;
                 }
+                files.entry(file.clone()).or_insert(RepoFile {
+                    path: file,
+                    bytes: size,
+                    staged,
+                });
             }
             status
         })
-        .collect()
+        .collect();
+    (revisions, files.into_values().collect())
 }
 
 /// The key of `path`, and for a directory the keys of every file under it, with

@@ -74,16 +74,26 @@ fn listable(path: &Path) -> io::Result<()> {
 
 /// Whether the source at `root` holds the model `id` as `stagefs prefetch` finds it
 /// ([`models::find`]: a repository id, a folder's path, or a short name one found
-/// model ends with), answered within `deadline`: the walk may meet a dead share.
-/// False when it did not answer.
-pub fn holds_model(root: &Path, id: &str, model_dirs: &[PathBuf], deadline: Duration) -> bool {
+/// model ends with), answered within `deadline`: the walk may meet a dead share. A
+/// short name several of its models end with is held too: the command then refuses
+/// it as ambiguous, naming them, rather than looking elsewhere.
+pub fn holds_model(
+    root: &Path,
+    id: &str,
+    model_dirs: &[PathBuf],
+    deadline: Duration,
+) -> Result<bool, Unanswered> {
     let (root, id, dirs) = (root.to_path_buf(), id.to_string(), model_dirs.to_vec());
     let answer = in_child(deadline, move || {
-        let found =
-            SourceTree::new(&root).is_ok_and(|tree| models::find(&tree, &id, &dirs).is_ok());
+        let found = SourceTree::new(&root).is_ok_and(|tree| {
+            matches!(
+                models::find(&tree, &id, &dirs),
+                Ok(_) | Err(models::ModelError::Ambiguous { .. })
+            )
+        });
         vec![u8::from(found)]
-    });
-    matches!(answer.as_deref(), Ok([1]))
+    })?;
+    Ok(answer == [1])
 }
 
 /// `path` with every link resolved, as [`std::fs::canonicalize`].

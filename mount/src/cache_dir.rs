@@ -165,16 +165,19 @@ pub fn names(dir: &Path, paths: &[PathBuf]) -> Vec<String> {
 
 /// Stages `targets` into the cache at `dir`, through its mount if one runs, else
 /// straight into the directory; `progress` hears about every file now and then.
+/// `parallel` files are copied at a time; through a mount, that many if `asked`,
+/// else as many as the mount copies at a time.
 /// Returns every file's final state (failures included: they are not an error here).
 pub fn prefetch(
     dir: &Path,
     targets: Vec<Target>,
-    parallel: usize,
+    (parallel, asked): (usize, bool),
     mut progress: impl FnMut(&[FileProgress]),
 ) -> Result<Vec<FileProgress>, CacheDirError> {
     let request = Request::Prefetch {
         targets: targets.clone(),
         dry_run: false,
+        parallel: asked.then_some(parallel),
     };
     let socket = control::socket_path(dir);
     let answers = match control::stream(&socket, &request) {
@@ -205,6 +208,7 @@ pub fn plan(
     let request = Request::Prefetch {
         targets: targets.clone(),
         dry_run: true,
+        parallel: None,
     };
     match control::query(&control::socket_path(dir), &request) {
         Ok(Response::Planned { files, note }) => Ok((files, note)),

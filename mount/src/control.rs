@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use crate::admin::{self, Live};
 use crate::prefetch_plan::{self, Job, Target};
-use stagefs_control::{Backend, Request, Response};
+use stagefs_control::{Backend, EvictSelector, Request, Response, Stopping};
 use stagefs_layout::models::ModelSource;
 use stagefs_stage::Stager;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::{MountError, MountSpec};
 
@@ -34,6 +34,23 @@ pub(crate) struct ControlServer {
     pub(crate) read_path: String,
     read_only: bool,
     reads_source_when_full: bool,
+    /// How far the mount has gone in stopping, set by the thread that stops it.
+    pub(crate) stop_phase: StopPhase,
+}
+
+/// How far a mount has gone in stopping, shared by the thread that stops it and the
+/// control socket, which answers status meanwhile (files still open there).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StopPhase(Arc<std::sync::Mutex<Option<Stopping>>>);
+
+impl StopPhase {
+    pub(crate) fn set(&self, phase: Stopping) {
+        *stagefs_source::locks::lock(&self.0) = Some(phase);
+    }
+
+    fn get(&self) -> Option<Stopping> {
+        *stagefs_source::locks::lock(&self.0)
+    }
 }
 
 /// Binds the socket at `path`, replacing one left behind by a crashed mount (the
@@ -61,6 +78,7 @@ pub(crate) async fn bind(
         read_path: String::new(),
         read_only: spec.fs.read_only,
         reads_source_when_full: spec.fs.on_full == stagefs_policy::OnFull::ReadSource,
+        stop_phase: StopPhase::default(),
     })
 }
 
@@ -87,10 +105,12 @@ impl ControlServer {
                 Ok(Request::Prefetch {
                     targets,
                     dry_run: false,
-                }) => self.prefetch(targets, &mut write).await,
+                    parallel,
+                }) => self.prefetch(targets, parallel, &mut write).await,
                 Ok(Request::Prefetch {
                     targets,
                     dry_run: true,
+                    ..
                 }) => send(&mut write, &self.plan(targets).await).await,
                 Ok(request) => send(&mut write, &self.handle(request).await).await,
                 Err(e) => {
@@ -105,16 +125,19 @@ impl ControlServer {
     }
 
     /// Streams progress every 200 ms until every file is settled. The copies go on if
-    /// the client goes away: they are the cache's, not the connection's.
+    /// the client goes away: they are the cache's, not the connection's. `asked`
+    /// files are copied at a time if the command asked, else the mount's own number.
     async fn prefetch(
         &self,
         targets: Vec<Target>,
+        asked: Option<usize>,
         write: &mut OwnedWriteHalf,
     ) -> std::io::Result<()> {
         let source = self.stager.source().clone();
         let min_size = self.min_stage_size;
         let model_dirs = Arc::clone(&self.model_dirs);
-        let (stager, parallel) = (self.stager.clone(), self.prefetch_parallel);
+        let parallel = asked.or(self.prefetch_parallel);
+        let stager = self.stager.clone();
         let resolved = match self.source_suspect() {
             true => Err("the source is not answering; nothing can be staged from it now".into()),
             false => self
@@ -137,6 +160,11 @@ impl ControlServer {
             Ok(planned) => planned,
             Err(message) => return send(write, &Response::Error { message }).await,
         };
+        info!(
+            files = files.len(),
+            at_a_time = width,
+            "prefetching on request"
+        );
         let job = Job::reporting(self.stager.clone(), files, failed);
         let running = tokio::spawn(Arc::clone(&job).run(width, true));
         while !running.is_finished() {
@@ -197,7 +225,7 @@ impl ControlServer {
     async fn handle(&self, request: Request) -> Response {
         match request {
             Request::Status => self.status().await,
-            Request::Evict { .. } if !self.source_suspect() => {
+            Request::Evict { .. } | Request::Files { .. } if !self.source_suspect() => {
                 let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
                 let asked = self.stager.source_pool().run(move || {
                     let source = ModelSource {
@@ -212,10 +240,50 @@ impl ControlServer {
                     ),
                 })
             }
-            Request::Evict { .. } => self.answer_locally(request, false).await,
+            Request::Evict { .. } | Request::Files { .. } => {
+                self.answer_locally(request, false).await
+            }
             Request::Names { paths } => self.names(paths).await,
-            // Stats only names the source; verify reads the cache alone.
+            Request::Verify {
+                model,
+                path,
+                repair,
+            } => {
+                self.verify(admin::verify_selector(model, path), repair)
+                    .await
+            }
+            // Stats only names the source.
             request => self.answer_locally(request, true).await,
+        }
+    }
+
+    /// Verify: the copies chosen, and which the source has moved past, asked of the
+    /// source while it answers (else chosen from the cache alone, none of them known
+    /// stale); then hashed on the blocking pool, which may take minutes, so no
+    /// source thread waits on it.
+    async fn verify(&self, selector: EvictSelector, repair: bool) -> Response {
+        let asked = selector.clone();
+        let from_source = self.while_the_source_answers(move |stager, source| {
+            admin::to_verify(stager.store(), Some(source), &asked)
+        });
+        let stager = self.stager.clone();
+        let chosen = from_source.await;
+        let answered = tokio::task::spawn_blocking(move || {
+            let copies = match chosen {
+                Some(chosen) => chosen?,
+                None => admin::to_verify(stager.store(), None, &selector)?,
+            };
+            Ok::<_, admin::AdminError>(admin::verify_copies(stager.store(), copies, repair))
+        })
+        .await;
+        match answered {
+            Ok(Ok(report)) => Response::Verified { report },
+            Ok(Err(e)) => Response::Error {
+                message: e.to_string(),
+            },
+            Err(e) => Response::Error {
+                message: format!("the request failed: {e}"),
+            },
         }
     }
 
@@ -319,6 +387,8 @@ impl ControlServer {
             read_only: self.read_only,
             reads_source_when_full: self.reads_source_when_full,
             refused: self.stager.refused_blobs(),
+            failures: self.stager.recent_failures(),
+            stopping: self.stop_phase.get(),
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use stagefs_layout::hf;
-use stagefs_layout::models::{self, ModelSource};
+use stagefs_layout::models::{self, ModelKind, ModelRef, ModelSource};
 use stagefs_source::{SourceTree, Stamp};
 pub use stagefs_stage::prefetch::{FileProgress, FileState, Job, Target};
 use stagefs_stage::{Handout, Stager};
@@ -42,7 +42,7 @@ pub fn unfollowable(source: ModelSource<'_>, targets: &[Target]) -> Vec<FileProg
     let tree = source.tree;
     let links = |target: &Target| match target {
         Target::Model { id, revision } => models::find(tree, id, source.model_dirs)
-            .and_then(|model| models::unfollowable(tree, &model, revision.as_deref()))
+            .and_then(|model| models::unfollowable(tree, &model, revision_of(&model, revision)))
             .unwrap_or_default(),
         Target::Path { path } => match models::model_at(tree, path) {
             Some(model) => models::unfollowable(tree, &model, None).unwrap_or_default(),
@@ -72,10 +72,19 @@ fn target_files(source: ModelSource<'_>, target: &Target) -> Result<Vec<PathBuf>
     match target {
         Target::Model { id, revision } => {
             let model = models::find(source.tree, id, source.model_dirs)?;
-            Ok(models::files(source.tree, &model, revision.as_deref())?)
+            let revision = revision_of(&model, revision);
+            Ok(models::files(source.tree, &model, revision)?)
         }
         Target::Path { path } => path_files(source.tree, path),
     }
+}
+
+/// The revision asked of `model`: `main` is the default, and so what a folder or a
+/// file is at too (they have no other), so asking it of them is no error.
+fn revision_of<'a>(model: &ModelRef, revision: &'a Option<String>) -> Option<&'a str> {
+    revision
+        .as_deref()
+        .filter(|r| model.kind == ModelKind::HfRepo || *r != "main")
 }
 
 /// A model directory's files (a repository's at `main`), any other directory's

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::SessionUnmounter;
-use stagefs_control::{Backend, MountRecord};
+use stagefs_control::{Backend, MountRecord, Stopping};
 use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
 use stagefs_policy::{FsConfig, Policy, ReadPath};
@@ -20,6 +20,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
+use crate::control::StopPhase;
 use crate::{MountError, MountSpec, control, source_record};
 
 /// How long [`Running::stop`] waits for the kernel to let go of the mount before
@@ -59,6 +60,8 @@ pub struct Running {
     socket: PathBuf,
     mountpoint: PathBuf,
     cache_dir: PathBuf,
+    /// Told to the control socket, so that status says a stopping mount is one.
+    stop_phase: StopPhase,
 }
 
 /// What serves the kernel.
@@ -153,6 +156,7 @@ impl Running {
             socket: stagefs_control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
             cache_dir: spec.cache_dir.clone(),
+            stop_phase: StopPhase::default(),
         };
         let serving = format!("staged files are {}", ReadPath::NfsServer.describe());
         running.start_control(spec, stager, Some(export), serving)
@@ -190,6 +194,7 @@ impl Running {
             socket: stagefs_control::socket_path(&spec.cache_dir),
             mountpoint: spec.mountpoint.clone(),
             cache_dir: spec.cache_dir.clone(),
+            stop_phase: StopPhase::default(),
         };
         running.start_control(spec, stager, None, serving)
     }
@@ -209,6 +214,7 @@ impl Running {
         match bound {
             Ok(mut server) => {
                 server.read_path = serving.clone();
+                server.stop_phase = self.stop_phase.clone();
                 self.runtime.spawn(server.serve())
             }
             Err(e) => {
@@ -295,13 +301,21 @@ impl Running {
     fn stop_with(mut self, patience: Patience) -> Result<(), MountError> {
         let mounted = !matches!(self.session, Session::Nfs { mounted: false, .. });
         info!("{}", if mounted { "unmounting" } else { "stopping" });
+        let phase = &self.stop_phase;
+        phase.set(Stopping::Unmounting);
         let waited = match &mut self.session {
             Session::Fuse { unmounter, done } => {
-                stop_fuse(&self.runtime, unmounter, done, &self.mountpoint, patience)
+                let at = (self.mountpoint.as_path(), phase);
+                stop_fuse(&self.runtime, unmounter, done, at, patience)
             }
             Session::Nfs { serving, mounted } => {
                 let released = match *mounted {
-                    true => stop_nfs(&self.runtime, serving.addr, &self.mountpoint, patience),
+                    true => stop_nfs(
+                        &self.runtime,
+                        serving.addr,
+                        (self.mountpoint.as_path(), phase),
+                        patience,
+                    ),
                     false => Some(()),
                 };
                 *mounted = false;
@@ -380,14 +394,17 @@ fn stop_fuse(
     runtime: &Runtime,
     unmounter: &mut SessionUnmounter,
     done: &mut oneshot::Receiver<std::io::Result<()>>,
-    mountpoint: &Path,
+    (mountpoint, phase): (&Path, &StopPhase),
     patience: Patience,
 ) -> Option<SessionEnd> {
     match plain_unmount(unmounter, mountpoint) {
         Ok(()) => Patience::Bounded.wait(runtime, done),
         Err(e) if is_busy(&e) && cfg!(target_os = "linux") => {
             match crate::unmount::detach(mountpoint) {
-                Ok(()) => info!(mountpoint = %mountpoint.display(), "{DETACHED_BUSY}"),
+                Ok(()) => {
+                    phase.set(Stopping::Detached);
+                    info!(mountpoint = %mountpoint.display(), "{DETACHED_BUSY}")
+                }
                 Err(e) => {
                     warn!(error = %e, mountpoint = %mountpoint.display(), "mount busy (files open) and detaching it failed; serving it until it is unmounted")
                 }
@@ -395,6 +412,7 @@ fn stop_fuse(
             patience.wait(runtime, done)
         }
         Err(e) if is_busy(&e) => {
+            phase.set(Stopping::Busy);
             info!(mountpoint = %mountpoint.display(), "mount busy (files open): still mounted; serving until they are closed, then unmounting");
             patience.wait(runtime, async {
                 unmount_once_free(mountpoint, crate::unmount::try_unmount).await;
@@ -427,7 +445,7 @@ fn plain_unmount(unmounter: &mut SessionUnmounter, mountpoint: &Path) -> std::io
 fn stop_nfs(
     runtime: &Runtime,
     server: SocketAddr,
-    mountpoint: &Path,
+    (mountpoint, phase): (&Path, &StopPhase),
     patience: Patience,
 ) -> Option<()> {
     match stagefs_nfs::kernel_mount::unmount(mountpoint, false) {
@@ -444,9 +462,11 @@ fn stop_nfs(
             warn!(error = %e, mountpoint = %mountpoint.display(), "mount busy (files open) and detaching it failed");
             return None;
         }
+        phase.set(Stopping::Detached);
         info!(mountpoint = %mountpoint.display(), "{DETACHED_BUSY}");
         patience.wait(runtime, nfs_client_lets_go(server.port()))
     } else {
+        phase.set(Stopping::Busy);
         info!(mountpoint = %mountpoint.display(), "mount busy (files open): still mounted; serving until they are closed, then unmounting");
         patience.wait(
             runtime,

@@ -404,7 +404,8 @@ OWN_SRC_SNAP = own_snap(OWN["src"])
 def staged(cache):
     rc, out, _ = stagefs("status", "--json", "--cache-dir", cache, timeout=30)
     assert rc == 0, f"status: {rc}: {tail(out)}"
-    return json.loads(out)
+    (report,) = json.loads(out)["mounts"]
+    return report
 
 
 def own_daemons():

@@ -982,6 +982,25 @@ pub fn hf_offline_env(command: &mut Command, mnt: &Path, hf_home: &Path) {
         .env("HF_HUB_DISABLE_TELEMETRY", "1");
 }
 
+/// `stagefs` as a fresh account with HOME `home` runs it: no config file, no XDG
+/// variables, HF_HOME inside that HOME, and a registry of running mounts of its own
+/// (so that tests running at once never see each other's mounts).
+pub fn stagefs_at_home(home: &Path) -> Command {
+    let mut command = Command::new(stagefs_bin());
+    command.env("HOME", home).env("HF_HOME", home.join("hf"));
+    for var in [
+        "XDG_CONFIG_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_STATE_HOME",
+        "STAGEFS_CONFIG",
+        "HF_HUB_CACHE",
+        "RUST_LOG",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
 /// Runs `stagefs ARGS...`, returning (success, stdout, stderr).
 pub fn run_stagefs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, String) {
     let out = Command::new(stagefs_bin())
@@ -995,11 +1014,15 @@ pub fn run_stagefs(args: &[&dyn AsRef<std::ffi::OsStr>]) -> (bool, String, Strin
     )
 }
 
-/// `stagefs status --json` for `cache`.
+/// `stagefs status --json` for `cache`: its one report.
 pub fn status_json(cache: &Path) -> Value {
     let (ok, out, err) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &cache]);
     assert!(ok, "status failed: {err}");
-    serde_json::from_str(&out).expect("status JSON")
+    let all: Value = serde_json::from_str(&out).expect("status JSON");
+    match all["mounts"].as_array().map(Vec::as_slice) {
+        Some([one]) => one.clone(),
+        _ => panic!("status --json of one cache is not one report in `mounts`: {out}"),
+    }
 }
 
 /// Runs `f` on a thread and waits at most `limit` for it: a hang is a failure, not a

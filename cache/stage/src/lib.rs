@@ -53,7 +53,7 @@ pub mod prefetch;
 pub mod tee;
 mod written;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 
 use std::path::{Path, PathBuf};
@@ -68,7 +68,7 @@ use tempfile::NamedTempFile;
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
-pub use stagefs_control::InFlight;
+pub use stagefs_control::{InFlight, StagingFailure};
 
 pub use error::StageError;
 pub use metrics::{Metrics, MetricsSnapshot};
@@ -292,6 +292,9 @@ struct Inner {
     /// Copies running, which checks against blobs' names wait out.
     activity: Arc<Activity>,
     check_timing: CheckTiming,
+    /// The last files that could not be staged, oldest first: otherwise only the log
+    /// says why a loader's open failed.
+    failures: Mutex<VecDeque<StagingFailure>>,
 }
 
 impl Stager {
@@ -338,6 +341,7 @@ impl Stager {
                 reached_through: Mutex::default(),
                 activity: Arc::default(),
                 check_timing: CheckTiming::default(),
+                failures: Mutex::default(),
             }),
         }
     }
@@ -547,6 +551,12 @@ impl Stager {
         self.refused_blobs().into_iter().filter(still).collect()
     }
 
+    /// The last files that could not be staged and why, oldest first; a file staged
+    /// since is left out.
+    pub fn recent_failures(&self) -> Vec<StagingFailure> {
+        lock(&self.inner.failures).iter().cloned().collect()
+    }
+
     /// Waits until no copy of `rel` is in progress: the one under way, if any (a
     /// prefetch, or a small file's kept copy, which no open waits for), is committed
     /// or has failed (its error is returned).
@@ -641,6 +651,7 @@ impl Stager {
         let running = self.inner.activity.begin();
         let task = self.inner.runtime.spawn_blocking(move || {
             let result = work(&inner, &worker_rel, &key, &worker_progress);
+            inner.note_outcome(&worker_rel, &result);
             drop((urgent, running));
             // Later callers start afresh (and hit the store) once this copy is settled.
             inner.flights().remove(&key);
@@ -992,13 +1003,36 @@ impl Inner {
     }
 }
 
+/// Staging failures [`Stager::recent_failures`] keeps.
+const REMEMBERED_FAILURES: usize = 5;
+
+impl Inner {
+    /// Remembers a failure to stage `rel`, or forgets its earlier one once staged.
+    fn note_outcome(&self, rel: &Path, result: &StageResult) {
+        let mut failures = lock(&self.failures);
+        failures.retain(|f| f.path != rel);
+        let Err(e) = result else {
+            return;
+        };
+        if failures.len() == REMEMBERED_FAILURES {
+            failures.pop_front();
+        }
+        failures.push_back(StagingFailure {
+            path: rel.to_path_buf(),
+            error: e.to_string(),
+            remedy: e.remedy(),
+            at_secs: stagefs_source::sys::now_secs(),
+        });
+    }
+}
+
 /// Whether a stored copy may serve source file `rel` at version `stamp`: the same
 /// version of the same file, or, for an LFS blob (named by its sha256, so its
 /// content), a copy of that blob of the right size: from the same path with the
 /// same mtime whatever its inode and change time (an sshfs remount numbers inodes
 /// anew, a chmod on the NAS changes the change time: neither is worth copying every
 /// model again), or from another repository's path.
-fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
+pub fn reusable(entry: &Entry, key: &Key, rel: &Path, stamp: Stamp) -> bool {
     match (key.content_sha256().is_some(), entry.source == rel) {
         (true, true) => (entry.stamp.size, entry.stamp.mtime_ns) == (stamp.size, stamp.mtime_ns),
         (true, false) => entry.stamp.size == stamp.size,
@@ -1257,6 +1291,7 @@ mod tests {
             reached_through: Mutex::default(),
             activity: Arc::default(),
             check_timing: CheckTiming::default(),
+            failures: Mutex::default(),
         }
     }
 
