@@ -99,7 +99,7 @@ impl Several {
         let message = format!(
             "{} stagefs mounts are running ({}); name one with --cache-dir",
             known.len(),
-            listed(known.iter())
+            with_caches(known.iter())
         );
         Several {
             message,
@@ -114,7 +114,7 @@ impl Several {
             "{} is in the sources of {} running mounts ({}); name one with --cache-dir",
             ids.join(", "),
             mounts.len(),
-            listed(mounts.iter().copied())
+            with_caches(mounts.iter().copied())
         );
         Several {
             message,
@@ -142,7 +142,7 @@ impl Several {
         };
         let message = format!(
             "{held} ({}); for copies left in one of their caches, name it with --cache-dir",
-            listed(known.iter())
+            with_caches(known.iter())
         );
         Several {
             message,
@@ -152,8 +152,8 @@ impl Several {
     }
 }
 
-/// `MOUNTPOINT with cache DIR, …`.
-fn listed<'a>(mounts: impl Iterator<Item = &'a KnownMount>) -> String {
+/// `MOUNTPOINT with cache DIR, …`: what `--cache-dir` picks among them.
+fn with_caches<'a>(mounts: impl Iterator<Item = &'a KnownMount>) -> String {
     mounts
         .map(|m| {
             format!(

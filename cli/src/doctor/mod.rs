@@ -201,7 +201,7 @@ fn mounts_holding(id: &str) -> Vec<stagefs_mount::registry::KnownMount> {
     }
     let holds = |m: &stagefs_mount::registry::KnownMount| {
         let (source, dirs) = (&m.record.source, &m.record.model_dirs);
-        stagefs_mount::bounded::holds_model(source, id, dirs, MODEL_LOOKUP_WAIT)
+        stagefs_mount::bounded::holds_model(source, id, dirs, MODEL_LOOKUP_WAIT) == Ok(true)
     };
     known.into_iter().filter(holds).collect()
 }
