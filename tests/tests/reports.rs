@@ -378,6 +378,19 @@ fn every_report_has_one_json_shape_and_status_lists_a_models_files() {
     let evicted = json(&out);
     assert_eq!(evicted["evicted"][0]["path"], "org/m/model.safetensors");
     assert_eq!(evicted["freed"], 2 << 20);
+
+    // doctor --json: JSON for what it examines, and for what it cannot.
+    let (_, out, _) = user.run(&["doctor", "--json", "org/m", "--cache-dir", &text(&s.cache)]);
+    assert!(json(&out)["checks"].is_array(), "{out}");
+    let missing = root.join("no-such-folder");
+    let (ok, out, err) = user.run(&["doctor", "--json", &text(&missing)]);
+    assert!(!ok, "{out}");
+    let refused = json(&out);
+    let said = format!("{} does not exist", missing.display());
+    assert_eq!(refused["failed"], true, "{out}");
+    assert_eq!(refused["checks"][0]["verdict"], "fail", "{out}");
+    assert_eq!(refused["checks"][0]["summary"], said.as_str(), "{out}");
+    assert_eq!(err, format!("stagefs: {said}\n"), "the line on stderr too");
 }
 
 #[test]

@@ -115,6 +115,39 @@ pub(crate) fn run(
     if args.worker {
         return worker::serve();
     }
+    let report = report_of(args, config, config_error);
+    if let (Err(e), true) = (&report, args.json) {
+        // A script reading --json gets JSON even for what doctor cannot examine;
+        // the error's line still goes to stderr, and the exit status is 1.
+        let summary = stagefs_source::without_os_error(&format!("{e:#}"));
+        let refused = Refused {
+            checks: vec![Check::fail("target", summary)],
+            failed: true,
+        };
+        println!("{}", serde_json::to_string_pretty(&refused)?);
+    }
+    let report = report?;
+    match args.json {
+        true => println!("{}", serde_json::to_string_pretty(&report)?),
+        false => print!("{}", render(&report.checks)),
+    }
+    Ok(ExitCode::from(u8::from(report.failed)))
+}
+
+/// What `--json` prints when there is nothing doctor can examine (no such path, a
+/// name several models answer to): the report's first two fields.
+#[derive(Debug, Serialize)]
+struct Refused {
+    checks: Vec<Check>,
+    failed: bool,
+}
+
+/// The report on what `args` names.
+fn report_of(
+    args: &DoctorArgs,
+    config: &Config,
+    config_error: Option<&crate::config::ConfigError>,
+) -> anyhow::Result<Report> {
     let targets: Vec<&str> = args.target.as_deref().into_iter().collect();
     let holders = match (args.target.as_deref(), args.cache.cache_dir.is_some()) {
         (Some(id), false) if names_no_mount(config) => mounts_holding(id),
@@ -157,11 +190,7 @@ pub(crate) fn run(
         report.checks.insert(0, check);
         report.failed = true;
     }
-    match args.json {
-        true => println!("{}", serde_json::to_string_pretty(&report)?),
-        false => print!("{}", render(&report.checks)),
-    }
-    Ok(ExitCode::from(u8::from(report.failed)))
+    Ok(report)
 }
 
 /// With nothing to examine and several mounts running (none picked), the mounts
