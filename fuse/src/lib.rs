@@ -24,7 +24,7 @@ pub use fuse::StageFs;
 /// and why not by passthrough when not: asked of the kernel version and this
 /// process's capabilities, so no open has to find out. Redirects are off with
 /// `allow_other` (other users could not follow links into a private cache) and on a
-/// writable mount served by root ([`FsConfig::redirects_allowed`]).
+/// mount served by root ([`FsConfig::redirects_allowed`]).
 pub fn read_path(config: &FsConfig) -> (ReadPath, Option<&'static str>) {
     let why_not = match config.passthrough {
         false => Some("turned off (--no-passthrough)"),

@@ -68,13 +68,15 @@ pub struct FsConfig {
 impl FsConfig {
     /// Whether staged files may be presented as links to their copies. Not with
     /// `allow_other` (other users could not follow a link into a private cache), and
-    /// not on a writable mount served by root: a write through a link lands in the
-    /// copy, not the source, and root's writes ignore the copy's 0400 (an ordinary
-    /// user's are refused with EACCES; see "Write path" in docs/DESIGN.md).
+    /// not on a mount served by root: an open for writing follows a link out of the
+    /// mount, into the copy, so a write lands there, not on the source, and root's
+    /// writes ignore the copy's 0400 (an ordinary user's are refused with EACCES; see
+    /// "Write path" in docs/DESIGN.md). That holds for a `--read-only` mount too: the
+    /// link leads past it.
     pub fn redirects_allowed(&self) -> bool {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
-        self.redirect && !self.allow_other && (self.read_only || !root)
+        self.redirect && !self.allow_other && !root
     }
 }
 

@@ -44,22 +44,47 @@ fn huggingface_hub_offline_and_safe_open_via_daemon() {
     });
 }
 
-/// Without passthrough, a staged shard is a link to its local copy: the second load
-/// follows the links and opens no staged file through the daemon.
+/// Without passthrough, root's read-only mount presents staged shards as the files
+/// themselves, read through the daemon, as its writable one does: a link would
+/// lead an open for writing past the read-only mount into the copy, and root's
+/// writes ignore the copy's 0400 (the write went through, the copy was damaged and
+/// a reader's mapping died with SIGBUS). A write fails with EROFS, and the copy
+/// and the source keep their bytes.
 #[test]
-fn huggingface_hub_offline_and_safe_open_via_links_to_local_copies() {
-    // --no-passthrough --read-only: a writable mount served by root presents no links
-    // (root's writes would ignore the copies' 0400 and land in them).
+fn a_read_only_mount_served_by_root_presents_no_links_and_refuses_writes_to_shards() {
     let (mount, s, model) = huggingface_hub_resolves_and_safetensors_reads(|spec| {
         spec.fs.passthrough = false;
         spec.fs.read_only = true;
     });
     // Past the kernel's 1 s entry timeout, lookups see the shards as staged.
     std::thread::sleep(std::time::Duration::from_millis(1500));
+    let shards: Vec<_> = model
+        .files
+        .iter()
+        .filter(|f| f.name.ends_with(".safetensors"))
+        .map(|f| model.snapshot_rel.join(&f.name))
+        .collect();
+    assert_eq!(shards.len(), 3);
+    for shard in &shards {
+        let resolved = std::fs::canonicalize(mount.path(shard)).expect("resolve");
+        assert!(
+            resolved.starts_with(&mount.mnt),
+            "{} leads out of the mount, to {}",
+            shard.display(),
+            resolved.display()
+        );
+        let wrote = std::fs::OpenOptions::new()
+            .write(true)
+            .open(mount.path(shard))
+            .map(drop);
+        let errno = wrote
+            .expect_err("a write through a read-only mount")
+            .raw_os_error();
+        assert_eq!(errno, Some(libc::EROFS), "{}", shard.display());
+    }
     let before = mount.metrics();
     run_client_check(&s, &mount, &model);
     let after = mount.metrics();
-    assert!(after.redirects > before.redirects, "{after:?}");
-    assert_eq!(after.daemon_opens, before.daemon_opens, "{after:?}");
+    assert_eq!(after.redirects, before.redirects, "{after:?}");
     assert_eq!(after.stage_copies, 3, "nothing staged again: {after:?}");
 }
