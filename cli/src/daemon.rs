@@ -128,10 +128,11 @@ fn detach_stdout() {
 /// Whether the mount `spec` describes (its source at its mount point, with its cache)
 /// is up already: then `mount` has nothing to do, and a service restarted on failure
 /// must not fail at every try. Paths compare as given (both absolute): resolving the
-/// source could hang on a share that is away.
+/// source could hang on a share that is away. A mount detached with files still open
+/// is not up: its daemon answers, but nothing is mounted there.
 pub(crate) fn already_up(spec: &MountSpec) -> bool {
     matches!(
-        stagefs_mount::live_mount(&spec.cache_dir),
+        stagefs_mount::mounted(&spec.cache_dir),
         Ok(Some((source, mountpoint))) if source == spec.source && mountpoint == spec.mountpoint
     )
 }

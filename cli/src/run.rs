@@ -203,14 +203,15 @@ fn targets(args: &RunArgs) -> Vec<&str> {
 }
 
 /// Leaves a matching mount alone, starts one if none runs, and refuses when the
-/// cache directory already serves a different mount.
+/// cache directory already serves a different mount. A mount detached with files
+/// still open counts as none: starting one then says its cache is in use.
 fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
     let same = |a: &Path, b: &Path| same_place(a, b, PATH_TIMEOUT);
-    match live_mount(&spec.cache_dir)? {
+    match stagefs_mount::mounted(&spec.cache_dir)? {
         Some((source, mountpoint))
             if same(&mountpoint, &spec.mountpoint) && same(&source, &spec.source) =>
         {
-            Ok(())
+            keeping_its_options(spec)
         }
         Some((source, mountpoint)) => bail!(
             "cache directory {} already serves {} at {}; unmount it or use another --cache-dir",
@@ -227,6 +228,22 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A mount already running keeps the options it was started with; this run's are
+/// said to be ignored, and `--read-only` on a writable mount is refused: the user
+/// asked that COMMAND change nothing on the source, which that mount would let it.
+fn keeping_its_options(spec: &MountSpec) -> anyhow::Result<()> {
+    let mountpoint = spec.mountpoint.display();
+    if spec.fs.read_only && !read_only(&spec.mountpoint) {
+        bail!(
+            "the mount at {mountpoint} is already running and writable, so --read-only would not hold for COMMAND; unmount it first (`stagefs unmount {mountpoint}`) and run again"
+        );
+    }
+    eprintln!(
+        "stagefs: using the mount already running at {mountpoint}; its own options stand (unmount it first to change them)"
+    );
+    Ok(())
 }
 
 /// The variables COMMAND gets, by the shape of the source: the HF variables that

@@ -46,7 +46,7 @@ pub mod unmount;
 pub use cache_dir::CacheDirError;
 pub use checks::Checked;
 pub use error::MountError;
-pub use live::live_mount;
+pub use live::{live_mount, mounted};
 pub use running::Running;
 pub use spec::MountSpec;
 pub use unmount::{How as UnmountHow, unmount_how};

@@ -32,3 +32,13 @@ pub fn live_mount(cache_dir: &Path) -> io::Result<Option<(PathBuf, PathBuf)>> {
         )),
     }
 }
+
+/// [`live_mount`], while its mount point is still in the mount table as a stagefs
+/// mount. A mount detached with files open (`stagefs unmount --lazy`, a stop while a
+/// model was loaded) is still served by a daemon that answers, but nothing is
+/// mounted there any more: it is not a mount to use or to leave alone as "up".
+pub fn mounted(cache_dir: &Path) -> io::Result<Option<(PathBuf, PathBuf)>> {
+    Ok(live_mount(cache_dir)?.filter(|(_, mountpoint)| {
+        matches!(crate::table::mounted_at(mountpoint), Ok(Some(entry)) if entry.looks_like_stagefs())
+    }))
+}

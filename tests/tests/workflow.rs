@@ -357,6 +357,103 @@ fn the_configured_mount_already_up_is_success() {
     );
 }
 
+/// A mount detached with a file still open there (`unmount --lazy`) is served by a
+/// daemon that still answers, but nothing is mounted: `mount` must not call it up
+/// (a unit restarted on failure would then leave no mount, with no error), and
+/// `run` must not hand COMMAND the empty mount point. Both say the cache is in use.
+#[test]
+fn a_mount_detached_with_files_open_is_not_taken_for_one_that_is_up() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "org/held", 1, "256K");
+    let config = daily_config(&s);
+    let _guard = Unmount(s.mnt.clone());
+    let out = stagefs(&config, &["mount"]);
+    assert!(out.status.success(), "mount: {}", text(&out.stderr));
+    let shard = s.mnt.join(&model.snapshot_rel).join(&model.files[1].name);
+    let mut holder = Command::new(python())
+        .args([
+            "-c",
+            "import sys; f = open(sys.argv[1], 'rb'); print('open', flush=True); sys.stdin.read()",
+        ])
+        .arg(&shard)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert_eq!(line, "open\n");
+    let out = stagefs(&config, &["unmount", "--lazy"]);
+    assert!(out.status.success(), "unmount: {}", text(&out.stderr));
+    assert!(!is_mounted(&s.mnt));
+    for args in [&["mount"][..], &["run", "--", "true"]] {
+        let out = stagefs(&config, args);
+        let err = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}{err}",
+            text(&out.stdout)
+        );
+        assert!(!text(&out.stdout).contains("already mounted"), "{args:?}");
+        assert!(err.contains("is in use"), "{args:?}: {err}");
+    }
+    assert!(!is_mounted(&s.mnt));
+    // The last file closed, the daemon ends, and the mount can be made again.
+    drop(holder.stdin.take());
+    holder.wait().expect("wait");
+    let mut again = stagefs(&config, &["mount"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !again.status.success() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        again = stagefs(&config, &["mount"]);
+    }
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(is_mounted(&s.mnt));
+}
+
+/// `run --read-only` over a writable mount already running would let COMMAND
+/// write to the source: refused, and COMMAND is not run. Without it, `run` uses the
+/// running mount and says that its options stand.
+#[test]
+fn run_read_only_over_a_running_writable_mount_is_refused() {
+    let s = Scratch::new();
+    generate(&s.hub, "org/rw", 1, "256K");
+    let config = daily_config(&s);
+    let _guard = Unmount(s.mnt.clone());
+    let out = stagefs(&config, &["mount"]);
+    assert!(out.status.success(), "mount: {}", text(&out.stderr));
+    let marker = s.dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let out = stagefs(&config, &["run", "--read-only", "--", "sh", "-c", &touch]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "stagefs: the mount at {m} is already running and writable, so --read-only would not hold for COMMAND; unmount it first (`stagefs unmount {m}`) and run again\n",
+            m = s.mnt.display()
+        )
+    );
+    assert!(!marker.exists(), "COMMAND ran");
+    let out = stagefs(
+        &config,
+        &["run", "--max-size", "1G", "--", "sh", "-c", &touch],
+    );
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(marker.exists(), "COMMAND did not run");
+    let using = format!(
+        "stagefs: using the mount already running at {}; its own options stand (unmount it first to change them)\n",
+        s.mnt.display()
+    );
+    assert!(err.starts_with(&using), "{err}");
+}
+
 #[test]
 fn service_files_start_the_configured_mount() {
     let s = Scratch::new();
