@@ -1,0 +1,121 @@
+"""A real S3 API server for the tests: moto's, on a loopback port, filled with boto3.
+
+Usage: python s3_server.py
+
+Prints "ready URL" once it serves, then takes one JSON command per line on stdin and
+answers each with one JSON line ({"ok": true, ...} or {"error": "..."}):
+  {"op": "bucket", "bucket": B}                      creates a bucket
+  {"op": "put", "bucket": B, "key": K, "file": PATH} uploads a file ("text": T instead: those bytes)
+  {"op": "sync", "bucket": B, "prefix": P, "dir": D} uploads every file under D as `aws s3 sync`
+                                                     does: links are followed, so an HF cache's
+                                                     snapshots hold real files
+  {"op": "many", "bucket": B, "prefix": P, "count": N}  N small objects P/key-00000 ...
+  {"op": "delete", "bucket": B, "key": K}
+  {"op": "hold", "from": N}    ranged GETs that start at byte N or later wait until "release"
+                               (a server stuck mid-transfer); the earlier bytes flow
+  {"op": "release"}
+It serves until stdin closes or it is killed (the tests kill it to take the store away).
+With INITIAL_NO_AUTH_ACTION_COUNT=0 in its environment, moto checks credentials.
+"""
+
+import json
+import logging
+import os
+import re
+import sys
+import threading
+
+import boto3
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from werkzeug.serving import make_server
+
+HELD = {"from": None}
+RELEASED = threading.Event()
+
+
+def holding(app):
+    """The app, with ranged GETs past the hold point waiting for a release."""
+
+    def wrapped(environ, start_response):
+        start = re.match(r"bytes=(\d+)-", environ.get("HTTP_RANGE", ""))
+        if environ["REQUEST_METHOD"] == "GET" and start and HELD["from"] is not None:
+            if int(start.group(1)) >= HELD["from"]:
+                RELEASED.wait()
+        return app(environ, start_response)
+
+    return wrapped
+
+
+def upload_tree(client, bucket: str, prefix: str, root: str) -> int:
+    count = 0
+    for dirpath, _, files in os.walk(root, followlinks=True):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            key = f"{prefix}/{rel}" if prefix else rel
+            client.upload_file(path, bucket, key)
+            count += 1
+    return count
+
+
+def run(client, command: dict) -> dict:
+    op, bucket = command["op"], command.get("bucket")
+    if op == "bucket":
+        client.create_bucket(Bucket=bucket)
+    elif op == "put":
+        if "file" in command:
+            client.upload_file(command["file"], bucket, command["key"])
+        else:
+            client.put_object(Bucket=bucket, Key=command["key"], Body=command["text"].encode())
+    elif op == "sync":
+        return {"ok": True, "files": upload_tree(client, bucket, command["prefix"], command["dir"])}
+    elif op == "many":
+        # Into moto's store directly: ten thousand PUTs over HTTP take a minute.
+        from moto.core.models import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+        prefix = command["prefix"]
+        for i in range(command["count"]):
+            backend.put_object(bucket, f"{prefix}/key-{i:05}", b"x")
+    elif op == "delete":
+        client.delete_object(Bucket=bucket, Key=command["key"])
+    elif op == "hold":
+        RELEASED.clear()
+        HELD["from"] = command["from"]
+    elif op == "release":
+        HELD["from"] = None
+        RELEASED.set()
+    else:
+        return {"error": f"unknown op {op}"}
+    return {"ok": True}
+
+
+def main() -> None:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    app = holding(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    print(f"ready {url}", flush=True)
+    for line in sys.stdin:
+        try:
+            answer = run(client, json.loads(line))
+        except Exception as e:  # noqa: BLE001 - the test reads any failure
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
