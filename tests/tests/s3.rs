@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use stagefs_tests::{
-    Mount, Scratch, Served, generate, pseudo_random, python, staged_files_of_at_least,
-    stagefs_bin, temp_files, wait_for, within, workspace_root,
+    Mount, Scratch, Served, generate, pseudo_random, python, staged_files_of_at_least, stagefs_bin,
+    temp_files, wait_for, within, workspace_root,
 };
 
 const MIB: usize = 1 << 20;
@@ -154,7 +154,11 @@ fn make_llama(dir: &Path) -> PathBuf {
         .env("MODEL_SEED", "7")
         .output()
         .expect("make-llama");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     folder
 }
 
@@ -199,14 +203,24 @@ fn a_bucket_mirrors_folders_gguf_files_and_an_hf_cache_and_models_load_by_path()
     server.sync("models", "team/hub", &s.hub);
     let mount = server.mount(&s, "s3://models/team", &[]);
 
-    assert_eq!(names(&s.mnt), BTreeSet::from(["folders", "gguf", "hub"].map(String::from)));
+    assert_eq!(
+        names(&s.mnt),
+        BTreeSet::from(["folders", "gguf", "hub"].map(String::from))
+    );
     assert!(fs::metadata(mount.path("folders")).expect("stat").is_dir());
-    assert_eq!(names(&mount.path("gguf")), BTreeSet::from(["tiny.Q4_K_M.gguf".to_string()]));
+    assert_eq!(
+        names(&mount.path("gguf")),
+        BTreeSet::from(["tiny.Q4_K_M.gguf".to_string()])
+    );
     assert!(fs::read(mount.path("gguf/tiny.Q4_K_M.gguf")).expect("gguf") == gguf);
     // The HF cache as `aws s3 sync` leaves it: its snapshot holds real files.
     for name in model.shards() {
         let through = fs::read(mount.path("hub").join(&name)).expect("snapshot file");
-        assert!(through == fs::read(s.hub.join(&name)).expect("source"), "{}", name.display());
+        assert!(
+            through == fs::read(s.hub.join(&name)).expect("source"),
+            "{}",
+            name.display()
+        );
     }
     assert_loads(&mount, &mount.path("folders/tiny-llama"), &llama);
     assert!(
@@ -237,7 +251,10 @@ fn a_replaced_object_is_served_anew_and_a_deleted_one_is_gone() {
     wait_for("the deleted object to be gone", || {
         errno_of_read(&mount.path("m/extra.bin")) == Some(libc::ENOENT)
     });
-    assert_eq!(names(&mount.path("m")), BTreeSet::from(["weights.bin".to_string()]));
+    assert_eq!(
+        names(&mount.path("m")),
+        BTreeSet::from(["weights.bin".to_string()])
+    );
     mount.unmount();
 }
 
@@ -248,16 +265,28 @@ fn a_server_killed_mid_copy_fails_the_open_cleanly_and_leaves_no_partial_copy() 
     server.bucket("models");
     let big = "m/model.safetensors";
     server.put("models", big, &pseudo_random(3 * PART, 3));
-    let mount = server.mount(&s, "s3://models", &["--no-prefetch", "--source-timeout", TIMEOUT]);
+    let mount = server.mount(
+        &s,
+        "s3://models",
+        &["--no-prefetch", "--source-timeout", TIMEOUT],
+    );
     server.hold_from(PART);
     let path = mount.path(big);
     let reader = std::thread::spawn(move || errno_of_read(&path));
     wait_for("the copy to be under way", || mount.copying(Path::new(big)));
     server.kill();
 
-    let errno = within(Duration::from_secs(30), move || reader.join().expect("reader"));
-    assert_eq!(errno, Some(libc::EIO), "the open fails with EIO, no partial bytes");
-    wait_for("the copy's temp file to be removed", || temp_files(&s.cache).is_empty());
+    let errno = within(Duration::from_secs(30), move || {
+        reader.join().expect("reader")
+    });
+    assert_eq!(
+        errno,
+        Some(libc::EIO),
+        "the open fails with EIO, no partial bytes"
+    );
+    wait_for("the copy's temp file to be removed", || {
+        temp_files(&s.cache).is_empty()
+    });
     assert!(
         staged_files_of_at_least(&s.cache, PART as u64).is_empty(),
         "nothing partial was kept"
@@ -273,7 +302,11 @@ fn a_staged_model_loads_with_the_server_gone_and_an_unstaged_file_fails_with_eio
     let llama = make_llama(s.dir.path());
     server.sync("models", "tiny-llama", &llama);
     server.put("models", "other/weights.bin", &pseudo_random(2 * MIB, 4));
-    let mount = server.mount(&s, "s3://models", &["--no-prefetch", "--source-timeout", TIMEOUT]);
+    let mount = server.mount(
+        &s,
+        "s3://models",
+        &["--no-prefetch", "--source-timeout", TIMEOUT],
+    );
     let mounted = mount.path("tiny-llama");
     assert_loads(&mount, &mounted, &llama);
     // Listed while the server was up, never staged.
@@ -293,14 +326,20 @@ fn refused_credentials_and_a_missing_bucket_are_one_line_each() {
     let server = S3Server::start();
     let missing = server.failed_mount(&s, "s3://no-such-bucket/models", &[]);
     assert_eq!(missing.lines().count(), 1, "{missing}");
-    assert!(missing.contains("bucket no-such-bucket does not exist"), "{missing}");
+    assert!(
+        missing.contains("bucket no-such-bucket does not exist"),
+        "{missing}"
+    );
 
     // moto checks credentials once told to.
     let checking = S3Server::start_with(&[("INITIAL_NO_AUTH_ACTION_COUNT", "0")]);
     let refused = checking.failed_mount(&s, "s3://models", &[("AWS_SECRET_ACCESS_KEY", "wrong")]);
     assert_eq!(refused.lines().count(), 1, "{refused}");
     assert!(refused.contains("refused the credentials"), "{refused}");
-    assert!(!refused.contains("wrong"), "the secret is never shown: {refused}");
+    assert!(
+        !refused.contains("wrong"),
+        "the secret is never shown: {refused}"
+    );
 }
 
 #[test]
@@ -330,7 +369,14 @@ fn the_nfs_backend_serves_a_bucket_unchanged() {
         .args(["20", "nfs-cat", &served.url_of("m/model.safetensors")])
         .output()
         .expect("nfs-cat (libnfs-utils)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stdout == bytes, "the bytes read over NFS are the object's");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == bytes,
+        "the bytes read over NFS are the object's"
+    );
     assert_eq!(staged_files_of_at_least(&s.cache, MIB as u64).len(), 1);
 }
