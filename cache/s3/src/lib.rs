@@ -286,6 +286,45 @@ impl S3Source {
         }
     }
 
+    /// The largest of the first `scanned` objects under the prefix, as a path
+    /// relative to it, and its size: what `stagefs doctor` measures the rate with.
+    pub fn largest_object(&self, scanned: usize) -> Result<Option<(PathBuf, u64)>, ProbeError> {
+        let (store, prefix) = (
+            Arc::clone(&self.client.store),
+            self.prefix_path(Path::new("")),
+        );
+        let listed = self.client.wait(async move {
+            let objects = store.list(prefix.as_ref()).take(scanned);
+            objects.collect::<Vec<_>>().await
+        });
+        let url = self.url.to_string();
+        let place = Place {
+            url: &url,
+            bucket: &self.url.bucket,
+            endpoint: &self.endpoint,
+        };
+        let listed = listed.map_err(|e| ProbeError::Other {
+            url: url.clone(),
+            why: e.to_string(),
+        })?;
+        let mut largest: Option<ObjectMeta> = None;
+        for object in listed {
+            let object = object.map_err(|e| probe_error(&place, &e))?;
+            if largest.as_ref().is_none_or(|l| object.size > l.size) {
+                largest = Some(object);
+            }
+        }
+        let prefix = self.url.prefix.as_str();
+        Ok(largest.map(|object| {
+            let key = object.location.as_ref();
+            let rel = key
+                .strip_prefix(prefix)
+                .unwrap_or(key)
+                .trim_start_matches('/');
+            (PathBuf::from(rel), object.size)
+        }))
+    }
+
     fn object_path(&self, rel: &Path) -> Result<ObjectPath, SourceError> {
         ObjectPath::parse(self.url.key(rel)).map_err(|e| {
             SourceError::io(
