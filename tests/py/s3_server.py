@@ -14,6 +14,8 @@ answers each with one JSON line ({"ok": true, ...} or {"error": "..."}):
   {"op": "hold", "from": N}    ranged GETs that start at byte N or later wait until "release"
                                (a server stuck mid-transfer); the earlier bytes flow
   {"op": "release"}
+  {"op": "slow_down", "requests": N}   the next N ranged GETs answer 503 SlowDown
+  {"op": "slowed_left"}        how many of those are still to come
 It serves until stdin closes or it is killed (the tests kill it to take the store away).
 With INITIAL_NO_AUTH_ACTION_COUNT=0 in its environment, moto checks credentials.
 """
@@ -34,6 +36,9 @@ from moto.moto_server.werkzeug_app import (
 from werkzeug.serving import make_server
 
 HELD = {"from": None}
+# Ranged GETs still to answer with 503 SlowDown, as a throttling S3 does.
+SLOW_DOWN = {"left": 0}
+SLOW_DOWN_BODY = b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>'
 RELEASED = threading.Event()
 
 
@@ -42,6 +47,10 @@ def holding(app):
 
     def wrapped(environ, start_response):
         start = re.match(r"bytes=(\d+)-", environ.get("HTTP_RANGE", ""))
+        if environ["REQUEST_METHOD"] == "GET" and start and SLOW_DOWN["left"] > 0:
+            SLOW_DOWN["left"] -= 1
+            start_response("503 Slow Down", [("Content-Type", "application/xml")])
+            return [SLOW_DOWN_BODY]
         if environ["REQUEST_METHOD"] == "GET" and start and HELD["from"] is not None:
             if int(start.group(1)) >= HELD["from"]:
                 RELEASED.wait()
@@ -87,6 +96,10 @@ def run(client, command: dict) -> dict:
     elif op == "hold":
         RELEASED.clear()
         HELD["from"] = command["from"]
+    elif op == "slow_down":
+        SLOW_DOWN["left"] = command["requests"]
+    elif op == "slowed_left":
+        return {"ok": True, "left": SLOW_DOWN["left"]}
     elif op == "release":
         HELD["from"] = None
         RELEASED.set()

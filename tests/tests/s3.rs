@@ -259,6 +259,24 @@ fn a_replaced_object_is_served_anew_and_a_deleted_one_is_gone() {
 }
 
 #[test]
+fn a_throttling_store_is_asked_again_and_the_whole_file_arrives() {
+    let s = Scratch::new();
+    let mut server = S3Server::start();
+    server.bucket("models");
+    let bytes = pseudo_random(3 * PART, 6);
+    server.put("models", "m/model.safetensors", &bytes);
+    let mount = server.mount(&s, "s3://models", &["--no-prefetch"]);
+    server.send(json!({"op": "slow_down", "requests": 6}));
+    assert!(fs::read(mount.path("m/model.safetensors")).expect("read") == bytes);
+    let left = server.send(json!({"op": "slowed_left"}));
+    assert_eq!(
+        left["left"], 0,
+        "every 503 SlowDown was answered with a retry"
+    );
+    mount.unmount();
+}
+
+#[test]
 fn a_server_killed_mid_copy_fails_the_open_cleanly_and_leaves_no_partial_copy() {
     let s = Scratch::new();
     let mut server = S3Server::start();
