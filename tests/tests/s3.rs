@@ -143,6 +143,13 @@ impl Drop for S3Server {
     }
 }
 
+/// A scratch area and a server holding an empty bucket `models`.
+fn scratch_and_bucket() -> (Scratch, S3Server) {
+    let mut server = S3Server::start();
+    server.bucket("models");
+    (Scratch::new(), server)
+}
+
 /// A tiny Llama folder (hub_client.py make-llama: config, tokenizer and a 4.6 MiB
 /// model.safetensors) under `dir`.
 fn make_llama(dir: &Path) -> PathBuf {
@@ -192,9 +199,7 @@ fn errno_of_read(path: &Path) -> Option<i32> {
 
 #[test]
 fn a_bucket_mirrors_folders_gguf_files_and_an_hf_cache_and_models_load_by_path() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     let llama = make_llama(s.dir.path());
     server.sync("models", "team/folders/tiny-llama", &llama);
     let gguf = [b"GGUF".as_slice(), &pseudo_random(3 * MIB, 1)].concat();
@@ -232,9 +237,7 @@ fn a_bucket_mirrors_folders_gguf_files_and_an_hf_cache_and_models_load_by_path()
 
 #[test]
 fn a_replaced_object_is_served_anew_and_a_deleted_one_is_gone() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     let (old, new) = (pseudo_random(3 * MIB, 1), pseudo_random(3 * MIB, 2));
     server.put("models", "m/weights.bin", &old);
     server.put("models", "m/extra.bin", b"extra");
@@ -260,9 +263,7 @@ fn a_replaced_object_is_served_anew_and_a_deleted_one_is_gone() {
 
 #[test]
 fn a_throttling_store_is_asked_again_and_the_whole_file_arrives() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     let bytes = pseudo_random(3 * PART, 6);
     server.put("models", "m/model.safetensors", &bytes);
     let mount = server.mount(&s, "s3://models", &["--no-prefetch"]);
@@ -278,9 +279,7 @@ fn a_throttling_store_is_asked_again_and_the_whole_file_arrives() {
 
 #[test]
 fn a_server_killed_mid_copy_fails_the_open_cleanly_and_leaves_no_partial_copy() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     let big = "m/model.safetensors";
     server.put("models", big, &pseudo_random(3 * PART, 3));
     let mount = server.mount(
@@ -314,9 +313,7 @@ fn a_server_killed_mid_copy_fails_the_open_cleanly_and_leaves_no_partial_copy() 
 
 #[test]
 fn a_staged_model_loads_with_the_server_gone_and_an_unstaged_file_fails_with_eio() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     let llama = make_llama(s.dir.path());
     server.sync("models", "tiny-llama", &llama);
     server.put("models", "other/weights.bin", &pseudo_random(2 * MIB, 4));
@@ -362,9 +359,7 @@ fn refused_credentials_and_a_missing_bucket_are_one_line_each() {
 
 #[test]
 fn a_prefix_of_ten_thousand_keys_lists_whole() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     server.send(json!({"op": "many", "bucket": "models", "prefix": "many", "count": 10_000}));
     let mount = server.mount(&s, "s3://models", &["--no-prefetch"]);
     let dir = mount.path("many");
@@ -376,25 +371,12 @@ fn a_prefix_of_ten_thousand_keys_lists_whole() {
 
 #[test]
 fn the_nfs_backend_serves_a_bucket_unchanged() {
-    let s = Scratch::new();
-    let mut server = S3Server::start();
-    server.bucket("models");
+    let (s, mut server) = scratch_and_bucket();
     let bytes = pseudo_random(3 * MIB, 5);
     server.put("models", "m/model.safetensors", &bytes);
     let command = server.command(Command::new(stagefs_bin()));
     let served = Served::start_with(command, Path::new("s3://models"), &s.cache, &[]);
-    let out = Command::new("timeout")
-        .args(["20", "nfs-cat", &served.url_of("m/model.safetensors")])
-        .output()
-        .expect("nfs-cat (libnfs-utils)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.stdout == bytes,
-        "the bytes read over NFS are the object's"
-    );
+    let read = served.read("m/model.safetensors");
+    assert!(read == bytes, "the bytes read over NFS are the object's");
     assert_eq!(staged_files_of_at_least(&s.cache, MIB as u64).len(), 1);
 }

@@ -46,6 +46,8 @@ type PartResult = Result<Bytes, Arc<io::Error>>;
 /// One part: its bytes once fetched, and how many of them were read.
 struct Part {
     bytes: Shared<BoxFuture<'static, PartResult>>,
+    /// Its GET, cancelled if the file is closed before it arrived.
+    fetch: tokio::task::AbortHandle,
     len: u64,
     read: u64,
 }
@@ -114,6 +116,7 @@ impl ObjectFile {
             self.etag.clone(),
         );
         let task = self.client.runtime.spawn(fetch);
+        let fetch = task.abort_handle();
         let bytes = async move {
             task.await
                 .unwrap_or_else(|e| Err(Arc::new(io::Error::other(e.to_string()))))
@@ -122,6 +125,7 @@ impl ObjectFile {
         .shared();
         Part {
             bytes,
+            fetch,
             len,
             read: 0,
         }
@@ -210,6 +214,18 @@ async fn fetch_part(
         tracing::debug!(key = %path, start = range.start, error = %failed, "asking again for a part of an object");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+impl Drop for ObjectFile {
+    /// A file closed early (a copy that failed, a small read) leaves no GET running
+    /// to take the link from the next copy. (A part dropped while the file is open
+    /// keeps its GET: another reader may be waiting for it.)
+    fn drop(&mut self) {
+        let parts = self.parts.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for part in parts.held.values() {
+            part.fetch.abort();
+        }
     }
 }
 
