@@ -380,3 +380,57 @@ fn the_nfs_backend_serves_a_bucket_unchanged() {
     assert!(read == bytes, "the bytes read over NFS are the object's");
     assert_eq!(staged_files_of_at_least(&s.cache, MIB as u64).len(), 1);
 }
+
+#[test]
+fn doctor_checks_the_endpoint_the_bucket_and_the_rate() {
+    let (_s, mut server) = scratch_and_bucket();
+    server.put("models", "team/llama/config.json", b"{}");
+    server.put(
+        "models",
+        "team/llama/model.safetensors",
+        &pseudo_random(4 * MIB, 7),
+    );
+    let doctor = |url: &str| {
+        let out = server
+            .command(Command::new(stagefs_bin()))
+            .args(["--no-config", "doctor", url])
+            .output()
+            .expect("stagefs doctor");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, report) = doctor("s3://models/team");
+    assert!(ok, "{report}");
+    let source = line_of(&report, "source");
+    assert!(
+        source.starts_with("ok") && source.contains("holds the bucket and the prefix"),
+        "{report}"
+    );
+    let speed = line_of(&report, "speed");
+    assert!(
+        speed.contains("MiB/s") && speed.contains("model.safetensors"),
+        "{report}"
+    );
+    assert!(
+        line_of(&report, "shape").contains("plain model folder"),
+        "{report}"
+    );
+
+    let (ok, report) = doctor("s3://no-such-bucket");
+    assert!(!ok, "{report}");
+    let source = line_of(&report, "source");
+    assert!(
+        source.starts_with("fail") && source.contains("does not exist"),
+        "{report}"
+    );
+}
+
+/// The line of check `name` in doctor's report.
+fn line_of<'a>(report: &'a str, name: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(name))
+        .unwrap_or_else(|| panic!("no {name} line: {report}"))
+}
