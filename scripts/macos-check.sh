@@ -20,16 +20,25 @@ ensure_debian_packages rustc-web cargo-web rust-web-src clang pkg-config
 pc=$(mktemp -d)
 trap 'rm -rf "$pc"' EXIT
 printf 'Name: fuse\nDescription: stand-in for macFUSE (type-check only)\nVersion: 2.9.7\nLibs: -lfuse\nCflags:\n' >"$pc/fuse.pc"
+# ring's C (object_store's request signing, rustls) is built the way ring cross-builds
+# without a sysroot (RING_CORE_NOSTDLIBINC: clang's own headers only); the one macOS SDK
+# header it still asks for gets a stand-in, as nothing compiled here is ever linked.
+mkdir "$pc/include"
+printf '#define TARGET_OS_OSX 1\n#define TARGET_OS_MAC 1\n#define TARGET_OS_IPHONE 0\n#define TARGET_OS_IOS 0\n#define TARGET_OS_TV 0\n#define TARGET_OS_WATCH 0\n#define TARGET_OS_SIMULATOR 0\n' >"$pc/include/TargetConditionals.h"
+ring_cflags="-nostdlibinc -DRING_CORE_NOSTDLIBINC=1 -isystem $pc/include"
 
 failed=()
 for t in "${targets[@]}"; do
   echo "macos-check: cargo check --target $t ${features[*]}"
   # Absolute paths keep rustup's proxies (first on PATH) out of it: they would want a downloaded
   # target. RUSTC_BOOTSTRAP unlocks -Zbuild-std on this stable compiler. CARGO_FEATURE_PURE
-  # stops blake3's build script compiling C/asm against a macOS SDK we do not have. Own target
+  # stops blake3's build script compiling C/asm against a macOS SDK we do not have; ring's C
+  # is built as above. Own target
   # dir so the std built for macOS never invalidates the host build's cache.
   if ! PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH="$pc" PKG_CONFIG_LIBDIR="$pc" CARGO_FEATURE_PURE=1 \
-    CC_aarch64_apple_darwin=clang CC_x86_64_apple_darwin=clang RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
+    CC_aarch64_apple_darwin=clang CC_x86_64_apple_darwin=clang \
+    CFLAGS_aarch64_apple_darwin="$ring_cflags" \
+    CFLAGS_x86_64_apple_darwin="$ring_cflags" RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 \
     RUSTFLAGS="-D warnings" CARGO_TARGET_DIR="${MACOS_CHECK_TARGET_DIR:-target/macos-check}" \
     /usr/bin/cargo check -q -Zbuild-std=std,panic_abort --target "$t" --workspace --all-targets "${features[@]}"; then
     echo "macos-check: FAILED $t" >&2

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
-use stagefs_mount::MountSpec;
+use stagefs_mount::{MountSpec, SourcePlace};
 use stagefs_policy::FsConfig;
 use stagefs_source::copy::CopyOptions;
 use stagefs_stage::defaults;
@@ -307,6 +307,8 @@ impl Config {
         key: &str,
     ) -> anyhow::Result<PathBuf> {
         match arg.or(file) {
+            // An object store's URL is kept as written.
+            Some(url) if SourcePlace::is_bucket(url) => Ok(url.to_path_buf()),
             // Absolute: the daemon may outlive the caller's working directory.
             Some(path) => Ok(std::path::absolute(path)?),
             None => bail!(
@@ -431,7 +433,7 @@ fn absolute_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::
         }
         _ => PathBuf::from(&text),
     };
-    if !path.is_absolute() {
+    if !path.is_absolute() && !SourcePlace::is_bucket(&path) {
         return Err(de::Error::custom(format!(
             "'{text}' must be an absolute path (or start with ~/)"
         )));

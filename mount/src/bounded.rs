@@ -83,14 +83,14 @@ pub fn holds_model(
     model_dirs: &[PathBuf],
     deadline: Duration,
 ) -> Result<bool, Unanswered> {
+    if crate::SourcePlace::is_bucket(root) {
+        // Asked here: an object store's client gives up by itself after the deadline.
+        let tree = crate::open_source(root, deadline);
+        return Ok(tree.is_ok_and(|tree| held(&tree, id, model_dirs)));
+    }
     let (root, id, dirs) = (root.to_path_buf(), id.to_string(), model_dirs.to_vec());
     let answer = in_child(deadline, move || {
-        let found = SourceTree::new(&root).is_ok_and(|tree| {
-            matches!(
-                models::find(&tree, &id, &dirs),
-                Ok(_) | Err(models::ModelError::Ambiguous { .. })
-            )
-        });
+        let found = SourceTree::new(&root).is_ok_and(|tree| held(&tree, &id, &dirs));
         vec![u8::from(found)]
     })?;
     Ok(answer == [1])
@@ -134,6 +134,29 @@ pub fn shape_and_loose_models(
     layout(path, Some(model_dirs), deadline)
 }
 
+/// The shape of `tree` and, with `model_dirs`, whether plain models (folders,
+/// files) lie beside its repositories.
+fn shape_and_loose(tree: &SourceTree, model_dirs: Option<&[PathBuf]>) -> (Shape, bool) {
+    let Some(dirs) = model_dirs else {
+        return (models::shape(tree), false);
+    };
+    let survey = models::survey(tree, dirs);
+    let loose = survey
+        .catalog
+        .models
+        .iter()
+        .any(|m| m.kind != models::ModelKind::HfRepo);
+    (survey.shape, loose)
+}
+
+/// Whether `tree` holds the model `id` (or several whose short name it is).
+fn held(tree: &SourceTree, id: &str, model_dirs: &[PathBuf]) -> bool {
+    matches!(
+        models::find(tree, id, model_dirs),
+        Ok(_) | Err(models::ModelError::Ambiguous { .. })
+    )
+}
+
 /// [`shape`], and with `model_dirs` the search for plain models beside it.
 fn layout(
     path: &Path,
@@ -146,24 +169,18 @@ fn layout(
         Shape::ModelFolders,
         Shape::Unknown,
     ];
+    if crate::SourcePlace::is_bucket(path) {
+        // Asked here: an object store's client gives up by itself after the deadline.
+        let tree = crate::open_source(path, deadline).ok()?;
+        return Some(shape_and_loose(&tree, model_dirs));
+    }
     let (path, dirs) = (path.to_path_buf(), model_dirs.map(<[PathBuf]>::to_vec));
     let answer = in_child(deadline, move || {
         encode(
             SourceTree::new(&path)
                 .map_err(io::Error::other)
                 .map(|tree| {
-                    let (shape, loose) = match &dirs {
-                        None => (models::shape(&tree), false),
-                        Some(dirs) => {
-                            let survey = models::survey(&tree, dirs);
-                            let loose = survey
-                                .catalog
-                                .models
-                                .iter()
-                                .any(|m| m.kind != models::ModelKind::HfRepo);
-                            (survey.shape, loose)
-                        }
-                    };
+                    let (shape, loose) = shape_and_loose(&tree, dirs.as_deref());
                     let index = SHAPES.iter().position(|s| *s == shape).unwrap_or(3);
                     vec![u8::try_from(index).unwrap_or(3), u8::from(loose)]
                 }),

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::admin::{self, AdminError, Live};
+use crate::place::open_recorded_source;
 use crate::prefetch_plan::{self, FileProgress, Job, Target};
 use stagefs_control::{self as control, MountRecord, Request, Response};
 use stagefs_layout::models::ModelSource;
-use stagefs_source::{SourceError, SourceTree};
+use stagefs_source::SourceError;
 use stagefs_stage::Stager;
 use stagefs_store::{Store, StoreError};
 use tokio::runtime::Runtime;
@@ -118,7 +119,7 @@ fn answer_locally(dir: &Path, request: Request) -> Result<Response, CacheDirErro
         .as_ref()
         .map(|r| r.model_dirs.clone())
         .unwrap_or_default();
-    let tree = record.and_then(|r| SourceTree::new(r.source).ok());
+    let tree = record.and_then(|r| open_recorded_source(&r.source).ok());
     let source = tree.as_ref().map(|tree| ModelSource {
         tree,
         model_dirs: &model_dirs,
@@ -155,7 +156,7 @@ pub fn names(dir: &Path, paths: &[PathBuf]) -> Vec<String> {
     match control::query(&control::socket_path(dir), &request) {
         Ok(Response::Names { names }) if names.len() == paths.len() => return names,
         Err(e) if no_mount(&e) => {
-            let tree = MountRecord::read(dir).and_then(|r| SourceTree::new(r.source).ok());
+            let tree = MountRecord::read(dir).and_then(|r| open_recorded_source(&r.source).ok());
             return crate::admin::names(tree.as_ref(), paths);
         }
         _ => {}
@@ -262,11 +263,12 @@ struct Local {
 fn local_files(dir: &Path, targets: &[Target]) -> Result<Local, CacheDirError> {
     let (store, record) = open_locally(dir)?;
     let record = record.ok_or(CacheDirError::NeverMounted)?;
-    let source =
-        SourceTree::new(&record.source).map_err(|source| CacheDirError::SourceUnreachable {
+    let source = open_recorded_source(&record.source).map_err(|source| {
+        CacheDirError::SourceUnreachable {
             path: record.source.clone(),
             source,
-        })?;
+        }
+    })?;
     let runtime = Runtime::new().map_err(|source| CacheDirError::Io {
         doing: "starting the copy runtime".into(),
         source,

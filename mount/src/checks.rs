@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::info;
 
 use crate::bounded::{self, Kind};
-use crate::{MountError, MountSpec};
+use crate::{MountError, MountSpec, SourcePlace};
 
 /// What checking a mount did besides looking.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,7 +70,15 @@ impl MountSpec {
 
     /// [`Self::check_source_and_cache`], returning the resolved source too.
     fn resolved_source_and_cache(&self) -> Result<(PathBuf, PathBuf), MountError> {
-        let source = answering_dir(&self.source, self.fs.source_timeout)?;
+        let source = match SourcePlace::of(&self.source)? {
+            SourcePlace::Dir(dir) => answering_dir(&dir, self.fs.source_timeout)?,
+            // An object store: asked in this process, since its client gives up by
+            // itself after the timeout. Its URL is no path a cache lies under.
+            bucket @ SourcePlace::Bucket(_) => {
+                bucket.open_checked(self.fs.source_timeout)?;
+                self.source.clone()
+            }
+        };
         let cache = canonical_prefix(&self.cache_dir)?;
         if cache.starts_with(&source) {
             return Err(MountError::CacheInside {

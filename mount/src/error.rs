@@ -13,6 +13,13 @@ use crate::unmount::UnmountError;
 /// A mount that cannot start, or a serving session that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
+    /// An `s3://` source that names no bucket, or an odd prefix.
+    #[error(transparent)]
+    SourceUrl(#[from] stagefs_s3::UrlError),
+    /// An object store that cannot be mirrored: unreachable, credentials refused,
+    /// no such bucket, nothing under the prefix.
+    #[error(transparent)]
+    ObjectStore(#[from] stagefs_s3::ProbeError),
     /// The source did not answer a `stat` within the source timeout.
     #[error("source {} {why}", path.display())]
     SourceUnanswered {

@@ -12,7 +12,6 @@ use stagefs_control::{Backend, MountRecord, Stopping};
 use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
 use stagefs_policy::{FsConfig, Policy, ReadPath};
-use stagefs_source::SourceTree;
 use stagefs_stage::{MetricsSnapshot, Stager, StagerOptions};
 use stagefs_store::{Store, StoreError};
 use tokio::runtime::Runtime;
@@ -519,7 +518,7 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
     let previous = MountRecord::read(&spec.cache_dir);
     let source_fs = source_record::source_fs(&spec.source);
     source_record::refuse_an_unmounted_source(previous.as_ref(), &spec.source, source_fs.as_ref())?;
-    let source = SourceTree::new(&spec.source).map_err(MountError::Source)?;
+    let source = crate::open_source(&spec.source, spec.fs.source_timeout)?;
     let budget = spec.budget()?;
     let store = Store::open(&spec.cache_dir, budget)
         .map_err(|e| match e {

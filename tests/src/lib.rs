@@ -507,6 +507,19 @@ impl Mount {
         Self::launch(Command::new(stagefs_bin()), None, source, mnt, cache, extra)
     }
 
+    /// Starts the daemon from `command` (the `stagefs` binary with an environment
+    /// of its own, such as an object store's endpoint and credentials) and waits
+    /// until the mount is live.
+    pub fn start_with(
+        command: Command,
+        source: &Path,
+        mnt: &Path,
+        cache: &Path,
+        extra: &[&str],
+    ) -> Mount {
+        Self::launch(command, None, source, mnt, cache, extra)
+    }
+
     /// Starts the daemon as the ordinary `user` (who mounts through the setuid
     /// fusermount3, as on a desktop) and waits until the mount is live. Checks that the
     /// daemon runs as that user without capabilities and that the kernel records the

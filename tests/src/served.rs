@@ -5,7 +5,8 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
 
 use crate::stagefs_bin;
 
@@ -89,6 +90,35 @@ impl Served {
             "nfs://127.0.0.1/{}?nfsport={port}&mountport={port}&version=3",
             rel.as_ref().display()
         )
+    }
+
+    /// `nfs-cat` of `rel` in the export as root (libnfs binds a reserved port as
+    /// root), bounded in time.
+    pub fn cat(&self, rel: impl AsRef<Path>) -> Output {
+        Command::new("timeout")
+            .args(["20", "nfs-cat", &self.url_of(rel)])
+            .output()
+            .expect("running nfs-cat (libnfs-utils)")
+    }
+
+    /// The bytes of `rel` read through the export with libnfs. libnfs passes a
+    /// JUKEBOX answer on as an error rather than retrying, so a read of a file still
+    /// staging is retried, as the kernel client does.
+    pub fn read(&self, rel: impl AsRef<Path>) -> Vec<u8> {
+        let rel = rel.as_ref();
+        for _ in 0..60 {
+            let out = self.cat(rel);
+            if out.status.success() {
+                return out.stdout;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let out = self.cat(rel);
+        panic!(
+            "nfs-cat {} failed: {}",
+            self.url_of(rel),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Sends SIGTERM and waits for the process to end.

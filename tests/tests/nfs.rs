@@ -23,33 +23,6 @@ const SHARDS: usize = 3;
 const SHARD_SIZE: &str = "2M";
 const MIB: u64 = 1 << 20;
 
-/// `nfs-cat URL` as root (libnfs binds a reserved port as root), bounded in time.
-fn nfs_cat(url: &str) -> Output {
-    Command::new("timeout")
-        .args(["20", "nfs-cat", url])
-        .output()
-        .expect("running nfs-cat (libnfs-utils)")
-}
-
-/// The bytes of `rel` read through the export with libnfs. libnfs passes a JUKEBOX
-/// answer on as an error rather than retrying, so a read of a file still staging
-/// is retried, as the kernel client does.
-fn read_through(served: &Served, rel: impl AsRef<Path>) -> Vec<u8> {
-    let url = served.url_of(rel);
-    for _ in 0..60 {
-        let out = nfs_cat(&url);
-        if out.status.success() {
-            return out.stdout;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let out = nfs_cat(&url);
-    panic!(
-        "nfs-cat {url} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn nfs_ls(served: &Served, rel: &str) -> Output {
     Command::new("timeout")
         .args(["20", "nfs-ls", &served.url_of(rel)])
@@ -66,7 +39,7 @@ fn staged_shards(cache: &Path) -> usize {
 fn assert_shards_right(src: &ShapedSource, served: &Served) {
     for name in src.shard_names() {
         let stored = src.stored_path(&name);
-        let bytes = read_through(served, &stored);
+        let bytes = served.read(&stored);
         assert!(
             bytes == src.bytes(&name),
             "{} differs from the source",
@@ -294,7 +267,7 @@ fn a_daemon_killed_mid_copy_leaves_nothing_wrong() {
     let _ = reader.wait();
     // A new server clears what the dead one left and serves the right bytes.
     let served = Served::start(&src.root, &s.cache, &["--no-prefetch"]);
-    assert!(read_through(&served, src.stored_path(&name)) == src.bytes(&name));
+    assert!(served.read(src.stored_path(&name)) == src.bytes(&name));
     assert!(temp_files(&s.cache).is_empty(), "no temp file left");
     served.stop();
 }
@@ -354,12 +327,12 @@ fn a_cut_link_costs_a_staged_model_nothing_and_fails_the_rest_with_eio() {
     let served = Served::start(&remote.mnt, &s.cache, &flags);
     let names = src.shard_names();
     let (staged, never) = (src.stored_path(&names[0]), src.stored_path(&names[1]));
-    let before = read_through(&served, &staged);
+    let before = served.read(&staged);
     assert!(before == src.bytes(&names[0]));
 
     remote.cut();
     let started = Instant::now();
-    let again = nfs_cat(&served.url_of(&staged));
+    let again = served.cat(&staged);
     let took = started.elapsed();
     assert!(
         again.status.success(),
@@ -371,7 +344,7 @@ fn a_cut_link_costs_a_staged_model_nothing_and_fails_the_rest_with_eio() {
         "the staged copy answers, with the right bytes"
     );
     println!("staged re-read over NFS with the link cut: {took:?}");
-    let refused = nfs_cat(&served.url_of(&never));
+    let refused = served.cat(&never);
     assert!(
         !refused.status.success(),
         "a never-staged file cannot be served"
@@ -380,7 +353,7 @@ fn a_cut_link_costs_a_staged_model_nothing_and_fails_the_rest_with_eio() {
 
     remote.restore();
     let started = Instant::now();
-    assert!(read_through(&served, &never) == src.bytes(&names[1]));
+    assert!(served.read(&never) == src.bytes(&names[1]));
     println!(
         "a never-staged file read after the link returned: {:?}",
         started.elapsed()
@@ -398,7 +371,7 @@ fn a_model_larger_than_the_budget_reads_file_by_file() {
         // NFS never says a reader is done: a handle idle for 2 s yields its copy to
         // an open that needs room. Each shard is read once, after that.
         std::thread::sleep(Duration::from_secs(3));
-        let out = nfs_cat(&served.url_of(src.stored_path(&name)));
+        let out = served.cat(src.stored_path(&name));
         assert!(
             out.status.success(),
             "{name}: {}",
@@ -558,7 +531,7 @@ fn a_file_copied_in_with_nfs_cp_lands_on_the_source_byte_for_byte() {
         fs::read(src.root.join(&rel)).expect("on the source") == bytes,
         "the source holds exactly the bytes copied in"
     );
-    assert!(read_through(&served, &rel) == bytes, "and they read back");
+    assert!(served.read(&rel) == bytes, "and they read back");
     let metrics = &status_json(&s.cache)["metrics"];
     assert_eq!(
         metrics["bytes_written"],
@@ -600,7 +573,7 @@ fn a_blob_written_through_the_export_is_staged_as_written() {
         metrics["stage_copies"], 0,
         "nothing copied from the source: {metrics}"
     );
-    let read = read_through(&served, &blob);
+    let read = served.read(&blob);
     assert!(read == bytes, "the blob reads back");
     let metrics = &status_json(&s.cache)["metrics"];
     assert_eq!(
@@ -677,7 +650,7 @@ fn another_nas_served_from_the_same_cache_never_gets_the_first_ones_copies() {
     for (n, export) in exports.iter().enumerate() {
         let remote = NetFs::up(export, &s.dir.path().join(format!("nas-{n}")), "1gbit");
         let served = Served::start(&remote.mnt, &s.cache, &["--no-prefetch"]);
-        let got = read_through(&served, rel);
+        let got = served.read(rel);
         assert!(
             got == fs::read(export.join(rel)).expect("source"),
             "NAS {n}: another source's copy was served"

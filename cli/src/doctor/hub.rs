@@ -302,7 +302,7 @@ pub(crate) fn probe_mount(cache_dir: &Path, mountpoint: &Path, shape: bool, tx: 
     if let Ok(Some((source, serving))) = &live
         && shape
         && serving == mountpoint
-        && let Ok(tree) = stagefs_source::SourceTree::new(source)
+        && let Ok(tree) = stagefs_mount::place::open_recorded_source(source)
     {
         reply(tx, Line::MountShape(stagefs_layout::models::shape(&tree)));
     }

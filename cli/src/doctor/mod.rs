@@ -9,6 +9,7 @@ mod lines;
 mod fuse;
 mod hub;
 mod model;
+mod objects;
 mod refused;
 mod source;
 mod space;
@@ -284,28 +285,51 @@ fn examine(
     last: Option<&SourceFs>,
 ) -> anyhow::Result<Report> {
     let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
-    let source = Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs);
+    let bucket = bucket_examined(arg, config.source())?;
+    // An object store is asked here (see `objects`), never by the worker.
+    let source = bucket
+        .is_none()
+        .then(|| Task::Source(arg.map(Into::into), config.source().map(Into::into), dirs));
     // Without an argument the source examined is the mount's: its survey says the shape.
     let mount_shape = arg.is_some();
     let cache = Task::Cache(cache_dir.into(), mountpoint.map(Into::into), mount_shape);
     let resolve = hub::paths_to_resolve(mountpoint).map(Task::Resolve);
-    let tasks = [source, cache].into_iter().chain(resolve).collect();
+    let tasks = source.into_iter().chain([cache]).chain(resolve).collect();
     let gathered = worker::gather(tasks, DEADLINE);
-    judge(&gathered, arg, cache_dir, config, last)
+    judge(&gathered, arg, bucket.as_ref(), cache_dir, config, last)
+}
+
+/// The object store examined: the argument, or with none the configured source,
+/// when it is an `s3://` URL.
+fn bucket_examined(
+    arg: Option<&str>,
+    source: Option<&Path>,
+) -> anyhow::Result<Option<stagefs_s3::ObjectUrl>> {
+    let named = match arg {
+        Some(arg) => Some(arg),
+        None => source.and_then(Path::to_str),
+    };
+    Ok(named.and_then(stagefs_s3::ObjectUrl::parse).transpose()?)
 }
 
 /// The report from what the worker answered.
 fn judge(
     gathered: &Gathered,
     arg: Option<&str>,
+    bucket: Option<&stagefs_s3::ObjectUrl>,
     cache_dir: &Path,
     config: &Config,
     last: Option<&SourceFs>,
 ) -> anyhow::Result<Report> {
-    // Without the worker's word, whether `org/name` is a path here is not known.
-    let told = got!(gathered, Target).cloned();
-    let target = told.unwrap_or_else(|| Target::of(arg, config.source(), |_| false));
-    let found = source::inspect(gathered, &target.map_err(|e| anyhow!(e))?, last)?;
+    let found = match bucket {
+        Some(url) => objects::inspect(url),
+        None => {
+            // Without the worker's word, whether `org/name` is a path here is not known.
+            let told = got!(gathered, Target).cloned();
+            let target = told.unwrap_or_else(|| Target::of(arg, config.source(), |_| false));
+            source::inspect(gathered, &target.map_err(|e| anyhow!(e))?, last)?
+        }
+    };
     let mountpoint = config.configured_mountpoint();
     let mut roots = found.roots.clone();
     roots.extend(mountpoint.map(Into::into));
@@ -434,6 +458,7 @@ mod tests {
         let report = judge(
             &late,
             Some("/nas/hub"),
+            None,
             Path::new("/c"),
             &Config::default(),
             None,

@@ -588,7 +588,7 @@ fn staging_seconds(probe: &Probe, model: &Model) -> f64 {
     model.size_bytes as f64 / probe.throughput_bytes_per_sec.max(1.0)
 }
 
-fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
+pub(super) fn speed_check(probe: &Probe, model: Option<&Model>) -> Check {
     let (latency, rate) = (probe.latency_ms, probe.throughput_bytes_per_sec);
     let (read, name) = (format_bytes(probe.bytes_read), probe.file.file_name());
     // A file's name, with a blob's 64-digit hash cut to something readable.

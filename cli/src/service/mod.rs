@@ -159,11 +159,9 @@ fn refuse_a_mountpoint_inside_the_source(source: &Path, mountpoint: &Path) -> an
 /// the mount point may be made later.
 fn warn_unstartable(service: &Service) {
     let source = service.source.display();
-    let problem = match bounded::stat(&service.source, SOURCE_WAIT) {
-        Ok(Ok(Kind::Directory)) => None,
-        Ok(Ok(Kind::Other)) => Some("is not a directory".to_string()),
-        Ok(Err(e)) => Some(stagefs_source::io_text(&e)),
-        Err(_) => Some(format!("did not answer in {}s", SOURCE_WAIT.as_secs())),
+    let problem = match stagefs_mount::SourcePlace::of(&service.source) {
+        Ok(bucket @ stagefs_mount::SourcePlace::Bucket(_)) => bucket_problem(&bucket),
+        _ => directory_problem(&service.source),
     };
     if let Some(problem) = problem {
         eprintln!(
@@ -187,6 +185,25 @@ fn warn_unstartable(service: &Service) {
             "stagefs: warning: the mount point {mnt} {problem}, or the service fails at every start"
         );
     }
+}
+
+/// What keeps the directory `source` from being mounted now, if anything.
+fn directory_problem(source: &Path) -> Option<String> {
+    match bounded::stat(source, SOURCE_WAIT) {
+        Ok(Ok(Kind::Directory)) => None,
+        Ok(Ok(Kind::Other)) => Some("is not a directory".to_string()),
+        Ok(Err(e)) => Some(stagefs_source::io_text(&e)),
+        Err(_) => Some(format!("did not answer in {}s", SOURCE_WAIT.as_secs())),
+    }
+}
+
+/// What keeps the object store `bucket` from being mounted now, asked with this
+/// shell's AWS variables: the service has only those its manager gives it.
+fn bucket_problem(bucket: &stagefs_mount::SourcePlace) -> Option<String> {
+    bucket
+        .open_checked(SOURCE_WAIT)
+        .err()
+        .map(|e| e.to_string())
 }
 
 fn uninstall(dry_run: bool) -> anyhow::Result<()> {
