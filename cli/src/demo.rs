@@ -15,6 +15,12 @@ use crate::units::{count, format_bytes};
 
 const REPO: &str = "stagefs/demo-model";
 
+/// The free space the demo's cache leaves on its disk. The default reserve, a tenth
+/// of the volume (up to 50 GiB), would refuse the demo's small model on a disk more
+/// than 90% full, where a user's first command must still work; the demo's cache
+/// lives for a minute in a temporary directory and is removed with it.
+const DEMO_MIN_FREE: u64 = 32 << 20;
+
 /// Runs the demo in a temporary directory that is removed afterwards.
 pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
@@ -27,6 +33,7 @@ pub(crate) fn run(args: &DemoArgs) -> anyhow::Result<()> {
         work.path().join("cache"),
     );
     spec.fs.hint = Some(crate::args::flag_hint);
+    spec.min_free = Some(DEMO_MIN_FREE);
     fs::create_dir_all(&spec.mountpoint)?;
     println!(
         "generating {REPO}: {} shards of {} in {}",

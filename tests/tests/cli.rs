@@ -220,3 +220,33 @@ fn a_typo_in_the_config_file_is_named_and_blocks_only_what_needs_the_file() {
     assert!(!ok);
     assert_eq!(err, format!("stagefs: {said}\n"));
 }
+
+/// The README's first command on a disk more than 90% full, with room for the demo's
+/// model and its copy: the default reserve (a tenth of the volume) refused the copy
+/// with ENOSPC and advised a flag the demo does not take.
+#[test]
+fn the_demo_runs_on_a_nearly_full_disk_with_room_for_its_model() {
+    let s = Scratch::new();
+    let disk = s.dir.path().join("disk");
+    let _tmpfs = stagefs_tests::Tmpfs::mount(&disk, "size=1024m");
+    // 97 MiB left: the demo's 16 MiB model, then its 16 MiB copy, leave 65 MiB,
+    // above the demo's reserve and below the default one (102 MiB).
+    let filler = fs::File::create(disk.join("filler")).expect("create");
+    filler.set_len(927 << 20).expect("size");
+    let block = vec![1u8; 1 << 20];
+    for i in 0..927u64 {
+        std::os::unix::fs::FileExt::write_all_at(&filler, &block, i << 20).expect("fill");
+    }
+    drop(filler);
+    let out = Command::new(stagefs_bin())
+        .args(["demo", "--shards", "2", "--shard-size", "8M"])
+        .env("TMPDIR", &disk)
+        .output()
+        .expect("run stagefs demo");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("every byte matched the source"), "{stdout}");
+}
