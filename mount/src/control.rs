@@ -124,9 +124,11 @@ impl ControlServer {
         }
     }
 
-    /// Streams progress every 200 ms until every file is settled. The copies go on if
-    /// the client goes away: they are the cache's, not the connection's. `asked`
-    /// files are copied at a time if the command asked, else the mount's own number.
+    /// Streams progress every 200 ms until every file is settled. If the client goes
+    /// away (`stagefs prefetch` interrupted), no more files are started; the copies
+    /// under way finish, as they are the cache's, and an open may be waiting on one.
+    /// `asked` files are copied at a time if the command asked, else the mount's own
+    /// number.
     async fn prefetch(
         &self,
         targets: Vec<Target>,
@@ -168,13 +170,14 @@ impl ControlServer {
         let job = Job::reporting(self.stager.clone(), files, failed);
         let running = tokio::spawn(Arc::clone(&job).run(width, true));
         while !running.is_finished() {
-            send(
-                write,
-                &Response::Progress {
-                    files: job.progress(),
-                },
-            )
-            .await?;
+            let progress = Response::Progress {
+                files: job.progress(),
+            };
+            if let Err(e) = send(write, &progress).await {
+                info!("the prefetch's command went away: starting no more of its files");
+                job.stop();
+                return Err(e);
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         send(

@@ -428,3 +428,43 @@ fn a_failed_file_is_named_once_as_users_know_it() {
     assert!(!failed[0].contains("blobs/"), "{err}");
     drop(mount);
 }
+
+/// Ctrl-C of `stagefs prefetch` through a mount stops it: the mount starts no more of
+/// its files, and finishes only the copy under way (an open may wait on it). Over a
+/// NAS at 8 Mbit/s each 2 MiB shard takes about 2 s; the model has 6.
+#[test]
+fn an_interrupted_prefetch_through_the_mount_starts_no_more_files() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/interrupted", 6, "2M");
+    let remote = NetFs::up(&s.hub, &s.dir.path().join("nas"), "8mbit");
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--no-prefetch"]);
+    let mut prefetch = std::process::Command::new(stagefs_tests::stagefs_bin())
+        .args(["prefetch", &model.repo, "--parallel", "1", "--cache-dir"])
+        .arg(&s.cache)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("stagefs prefetch");
+    wait_for("the prefetch's first copy", || {
+        !mount.in_flight().is_empty()
+    });
+    // SAFETY: kill has no preconditions; the pid is our child's, not yet reaped.
+    unsafe { libc::kill(prefetch.id() as libc::pid_t, libc::SIGINT) };
+    let status = prefetch.wait().expect("wait");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGINT)
+    );
+    wait_for("the copy under way to end", || mount.in_flight().is_empty());
+    let staged = staged_files_of_at_least(&s.cache, 1 << 20).len();
+    // Longer than a shard's copy: a job still going would have started the next.
+    sleep(Duration::from_secs(3));
+    assert!(mount.in_flight().is_empty(), "{:?}", mount.in_flight());
+    assert_eq!(staged_files_of_at_least(&s.cache, 1 << 20).len(), staged);
+    assert!(
+        staged <= 2,
+        "{staged} of 6 shards staged after the interrupt"
+    );
+    drop(mount);
+    drop(remote);
+}

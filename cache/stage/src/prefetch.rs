@@ -31,6 +31,8 @@ pub struct Job {
     states: Mutex<Vec<FileState>>,
     /// Files that failed before the job began (links that lead nowhere).
     failed: Vec<FileProgress>,
+    /// Whoever asked for the job is gone ([`Job::stop`]): no file is started after.
+    stopped: AtomicBool,
 }
 
 impl Job {
@@ -51,7 +53,15 @@ impl Job {
             files,
             states,
             failed,
+            stopped: AtomicBool::new(false),
         })
+    }
+
+    /// Starts no more of the job's files: `stagefs prefetch` was interrupted. Copies
+    /// under way finish, since an open may be waiting on the same copy; the files
+    /// not started stay waiting, and a later prefetch or open stages them.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
     }
 
     /// Stages every file, `parallel` at a time. A prefetch someone `requested`
@@ -67,6 +77,9 @@ impl Job {
             .for_each_concurrent(parallel.max(1), |i| {
                 let (job, out_of_room, stamps) = (Arc::clone(&self), &out_of_room, &stamps);
                 async move {
+                    if job.stopped.load(Ordering::Relaxed) {
+                        return;
+                    }
                     if out_of_room.load(Ordering::Relaxed) {
                         job.set(
                             i,
