@@ -244,7 +244,11 @@ impl Config {
             prefetch,
             prefetch_parallel: prefetch_parallel.map(usize::from),
             allow_other: flags.allow_other || file.allow_other.unwrap_or(defaults::ALLOW_OTHER),
-            read_only: flags.read_only || file.read_only.unwrap_or(defaults::READ_ONLY),
+            // An object store is served read-only (writing is not implemented): said
+            // to the kernel too, so the mount is `ro` and `run` keeps loads offline.
+            read_only: flags.read_only
+                || file.read_only.unwrap_or(defaults::READ_ONLY)
+                || SourcePlace::is_bucket(&source),
             source_timeout: source_timeout.map_or(defaults::SOURCE_TIMEOUT, |secs| {
                 Duration::from_secs(secs.max(1))
             }),

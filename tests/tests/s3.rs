@@ -207,6 +207,16 @@ fn a_bucket_mirrors_folders_gguf_files_and_an_hf_cache_and_models_load_by_path()
     let model = generate(&s.hub, "acme/synced", 2, "2M");
     server.sync("models", "team/hub", &s.hub);
     let mount = server.mount(&s, "s3://models/team", &[]);
+    // Read-only to the kernel too (writing to a bucket is not implemented), so
+    // `stagefs run` keeps huggingface_hub offline there.
+    let at = std::ffi::CString::new(s.mnt.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs fills the zeroed struct it is given; the path is a C string.
+    let flags = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(at.as_ptr(), &mut st), 0);
+        st.f_flag
+    };
+    assert_ne!(flags & libc::ST_RDONLY, 0, "the mount is not read-only");
 
     assert_eq!(
         names(&s.mnt),
