@@ -124,6 +124,9 @@ fn status_of(dir: &Path, args: &StatusArgs) -> anyhow::Result<StatusReport> {
     if report.mountpoint.is_none() {
         report.dead_mount = stagefs_mount::registry::dead_mount_of(dir);
     }
+    if unmounted_underneath(&report) {
+        report.stopping = Some(Stopping::Detached);
+    }
     let selector = match args.model.as_deref() {
         Some(model) => named(model, dir)?,
         None if args.files => EvictSelector::All,
@@ -441,6 +444,20 @@ fn named(target: &str, dir: &Path) -> anyhow::Result<EvictSelector> {
     bail!("{target}: neither an existing path nor a model id like org/name or a path in the source")
 }
 
+/// Whether the daemon says it runs a mount that the mount table no longer lists:
+/// unmounted with `--lazy` (or `umount -l`) while files were open there, which the
+/// daemon serves until they are closed. Nothing is mounted there any more.
+fn unmounted_underneath(report: &StatusReport) -> bool {
+    let Some(mnt) = report.mountpoint.as_deref() else {
+        return false;
+    };
+    let mounted = || matches!(stagefs_mount::table::mounted_at(mnt), Ok(Some(entry)) if entry.looks_like_stagefs());
+    report.stopping.is_none()
+        && report.export.is_none()
+        && !mnt.as_os_str().is_empty()
+        && !mounted()
+}
+
 /// The status report; `names` show the files being copied (with `-v`, their paths
 /// in the source too).
 fn render_status(r: &StatusReport, names: &Names) -> String {
@@ -586,7 +603,7 @@ fn stopping_note(stopping: Option<Stopping>) -> &'static str {
     match stopping {
         None | Some(Stopping::Unmounting) => "",
         Some(Stopping::Detached) => {
-            ": asked to stop with files still open there; new opens no longer reach it, the open files are served until they are closed, then it exits (a second SIGINT or SIGTERM stops it at once)"
+            ": detached with files still open there (asked to stop, or unmounted with --lazy); new opens no longer reach it, the open files are served until they are closed, then it exits (SIGINT or SIGTERM to it once more stops it at once)"
         }
         Some(Stopping::Busy) => {
             ": asked to stop with files still open there; served until they are closed, then unmounted (a second SIGINT or SIGTERM stops it at once)"

@@ -512,7 +512,7 @@ fn status_says_a_mount_asked_to_stop_with_files_open_is_detached() {
     });
     let out = status();
     assert!(
-        out.contains("asked to stop with files still open there; new opens no longer reach it, the open files are served until they are closed, then it exits (a second SIGINT or SIGTERM stops it at once)\n"),
+        out.contains("detached with files still open there (asked to stop, or unmounted with --lazy); new opens no longer reach it, the open files are served until they are closed, then it exits (SIGINT or SIGTERM to it once more stops it at once)\n"),
         "{out}"
     );
     assert!(!out.contains("(running"), "{out}");

@@ -390,6 +390,17 @@ fn a_mount_detached_with_files_open_is_not_taken_for_one_that_is_up() {
     let out = stagefs(&config, &["unmount", "--lazy"]);
     assert!(out.status.success(), "unmount: {}", text(&out.stderr));
     assert!(!is_mounted(&s.mnt));
+    let status = stagefs(&config, &["status"]);
+    let detached = format!(
+        "mount     {} (detached, fuse): detached with files still open there",
+        s.mnt.display()
+    );
+    assert!(
+        text(&status.stdout).contains(&detached),
+        "{}{}",
+        text(&status.stdout),
+        text(&status.stderr)
+    );
     for args in [&["mount"][..], &["run", "--", "true"]] {
         let out = stagefs(&config, args);
         let err = text(&out.stderr);
