@@ -393,7 +393,7 @@ fn the_nfs_backend_serves_a_bucket_unchanged() {
 
 #[test]
 fn doctor_checks_the_endpoint_the_bucket_and_the_rate() {
-    let (_s, mut server) = scratch_and_bucket();
+    let (s, mut server) = scratch_and_bucket();
     server.put("models", "team/llama/config.json", b"{}");
     server.put(
         "models",
@@ -435,6 +435,29 @@ fn doctor_checks_the_endpoint_the_bucket_and_the_rate() {
         source.starts_with("fail") && source.contains("does not exist"),
         "{report}"
     );
+    let (ok, report) = doctor("s3:/models/team");
+    assert!(!ok && report.is_empty(), "{report}");
+
+    // A model, or a path in the mount, of a bucket mounted: examined with its
+    // bucket, never read as a directory named like the URL.
+    let mount = server.mount(&s, "s3://models/team", &[]);
+    let in_mount = mount.path("llama");
+    for target in ["llama", in_mount.to_str().expect("utf-8")] {
+        let out = server
+            .command(Command::new(stagefs_bin()))
+            .args(["--no-config", "doctor", target, "--cache-dir"])
+            .arg(&s.cache)
+            .output()
+            .expect("stagefs doctor");
+        let report = String::from_utf8_lossy(&out.stdout);
+        let source = line_of(&report, "source");
+        assert!(source.starts_with("ok"), "doctor {target}: {report}");
+        assert!(
+            !report.contains("No such file"),
+            "doctor {target}: {report}"
+        );
+    }
+    mount.unmount();
 }
 
 /// The line of check `name` in doctor's report.

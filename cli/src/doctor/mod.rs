@@ -19,7 +19,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 use serde::Serialize;
 use stagefs_control::SourceFs;
 use stagefs_layout::models::Shape;
@@ -285,7 +285,7 @@ fn examine(
     last: Option<&SourceFs>,
 ) -> anyhow::Result<Report> {
     let (mountpoint, dirs) = (config.configured_mountpoint(), config.model_dirs().to_vec());
-    let bucket = bucket_examined(arg, config.source())?;
+    let bucket = bucket_examined(arg, config.source(), mountpoint)?;
     // An object store is asked here (see `objects`), never by the worker.
     let source = bucket
         .is_none()
@@ -299,17 +299,29 @@ fn examine(
     judge(&gathered, arg, bucket.as_ref(), cache_dir, config, last)
 }
 
-/// The object store examined: the argument, or with none the configured source,
-/// when it is an `s3://` URL.
+/// The object store examined: the argument when it is an `s3://` URL, else the
+/// configured (or running mount's) source when it is one. A model or a path in the
+/// mount of a bucket is examined with its bucket: it has no directory to read.
 fn bucket_examined(
     arg: Option<&str>,
     source: Option<&Path>,
+    mountpoint: Option<&Path>,
 ) -> anyhow::Result<Option<stagefs_s3::ObjectUrl>> {
-    let named = match arg {
-        Some(arg) => Some(arg),
-        None => source.and_then(Path::to_str),
-    };
-    Ok(named.and_then(stagefs_s3::ObjectUrl::parse).transpose()?)
+    if let Some(url) = arg.and_then(stagefs_s3::ObjectUrl::parse) {
+        return Ok(Some(url?));
+    }
+    if let Some(arg) = arg.filter(|a| a.starts_with("s3:")) {
+        bail!("{arg} is not an object store's URL: write it s3://BUCKET[/PREFIX]");
+    }
+    // A directory of this machine, outside the mount, is examined as itself.
+    let in_mount = |p: &Path| mountpoint.is_some_and(|m| p.starts_with(m));
+    if let Some(path) = arg.map(Path::new).filter(|p| p.exists())
+        && !std::path::absolute(path).is_ok_and(|p| in_mount(&p))
+    {
+        return Ok(None);
+    }
+    let source = source.and_then(Path::to_str);
+    Ok(source.and_then(stagefs_s3::ObjectUrl::parse).transpose()?)
 }
 
 /// The report from what the worker answered.
