@@ -460,6 +460,35 @@ fn doctor_checks_the_endpoint_the_bucket_and_the_rate() {
     mount.unmount();
 }
 
+/// A store that accepts connections and never answers (its server stopped): doctor
+/// says it is not reachable within its own 15 s deadline, not after its client's
+/// retries (35 s before). The bound is a hang bound, not a timing.
+#[test]
+fn doctor_of_a_store_that_never_answers_ends_within_its_deadline() {
+    let (_s, mut server) = scratch_and_bucket();
+    server.put("models", "team/llama/config.json", b"{}");
+    let pid = server.child.id() as libc::pid_t;
+    // SAFETY: kill has no preconditions; the pid is the server's, not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let started = std::time::Instant::now();
+    let out = server
+        .command(Command::new(stagefs_bin()))
+        .args(["--no-config", "doctor", "s3://models/team"])
+        .output()
+        .expect("stagefs doctor");
+    let took = started.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{report}");
+    let source = line_of(&report, "source");
+    assert!(source.contains("is not reachable"), "{report}");
+    assert!(
+        took < std::time::Duration::from_secs(25),
+        "doctor took {took:?}"
+    );
+}
+
 /// The line of check `name` in doctor's report.
 fn line_of<'a>(report: &'a str, name: &str) -> &'a str {
     report

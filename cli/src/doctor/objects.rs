@@ -15,11 +15,12 @@ use stagefs_source::SourceTree;
 use stagefs_source::copy::{CopyJob, CopyOptions, Digests, copy_file};
 
 use super::Check;
+use super::lines::DEADLINE;
 use super::model::Probe;
 use super::source::{Findings, speed_check};
 
 /// How long one request may take: doctor's own deadline for the whole source.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+const REQUEST_TIMEOUT: Duration = DEADLINE;
 /// Objects listed to find one to measure the rate with.
 const SCANNED: usize = 1000;
 /// Most bytes read to measure the rate: enough for many parts in flight.
@@ -35,7 +36,8 @@ pub(super) fn inspect(url: &ObjectUrl) -> Findings {
         Err(e) => return failed(found, &e),
     };
     let asked = Instant::now();
-    if let Err(e) = source.probe() {
+    let source = Arc::new(source);
+    if let Err(e) = probe_within(&source, DEADLINE) {
         return failed(found, &e);
     }
     let took = asked.elapsed();
@@ -49,7 +51,7 @@ pub(super) fn inspect(url: &ObjectUrl) -> Findings {
         ),
     ));
     let largest = source.largest_object(SCANNED);
-    let tree = SourceTree::from_backend(Arc::new(source));
+    let tree = SourceTree::from_backend(source);
     let survey = models::survey(&tree, &[]);
     found.checks.push(super::hub::shape_check(
         Path::new(&url.to_string()),
@@ -66,6 +68,24 @@ pub(super) fn inspect(url: &ObjectUrl) -> Findings {
         Err(e) => found.checks.push(Check::warn("speed", e.to_string())),
     }
     found
+}
+
+/// The store's first answer, within `deadline` whatever its client's retries take:
+/// a store that accepts and never answers would hold doctor past its own deadline.
+/// The probe left waiting ends with the process.
+fn probe_within(source: &Arc<S3Source>, deadline: Duration) -> Result<(), ProbeError> {
+    let (answered, answer) = std::sync::mpsc::channel();
+    let asked = Arc::clone(source);
+    std::thread::spawn(move || {
+        let _ = answered.send(asked.probe());
+    });
+    answer.recv_timeout(deadline).unwrap_or_else(|_| {
+        Err(ProbeError::Unreachable {
+            url: source.url().to_string(),
+            endpoint: source.endpoint().to_string(),
+            why: format!("no answer within {} s", deadline.as_secs()),
+        })
+    })
 }
 
 /// The failed source check for `error`, with what to do about it.
