@@ -21,10 +21,13 @@ pc=$(mktemp -d)
 trap 'rm -rf "$pc"' EXIT
 printf 'Name: fuse\nDescription: stand-in for macFUSE (type-check only)\nVersion: 2.9.7\nLibs: -lfuse\nCflags:\n' >"$pc/fuse.pc"
 # ring's C (object_store's request signing, rustls) is built the way ring cross-builds
-# without a sysroot (RING_CORE_NOSTDLIBINC: clang's own headers only); the one macOS SDK
-# header it still asks for gets a stand-in, as nothing compiled here is ever linked.
+# without a sysroot (RING_CORE_NOSTDLIBINC: clang's own headers only); the
+# headers it still asks for get stand-ins, as nothing compiled here is ever linked: the SDK's
+# TargetConditionals.h, and on x86_64 the stdlib.h that clang's own mm_malloc.h (through
+# immintrin.h, for the ADX code) includes for malloc and free.
 mkdir "$pc/include"
 printf '#define TARGET_OS_OSX 1\n#define TARGET_OS_MAC 1\n#define TARGET_OS_IPHONE 0\n#define TARGET_OS_IOS 0\n#define TARGET_OS_TV 0\n#define TARGET_OS_WATCH 0\n#define TARGET_OS_SIMULATOR 0\n' >"$pc/include/TargetConditionals.h"
+printf '#include <stddef.h>\nvoid *malloc(size_t);\nvoid free(void *);\nint posix_memalign(void **, size_t, size_t);\n' >"$pc/include/stdlib.h"
 ring_cflags="-nostdlibinc -DRING_CORE_NOSTDLIBINC=1 -isystem $pc/include"
 
 failed=()
