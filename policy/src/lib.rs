@@ -63,6 +63,10 @@ pub struct FsConfig {
     pub hide_finder_files: bool,
     /// Refuse every change with EROFS: a mount that only reads.
     pub read_only: bool,
+    /// Whether the daemon serving the mount runs as root; by default, whether this
+    /// process does. A mount served by root presents no links to copies
+    /// ([`FsConfig::redirects_allowed`]).
+    pub served_by_root: bool,
 }
 
 impl FsConfig {
@@ -74,9 +78,7 @@ impl FsConfig {
     /// "Write path" in docs/DESIGN.md). That holds for a `--read-only` mount too: the
     /// link leads past it.
     pub fn redirects_allowed(&self) -> bool {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        self.redirect && !self.allow_other && !root
+        self.redirect && !self.allow_other && !self.served_by_root
     }
 }
 
@@ -108,6 +110,8 @@ impl Default for FsConfig {
             hint: None,
             hide_finder_files: cfg!(target_os = "macos"),
             read_only: defaults::READ_ONLY,
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            served_by_root: unsafe { libc::geteuid() } == 0,
         }
     }
 }

@@ -96,8 +96,9 @@ mod tests {
     fn policy(edit: impl FnOnce(&mut FsConfig)) -> RedirectPolicy {
         let mut config = FsConfig {
             min_stage_size: 1 << 20,
-            // (Tests run as root too, where a writable mount presents no links.)
+            // An ordinary user's mount: one served by root presents no links.
             read_only: true,
+            served_by_root: false,
             ..FsConfig::default()
         };
         edit(&mut config);
@@ -120,6 +121,17 @@ mod tests {
     fn a_staged_large_file_is_presented_as_a_link_to_its_copy() {
         let presented = policy(|_| {}).present(Path::new(FILE), version(8 << 20), false, staged);
         assert_eq!(presented, Presented::Link(Path::new(COPY).into()));
+    }
+
+    #[test]
+    fn a_mount_served_by_root_presents_no_links_even_read_only() {
+        // An open for writing follows a link out of the mount, past its EROFS, and
+        // root's writes ignore the copy's 0400.
+        let root = policy(|c| c.served_by_root = true);
+        let presented = root.present(Path::new(FILE), version(8 << 20), false, staged);
+        assert_eq!(presented, Presented::File);
+        let blob = root.present(Path::new(BLOB), version(8 << 20), false, staged);
+        assert_eq!(blob, Presented::File);
     }
 
     #[test]

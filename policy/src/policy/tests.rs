@@ -50,9 +50,11 @@ fn fixture(edit: impl FnOnce(&mut FsConfig, &mut StagerOptions, &mut Budget)) ->
     fs::write(blobs.join(&sha), &blob_bytes).expect("write");
     let mut config = FsConfig {
         source_timeout: PATIENT,
-        // The read path's tests are of a read-only mount, which presents links to
-        // staged copies whoever runs them; `writable` fixtures are not.
+        // The read path's tests are of an ordinary user's read-only mount, which
+        // presents links to staged copies, whoever runs them; `writable` fixtures
+        // are of a mount served by root, which presents none.
         read_only: true,
+        served_by_root: false,
         ..FsConfig::default()
     };
     let mut options = StagerOptions {

@@ -10,6 +10,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 fn writable(edit: impl FnOnce(&mut FsConfig, &mut StagerOptions, &mut Budget)) -> Fixture {
     fixture(|c, o, b| {
         c.read_only = false;
+        c.served_by_root = true;
         edit(c, o, b);
     })
 }
