@@ -313,15 +313,19 @@ fn bucket_examined(
     if let Some(arg) = arg.filter(|a| a.starts_with("s3:")) {
         bail!("{arg} is not an object store's URL: write it s3://BUCKET[/PREFIX]");
     }
-    // A directory of this machine, outside the mount, is examined as itself.
-    let in_mount = |p: &Path| mountpoint.is_some_and(|m| p.starts_with(m));
-    if let Some(path) = arg.map(Path::new).filter(|p| p.exists())
-        && !std::path::absolute(path).is_ok_and(|p| in_mount(&p))
-    {
-        return Ok(None);
-    }
     let source = source.and_then(Path::to_str);
-    Ok(source.and_then(stagefs_s3::ObjectUrl::parse).transpose()?)
+    let Some(url) = source.and_then(stagefs_s3::ObjectUrl::parse).transpose()? else {
+        return Ok(None);
+    };
+    // A path outside the mount is examined as itself. Told by its text alone: a
+    // path on a dead share must never be asked of in this process.
+    let in_mount = |p: &Path| mountpoint.is_some_and(|m| p.starts_with(m));
+    let outside = arg.is_some_and(|arg| {
+        let path = Path::new(arg);
+        let written_as_path = arg.starts_with(['/', '.', '~']);
+        written_as_path && !std::path::absolute(path).is_ok_and(|p| in_mount(&p))
+    });
+    Ok((!outside).then_some(url))
 }
 
 /// The report from what the worker answered.
