@@ -494,7 +494,7 @@ static LOG_SEQ: AtomicU32 = AtomicU32::new(0);
 pub const TEST_RESERVE: u64 = 64 << 20;
 
 /// `--min-free` [`TEST_RESERVE`], unless the test sets its own.
-fn test_reserve(extra: &[&str]) -> Vec<String> {
+pub(crate) fn test_reserve(extra: &[&str]) -> Vec<String> {
     match extra.contains(&"--min-free") {
         true => Vec::new(),
         false => vec!["--min-free".into(), TEST_RESERVE.to_string()],

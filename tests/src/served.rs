@@ -48,6 +48,8 @@ impl Served {
             .arg("--cache-dir")
             .arg(cache)
             .args(flags)
+            // The tests' own reserve, not a tenth of whatever disk the machine has.
+            .args(crate::test_reserve(flags))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
