@@ -1157,8 +1157,9 @@ fn an_empty_hf_home_is_one_and_hf_download_through_run_lands_in_its_hub() {
         .expect("running stagefs run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
+    // The mount is up already: run says it uses it, then what COMMAND gets.
     let said = format!(
-        "stagefs: running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_XET_CACHE={cache}/xet (the source is an HF_HOME)\n"
+        "stagefs: using the mount already running at {mnt}; its own options stand (unmount it first to change them)\nstagefs: running with HF_HOME={mnt} HF_HUB_CACHE={mnt}/hub HF_XET_CACHE={cache}/xet (the source is an HF_HOME)\n"
     );
     assert!(err.starts_with(&said), "{err}");
     let repo_dir = "models--acme--tiny";
