@@ -451,11 +451,10 @@ fn unmounted_underneath(report: &StatusReport) -> bool {
     let Some(mnt) = report.mountpoint.as_deref() else {
         return false;
     };
-    let mounted = || matches!(stagefs_mount::table::mounted_at(mnt), Ok(Some(entry)) if entry.looks_like_stagefs());
     report.stopping.is_none()
         && report.export.is_none()
         && !mnt.as_os_str().is_empty()
-        && !mounted()
+        && !stagefs_mount::table::stagefs_mounted_at(mnt)
 }
 
 /// The status report; `names` show the files being copied (with `-v`, their paths

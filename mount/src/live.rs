@@ -38,7 +38,6 @@ pub fn live_mount(cache_dir: &Path) -> io::Result<Option<(PathBuf, PathBuf)>> {
 /// model was loaded) is still served by a daemon that answers, but nothing is
 /// mounted there any more: it is not a mount to use or to leave alone as "up".
 pub fn mounted(cache_dir: &Path) -> io::Result<Option<(PathBuf, PathBuf)>> {
-    Ok(live_mount(cache_dir)?.filter(|(_, mountpoint)| {
-        matches!(crate::table::mounted_at(mountpoint), Ok(Some(entry)) if entry.looks_like_stagefs())
-    }))
+    Ok(live_mount(cache_dir)?
+        .filter(|(_, mountpoint)| crate::table::stagefs_mounted_at(mountpoint)))
 }

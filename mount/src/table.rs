@@ -51,6 +51,13 @@ pub fn mounted_at(path: &Path) -> io::Result<Option<MountEntry>> {
     Ok(entries()?.into_iter().rev().find(|e| e.mountpoint == path))
 }
 
+/// Whether a stagefs mount is on `path` now (an unreadable table counts as no), as
+/// [`mounted_at`] finds it: what tells a running daemon's mount from one detached
+/// with files still open.
+pub fn stagefs_mounted_at(path: &Path) -> bool {
+    matches!(mounted_at(path), Ok(Some(entry)) if entry.looks_like_stagefs())
+}
+
 /// `path` made absolute with its parent resolved, without following its last part.
 pub fn resolve(path: &Path) -> io::Result<PathBuf> {
     let absolute = std::path::absolute(path)?;
