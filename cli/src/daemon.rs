@@ -98,7 +98,11 @@ pub(crate) fn serve_foreground(spec: &MountSpec, notify_ready: bool) -> anyhow::
         }
     };
     if notify_ready {
-        println!("ready");
+        // The launcher tells its user which of the two it is.
+        match spec.source_verdict.is_away() {
+            true => println!("{READY_AWAY}"),
+            false => println!("{READY}"),
+        }
         let _ = std::io::stdout().flush();
         detach_stdout();
     }
@@ -137,9 +141,31 @@ pub(crate) fn already_up(spec: &MountSpec) -> bool {
     )
 }
 
+/// What a daemon says once it serves: the source live, or away and served from what
+/// the cache remembers of it.
+const READY: &str = "ready";
+const READY_AWAY: &str = "ready: the source is away";
+
+/// A mount started in the background.
+pub(crate) struct Launched {
+    /// Its log.
+    pub(crate) log: PathBuf,
+    /// Whether its source was away, so it serves what the cache remembers.
+    pub(crate) away: bool,
+}
+
+/// The line a user reads when a mount started with its source away.
+pub(crate) fn away_line(spec: &MountSpec) -> String {
+    format!(
+        "the source {} is away (not answering, or not mounted): {} serves what the cache remembers of it, read-only, and serves the source again by itself once it is back there",
+        spec.source.display(),
+        spec.mountpoint.display()
+    )
+}
+
 /// Starts this program again as a detached `mount --foreground` and returns once it
 /// reports the mount live; its log goes to `stagefs.log` in the cache directory.
-pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
+pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<Launched> {
     let cleared = spec.check().map_err(explain)?.cleared_stale_mount;
     // Before the log is opened: the daemon would be refused the lock, and its error
     // would land in the log of the mount that holds it.
@@ -180,7 +206,10 @@ pub(crate) fn launch_background(spec: &MountSpec) -> anyhow::Result<PathBuf> {
     let mut child = command.spawn().context("starting the mount daemon")?;
     let stdout = child.stdout.take().context("daemon stdout")?;
     match first_line(stdout, Duration::from_secs(120)) {
-        Some(line) if line == "ready" => Ok(log_path),
+        Some(line) if line == READY || line == READY_AWAY => Ok(Launched {
+            log: log_path,
+            away: line == READY_AWAY,
+        }),
         Some(line) => bail!("{}", line.trim_start_matches("error: ")),
         None => {
             let _ = child.kill();

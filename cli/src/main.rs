@@ -205,7 +205,12 @@ fn mount(args: &MountArgs, config: &Config) -> anyhow::Result<()> {
         }
         daemon::serve_foreground(&spec, args.notify_ready)
     } else {
-        let log = daemon::launch_background(&spec)?;
+        let launched = daemon::launch_background(&spec)?;
+        if launched.away {
+            println!("stagefs: {}", daemon::away_line(&spec));
+            return Ok(());
+        }
+        let log = launched.log;
         // One line: where it is mounted, and how programs find the models in it.
         let (source, dirs, timeout) = (&spec.source, &spec.model_dirs, spec.fs.source_timeout);
         let usage = stagefs_mount::bounded::shape_and_loose_models(source, dirs, timeout)

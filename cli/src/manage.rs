@@ -584,6 +584,9 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
                 let _ = writeln!(out, "    {}", escaped(&line));
             }
         }
+        for readiness in &m.offline {
+            let _ = writeln!(out, "  {}", escaped(&offline_line(m, readiness)));
+        }
         for f in &m.files {
             let in_use = if f.hold.is_some() { ", in use" } else { "" };
             let _ = writeln!(
@@ -676,6 +679,39 @@ fn links_line(links: &[UnfollowableLink]) -> Option<String> {
         first.path.display(),
         first.why
     ))
+}
+
+/// Whether `m` (a revision of it) loads with the source away, and what it lacks if
+/// not, named inside the model.
+fn offline_line(m: &ModelStatus, readiness: &stagefs_control::OfflineReadiness) -> String {
+    let revision = readiness
+        .revision
+        .as_ref()
+        .map(|r| format!("{r}: "))
+        .unwrap_or_default();
+    if readiness.ready {
+        return format!("{revision}ready offline");
+    }
+    let inside = |p: &PathBuf| {
+        let rel = p.strip_prefix(&m.path).unwrap_or(p);
+        match rel.as_os_str().is_empty() {
+            true => m.path.display().to_string(),
+            false => rel.display().to_string(),
+        }
+    };
+    let shown: Vec<String> = readiness.missing.iter().map(inside).collect();
+    let more = readiness.missing_count.saturating_sub(shown.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{revision}not ready offline: {} never read or staged ({}{more}); `stagefs prefetch {}` makes it ready",
+        count(readiness.missing_count, "name", "names"),
+        shown.join(", "),
+        m.model
+    )
 }
 
 /// `model     org/name: 2 staged files, 80.0 MiB` for a repository (its revisions
@@ -804,6 +840,7 @@ mod tests {
             total_bytes: totals.then_some(4 << 20),
             unfollowable: Vec::new(),
             files: Vec::new(),
+            offline: Vec::new(),
         }
     }
 

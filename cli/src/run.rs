@@ -220,11 +220,14 @@ fn ensure_mounted(spec: &MountSpec) -> anyhow::Result<()> {
             mountpoint.display()
         ),
         None => {
-            let log = daemon::launch_background(spec)?;
+            let launched = daemon::launch_background(spec)?;
             eprintln!(
                 "stagefs: {}; it stays mounted (`stagefs unmount` stops it)",
-                daemon::describe(spec, &log)
+                daemon::describe(spec, &launched.log)
             );
+            if launched.away {
+                eprintln!("stagefs: {}", daemon::away_line(spec));
+            }
             Ok(())
         }
     }

@@ -19,8 +19,8 @@ pub use protocol::{
     MountRecord, Request, Response, SOCKET_NAME, SourceFs, query, socket_path, stream,
 };
 pub use report::{
-    EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, RevisionStatus, StatusReport,
-    TooLarge, UnfollowableLink, VerifyReport,
+    EvictReport, EvictSelector, FileRef, Mismatch, ModelStatus, OfflineReadiness, RevisionStatus,
+    StatusReport, TooLarge, UnfollowableLink, VerifyReport,
 };
 pub use values::{
     Backend, Budget, Hold, InFlight, MetricsSnapshot, ModelKind, Remedy, SourceHealth,

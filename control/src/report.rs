@@ -112,6 +112,25 @@ pub struct ModelStatus {
     /// Its staged copies, when they were asked for (`status MODEL`, `status --files`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<FileRef>,
+    /// Whether it loads with the source away, per known revision of a repository
+    /// (one entry for a folder); from a running mount's cache only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offline: Vec<OfflineReadiness>,
+}
+
+/// Whether a model (a revision of a repository) loads with the source away: every
+/// listing, link and file a loader reaches is known and has its copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfflineReadiness {
+    /// The commit hash, for a repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Nothing is missing.
+    pub ready: bool,
+    /// What is missing, relative to the source root: the first few.
+    pub missing: Vec<PathBuf>,
+    /// How many names are missing in all.
+    pub missing_count: usize,
 }
 
 /// One snapshot of a repository.

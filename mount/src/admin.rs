@@ -665,6 +665,7 @@ fn empty_status(model: &ModelRef) -> ModelStatus {
         total_bytes: None,
         unfollowable: Vec::new(),
         files: Vec::new(),
+        offline: Vec::new(),
     }
 }
 

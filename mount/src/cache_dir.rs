@@ -237,13 +237,35 @@ fn prefetch_locally(
         stager,
         files,
         failed,
+        parts,
+        min_stage_size,
         runtime,
     } = local_files(dir, targets)?;
-    let job = Job::reporting(stager, files, failed);
+    let job = Job::reporting(stager.clone(), files, failed);
     let running = runtime.spawn(Arc::clone(&job).run(parallel, true));
     while !running.is_finished() {
         progress(&job.progress());
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // Then what loaders reach besides the weights, as a mount's prefetch does.
+    let learning = runtime.spawn(async move {
+        let learner = stager.clone();
+        let learned = stager
+            .source_pool()
+            .run(move || learner.learn_tree(&parts, min_stage_size))
+            .await;
+        match learned {
+            Ok(Ok(small)) => stager.keep_small_files(&small).await,
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(why) => Err(format!("the source did not answer ({why})")),
+        }
+    });
+    while !learning.is_finished() {
+        progress(&job.progress());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if let Ok(Err(e)) = runtime.block_on(learning) {
+        tracing::warn!(error = %e, "the prefetched models are not all ready offline");
     }
     Ok(job.progress())
 }
@@ -255,6 +277,10 @@ struct Local {
     files: Vec<(PathBuf, u64)>,
     /// Links the targets hold that lead to no file (a prefetch reports them failed).
     failed: Vec<FileProgress>,
+    /// What loaders reach of the targets' models besides the files.
+    parts: Vec<stagefs_stage::offline::Part>,
+    /// The recorded mount's smallest staged size.
+    min_stage_size: u64,
     /// Where the stager's copies run.
     runtime: Runtime,
 }
@@ -280,11 +306,14 @@ fn local_files(dir: &Path, targets: &[Target]) -> Result<Local, CacheDirError> {
     let files = prefetch_plan::resolve(models, targets, record.min_stage_size)
         .map_err(CacheDirError::Resolve)?;
     let failed = prefetch_plan::unfollowable(models, targets);
+    let parts = prefetch_plan::learned_parts(models, targets);
     let stager = Stager::new(source, store, Arc::default(), runtime.handle().clone());
     Ok(Local {
         stager,
         files,
         failed,
+        parts,
+        min_stage_size: record.min_stage_size,
         runtime,
     })
 }

@@ -71,7 +71,19 @@ impl MountSpec {
     /// [`Self::check_source_and_cache`], returning the resolved source too.
     fn resolved_source_and_cache(&self) -> Result<(PathBuf, PathBuf), MountError> {
         let source = match SourcePlace::of(&self.source)? {
-            SourcePlace::Dir(dir) => answering_dir(&dir, self.fs.source_timeout)?,
+            SourcePlace::Dir(dir) => match answering_dir(&dir, self.fs.source_timeout) {
+                Ok(source) => source,
+                // Away, but this cache served it and remembers it: mounted from that.
+                Err(
+                    MountError::SourceUnanswered { .. }
+                    | MountError::Missing { .. }
+                    | MountError::Inaccessible { .. },
+                ) if crate::away::remembered(self).is_some() && dir.is_absolute() => {
+                    self.source_verdict.set_away();
+                    dir
+                }
+                Err(e) => return Err(e),
+            },
             // An object store: asked in this process, since its client gives up by
             // itself after the timeout. Its URL is no path a cache lies under.
             bucket @ SourcePlace::Bucket(_) => {

@@ -12,10 +12,11 @@ use crate::prefetch_plan::{self, Job, Target};
 use stagefs_control::{Backend, EvictSelector, Request, Response, Stopping};
 use stagefs_layout::models::ModelSource;
 use stagefs_stage::Stager;
+use stagefs_stage::offline::Part;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::{MountError, MountSpec};
 
@@ -152,13 +153,14 @@ impl ControlServer {
                     };
                     let files = prefetch_plan::resolve(source, &targets, min_size);
                     let failed = prefetch_plan::unfollowable(source, &targets);
-                    files.map(|files| (files, failed, stager.prefetch_width(parallel)))
+                    let parts = prefetch_plan::learned_parts(source, &targets);
+                    files.map(|files| (files, failed, parts, stager.prefetch_width(parallel)))
                 })
                 .await
                 .map_err(|why| format!("the source did not answer ({why})"))
                 .and_then(|resolved| resolved.map_err(|e| e.to_string())),
         };
-        let (files, failed, width) = match resolved {
+        let (files, failed, parts, width) = match resolved {
             Ok(planned) => planned,
             Err(message) => return send(write, &Response::Error { message }).await,
         };
@@ -180,6 +182,17 @@ impl ControlServer {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let learning = self.learn_for_offline(parts);
+        tokio::pin!(learning);
+        loop {
+            tokio::select! {
+                () = &mut learning => break,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    let progress = Response::Progress { files: job.progress() };
+                    send(write, &progress).await?;
+                }
+            }
+        }
         send(
             write,
             &Response::Prefetched {
@@ -187,6 +200,32 @@ impl ControlServer {
             },
         )
         .await
+    }
+
+    /// Asks the source for what loaders reach of the prefetched models besides their
+    /// weights (listings, links, small files), so they load with it away. A failure
+    /// leaves them short of that, which status says; the weights are staged anyway.
+    async fn learn_for_offline(&self, parts: Vec<Part>) {
+        let (stager, min) = (self.stager.clone(), self.min_stage_size);
+        let learned = self
+            .stager
+            .source_pool()
+            .run(move || stager.learn_tree(&parts, min))
+            .await;
+        let small = match learned {
+            Ok(Ok(small)) => small,
+            Ok(Err(e)) => {
+                warn!(error = %e, "the prefetched models are not all ready offline: the source failed");
+                return;
+            }
+            Err(why) => {
+                warn!(%why, "the prefetched models are not all ready offline: the source did not answer");
+                return;
+            }
+        };
+        if let Err(e) = self.stager.keep_small_files(&small).await {
+            warn!(error = %e, "the prefetched models are not all ready offline: a small file could not be kept");
+        }
     }
 
     /// A dry run: what a prefetch would copy, asking the source while it answers, and
@@ -329,9 +368,32 @@ impl ControlServer {
             };
             admin::answer(Request::Status, stager.store(), Some(source), live)
         });
-        match with_source.await {
+        let response = match with_source.await {
             Some(response) => response,
             None => self.status_without_source().await,
+        };
+        self.with_offline_readiness(response).await
+    }
+
+    /// Adds to each model of a status whether it loads with the source away, from
+    /// the cache alone.
+    async fn with_offline_readiness(&self, response: Response) -> Response {
+        let Response::Status { mut report } = response else {
+            return response;
+        };
+        let (stager, min) = (self.stager.clone(), self.min_stage_size);
+        let filled = tokio::task::spawn_blocking(move || {
+            for model in &mut report.models {
+                crate::offline::fill_readiness(&stager, model, min);
+            }
+            report
+        })
+        .await;
+        match filled {
+            Ok(report) => Response::Status { report },
+            Err(e) => Response::Error {
+                message: format!("the request failed: {e}"),
+            },
         }
     }
 
@@ -359,9 +421,23 @@ impl ControlServer {
         }
     }
 
-    /// Status from the cache alone, still naming the source it could not ask.
+    /// Status from the cache alone, still naming the source it could not ask: its
+    /// models and totals as the cache remembers the source.
     async fn status_without_source(&self) -> Response {
-        match self.answer_locally(Request::Status, false).await {
+        let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
+        let answered = tokio::task::spawn_blocking(move || {
+            let remembered = stager.remembered_source();
+            let source = ModelSource {
+                tree: &remembered,
+                model_dirs: &dirs,
+            };
+            admin::answer(Request::Status, stager.store(), Some(source), live)
+        })
+        .await
+        .unwrap_or_else(|e| Response::Error {
+            message: format!("the request failed: {e}"),
+        });
+        match answered {
             Response::Status { mut report } => {
                 report.source = Some(self.stager.source().root().to_path_buf());
                 Response::Status { report }

@@ -29,12 +29,14 @@
 //! `stagefs-stage` <- `stagefs-policy` <- `stagefs-fuse`, `stagefs-nfs` <- this crate <- `stagefs`.
 
 pub mod admin;
+pub mod away;
 pub mod bounded;
 pub mod cache_dir;
 mod checks;
 mod control;
 mod error;
 mod live;
+pub mod offline;
 pub mod place;
 pub mod prefetch_plan;
 pub mod registry;

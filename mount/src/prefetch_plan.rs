@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use stagefs_layout::hf;
 use stagefs_layout::models::{self, ModelKind, ModelRef, ModelSource};
 use stagefs_source::{SourceTree, Stamp};
+use stagefs_stage::offline::Part;
 pub use stagefs_stage::prefetch::{FileProgress, FileState, Job, Target};
 use stagefs_stage::{Handout, Stager};
 use stagefs_store::Store;
@@ -65,6 +66,26 @@ pub fn unfollowable(source: ModelSource<'_>, targets: &[Target]) -> Vec<FileProg
         .flat_map(links)
         .filter(|(path, _)| seen.insert(path.clone()))
         .map(failed)
+        .collect()
+}
+
+/// The parts of the targets' models a prefetch asks the source for besides their
+/// weights, so they load with the source away ([`crate::offline::learned_parts`]);
+/// a path that is no model's is walked whole if it is a directory.
+pub fn learned_parts(source: ModelSource<'_>, targets: &[Target]) -> Vec<Part> {
+    let tree = source.tree;
+    targets
+        .iter()
+        .flat_map(|target| match target {
+            Target::Model { id, .. } => models::find(tree, id, source.model_dirs)
+                .map(|model| crate::offline::learned_parts(&model))
+                .unwrap_or_default(),
+            Target::Path { path } => match models::model_at(tree, path) {
+                Some(model) => crate::offline::learned_parts(&model),
+                None if tree.stat(path).is_ok_and(|m| m.is_dir()) => vec![Part::whole(path)],
+                None => Vec::new(),
+            },
+        })
         .collect()
 }
 

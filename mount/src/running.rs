@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::SessionUnmounter;
-use stagefs_control::{Backend, MountRecord, Stopping};
+use stagefs_control::{Backend, MountRecord, SourceFs, Stopping};
 use stagefs_fuse::StageFs;
 use stagefs_nfs::Serving;
 use stagefs_policy::{FsConfig, Policy, ReadPath};
@@ -516,9 +516,16 @@ async fn unmount_once_free(mountpoint: &Path, unmount: fn(&Path) -> std::io::Res
 /// cache directory and builds the stager on `runtime`.
 fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError> {
     let previous = MountRecord::read(&spec.cache_dir);
-    let source_fs = source_record::source_fs(&spec.source);
-    source_record::refuse_an_unmounted_source(previous.as_ref(), &spec.source, source_fs.as_ref())?;
-    let source = crate::open_source(&spec.source, spec.fs.source_timeout)?;
+    let (source, source_fs) = match away_at_start(spec, previous.as_ref())? {
+        Some(was) => (crate::away::waiting_source(spec, &was), Some(was)),
+        None => {
+            let source_fs = source_record::source_fs(&spec.source);
+            (
+                crate::open_source(&spec.source, spec.fs.source_timeout)?,
+                source_fs,
+            )
+        }
+    };
     let budget = spec.budget()?;
     let store = Store::open(&spec.cache_dir, budget)
         .map_err(|e| match e {
@@ -546,13 +553,47 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
         source_timeout: spec.fs.source_timeout,
         ..StagerOptions::default()
     };
-    Ok(Stager::with_options(
+    let stager = Stager::with_options(
         source,
         store,
         Arc::default(),
         runtime.handle().clone(),
         options,
-    ))
+    );
+    if spec.source_verdict.is_away() {
+        // Every request answers from what the cache remembers until a probe finds
+        // the share back.
+        stager.source_pool().mark_unresponsive();
+        warn!(
+            source = %spec.source.display(),
+            "the source is away: serving what the cache remembers of it, read-only, until it is back"
+        );
+    }
+    Ok(stager)
+}
+
+/// The filesystem to wait for if the source is away and this cache may serve it
+/// anyway: the check found it not answering, or it answers as the directory under
+/// its share's mount point (the share is not mounted). None: serve it live. A share
+/// not mounted where this cache never served it is refused, as before.
+fn away_at_start(
+    spec: &MountSpec,
+    previous: Option<&MountRecord>,
+) -> Result<Option<SourceFs>, MountError> {
+    if spec.source_verdict.is_away() {
+        return Ok(crate::away::remembered(spec));
+    }
+    let now = source_record::source_fs(&spec.source);
+    match source_record::refuse_an_unmounted_source(previous, &spec.source, now.as_ref()) {
+        Ok(()) => Ok(None),
+        Err(refused) => match crate::away::remembered(spec) {
+            Some(was) => {
+                spec.source_verdict.set_away();
+                Ok(Some(was))
+            }
+            None => Err(refused),
+        },
+    }
 }
 
 /// The policy configuration for the NFS backend: a staged file is always presented

@@ -98,7 +98,7 @@ pub(crate) fn forget_another_sources_copies(
 
 /// Whether `a` and `b` name one directory: equal once resolved, or as given where
 /// one cannot be resolved (a recorded source that is gone).
-fn same_dir(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_dir(a: &Path, b: &Path) -> bool {
     let resolved = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| PathBuf::from(p));
     a == b || resolved(a) == resolved(b)
 }

@@ -37,6 +37,8 @@ pub struct MountSpec {
     pub backend: Backend,
     /// Where the NFS backend listens (a loopback address; port 0: any free port).
     pub nfs_listen: SocketAddr,
+    /// Whether the check found the source away (`away.rs`); set by the check.
+    pub source_verdict: crate::away::SourceVerdict,
 }
 
 impl MountSpec {
@@ -59,6 +61,7 @@ impl MountSpec {
             model_dirs: Vec::new(),
             backend: Backend::default(),
             nfs_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            source_verdict: crate::away::SourceVerdict::default(),
         }
     }
 

@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use stagefs_source::copy::read_at_most;
 use stagefs_source::{SUSPECT_AFTER, SourceError, SourceMeta, SourcePool, Stamp, Unanswered, sys};
+use stagefs_stage::answers::Remembered;
 use stagefs_stage::prefetch::Prefetcher;
 use stagefs_stage::{Handout, InFlight, Metrics, Pin, StageError, Staged, Stager, StoreError};
 use tokio::runtime::Handle;
@@ -394,6 +395,7 @@ impl Policy {
                 &path,
                 move |p| match p.stager.source().stat(&work_path) {
                     Ok(meta) => {
+                        p.stager.answers().saw(&work_path, &meta);
                         let attr = p.entry_attr(&work_path, &meta);
                         p.inodes.remember_attr(attr);
                         Ok(Known::Entry(attr))
@@ -402,11 +404,16 @@ impl Policy {
                     // gets the same answer while the source is away.
                     Err(SourceError::NotFound { .. }) => {
                         p.inodes.remember_absent(&work_path);
+                        p.stager.answers().saw_absent(&work_path);
                         Ok(Known::Absent)
                     }
                     Err(e) => Err(e.into()),
                 },
-                move |p| p.inodes.known_entry(&known_path),
+                move |p| {
+                    p.inodes
+                        .known_entry(&known_path)
+                        .or_else(|| p.recall_entry(&known_path))
+                },
             )
             .await?;
         match known {
@@ -469,10 +476,12 @@ impl Policy {
             return Ok(Attr { nlink: 0, ..attr });
         }
         let path = node.path.clone();
+        let recall_path = path.clone();
         self.ask(
             &path,
             move |p| {
                 let meta = p.stager.source().stat(&node.path)?;
+                p.stager.answers().saw(&node.path, &meta);
                 // A file written through the mount follows its file.
                 let attr = if p.inodes.is_live(ino) && meta.is_file() {
                     p.inodes.restamp(ino, Stamp::of(&meta));
@@ -483,9 +492,50 @@ impl Policy {
                 p.inodes.remember_attr(attr);
                 Ok(attr)
             },
-            move |p| p.inodes.known_attr(ino),
+            move |p| {
+                let recalled = || p.recall_attr(ino, &recall_path);
+                p.inodes.known_attr(ino).or_else(recalled)
+            },
         )
         .await
+    }
+
+    /// What the source said of `path` before this mount started, kept with the
+    /// cache: an entry (interned as any looked up) or its absence.
+    fn recall_entry(&self, path: &Path) -> Option<Known> {
+        Some(match self.stager.answers().entry(path)? {
+            Remembered::Entry(meta) => {
+                let attr = self.entry_attr(path, &meta);
+                self.inodes.remember_attr(attr);
+                Known::Entry(attr)
+            }
+            Remembered::Absent => Known::Absent,
+        })
+    }
+
+    /// The attributes of `ino` (at `path`) as kept with the cache.
+    fn recall_attr(&self, ino: u64, path: &Path) -> Option<Attr> {
+        let node = self.inodes.get(ino)?;
+        match self.stager.answers().entry(path)? {
+            Remembered::Entry(meta) => Some(attr_of(ino, &meta, node.stamp)),
+            Remembered::Absent => None,
+        }
+    }
+
+    /// The listing of directory `ino` (at `path`) as kept with the cache.
+    fn recall_listing(&self, ino: u64, path: &Path) -> Option<Vec<DirEntry>> {
+        let listed = self.stager.answers().listing(path)?;
+        let entries: Vec<DirEntry> = listed
+            .into_iter()
+            .filter(|(name, _)| !(self.config.hide_finder_files && finder::is_finder_file(name)))
+            .map(|(name, meta)| {
+                let attr = self.entry_attr(&path.join(&name), &meta);
+                self.inodes.remember_attr(attr);
+                DirEntry { attr, name }
+            })
+            .collect();
+        self.inodes.remember_listing(ino, &entries);
+        Some(entries)
     }
 
     /// The target of link `ino`: the source's verbatim, or a redirect's copy.
@@ -504,6 +554,7 @@ impl Policy {
             return target.ok_or(FsError::Stale);
         }
         let path = node.path.clone();
+        let recall_path = path.clone();
         let target = self
             .ask(
                 &path,
@@ -511,9 +562,13 @@ impl Policy {
                     let target = p.stager.source().read_link(&node.path)?;
                     let target = target.as_os_str().as_bytes().to_vec();
                     p.inodes.remember_link(ino, &target);
+                    p.stager.answers().saw_link(&node.path, &target);
                     Ok(target)
                 },
-                move |p| p.inodes.known_link(ino),
+                move |p| {
+                    let recalled = || p.stager.answers().link(&recall_path);
+                    p.inodes.known_link(ino).or_else(recalled)
+                },
             )
             .await?;
         // The kernel follows it next: a copy of the blob it leads to is then named by
@@ -568,17 +623,24 @@ impl Policy {
             return Err(FsError::NotADirectory);
         }
         let path = node.path.clone();
+        let recall_path = path.clone();
         self.ask(
             &path,
             move |p| p.list_dir(ino, &node),
-            move |p| p.inodes.known_listing(ino),
+            move |p| {
+                p.inodes
+                    .known_listing(ino)
+                    .or_else(|| p.recall_listing(ino, &recall_path))
+            },
         )
         .await
     }
 
     fn list_dir(&self, ino: u64, node: &Node) -> Result<Vec<DirEntry>, FsError> {
         let mut entries = Vec::new();
-        for (name, meta) in self.stager.source().read_dir(&node.path)? {
+        let listed = self.stager.source().read_dir(&node.path)?;
+        self.stager.answers().saw_listing(&node.path, &listed);
+        for (name, meta) in listed {
             if self.config.hide_finder_files && finder::is_finder_file(&name) {
                 continue;
             }

@@ -274,6 +274,28 @@ def loads(folder):
     return result
 
 
+def load_folder(folder):
+    """mlx_lm.load and a few generated tokens, AutoConfig and AutoTokenizer of the
+    plain model folder at FOLDER; weights compared with $EXPECT_WEIGHTS."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx.utils import tree_flatten
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    expected = load_file(os.environ["EXPECT_WEIGHTS"])
+    model, tokenizer = mlx_lm.load(folder)
+    mx.eval(model.parameters())
+    loaded = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    return {
+        "weights_match": loaded.keys() == expected.keys()
+        and all(np.array_equal(loaded[k], v) for k, v in expected.items()),
+        "generated": mlx_lm.generate(model, tokenizer, prompt="w1 w2", max_tokens=4),
+        "seed": AutoConfig.from_pretrained(folder).to_dict().get("seed"),
+        "tokens": AutoTokenizer.from_pretrained(folder)("w1 w2")["input_ids"],
+    }
+
+
 def from_pretrained(repo):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -296,6 +318,7 @@ MODES = {
     "mlx-load": mlx_load,
     "from-pretrained": from_pretrained,
     "loads": loads,
+    "load-folder": load_folder,
 }
 
 def main(modes):

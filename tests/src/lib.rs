@@ -484,6 +484,8 @@ pub struct Mount {
     pub cache: PathBuf,
     /// The daemon's stderr (its log).
     pub log: PathBuf,
+    /// What the daemon said once it served ("ready", or why it serves from memory).
+    pub ready: String,
 }
 
 static LOG_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -606,7 +608,8 @@ impl Mount {
         BufReader::new(stdout)
             .read_line(&mut line)
             .expect("reading readiness");
-        if line.trim() != "ready" {
+        // "ready", or "ready: the source is away" for a mount of a source away.
+        if !line.trim().starts_with("ready") {
             let _ = child.wait();
             panic!(
                 "mount did not come up: {line}\n{}",
@@ -619,6 +622,7 @@ impl Mount {
             mnt: mnt.to_path_buf(),
             cache: cache.to_path_buf(),
             log,
+            ready: line.trim().to_string(),
         }
     }
 
@@ -671,6 +675,23 @@ impl Mount {
     pub fn unmount_after(self, f: impl FnOnce(&Mount)) {
         f(&self);
         self.unmount();
+    }
+
+    /// Unmounts (as [`Mount::unmount`]) and mounts `source` again at the same place
+    /// with the same cache, as root, with `extra` options.
+    pub fn remount(&mut self, source: &Path, extra: &[&str]) {
+        self.shutdown();
+        let again = Self::launch(
+            Command::new(stagefs_bin()),
+            None,
+            source,
+            &self.mnt,
+            &self.cache,
+            extra,
+        );
+        let old = std::mem::replace(self, again);
+        // Shut down already: its drop would unmount the new mount at the same place.
+        std::mem::forget(old);
     }
 
     /// Unmounts with `stagefs unmount` and waits for the daemon to exit.

@@ -17,10 +17,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
-use stagefs_tests::{Mount, NetFs, Scratch, wait_for};
+use stagefs_tests::{Mount, NetFs, Scratch, run_stagefs, status_json, wait_for};
 
 /// The plain model folder's place in the source.
 const FOLDER: &str = "models/tiny-llama";
+/// The same model in a folder nothing reads before the NAS goes away.
+const NEVER_STAGED: &str = "models/never-staged";
+/// The same model in a folder of which only the config is read.
+const PARTLY_READ: &str = "models/partly-read";
+
+/// The options of every mount of the NAS.
+const MOUNT_OPTIONS: &[&str] = &["--source-timeout", "10s"];
 
 /// An HF_HOME on a NAS, with the model in its hub/ and as a plain folder, mounted.
 struct Nas {
@@ -52,17 +59,19 @@ fn hf_home_on_a_nas() -> Nas {
             &[("HF_ENDPOINT", &hub.endpoint()), ("HF_HOME", &home)],
         );
     }
-    let folder = home.join(FOLDER);
-    fs::create_dir_all(&folder).expect("mkdir");
-    for entry in fs::read_dir(&made).expect("ls").flatten() {
-        fs::copy(entry.path(), folder.join(entry.file_name())).expect("copy");
+    for folder in [FOLDER, NEVER_STAGED, PARTLY_READ] {
+        let folder = home.join(folder);
+        fs::create_dir_all(&folder).expect("mkdir");
+        for entry in fs::read_dir(&made).expect("ls").flatten() {
+            fs::copy(entry.path(), folder.join(entry.file_name())).expect("copy");
+        }
     }
     assert!(
         !home.join("token").exists(),
         "no token: the probe of it must miss"
     );
     let remote = NetFs::up(&home, &s.dir.path().join("nas"), "200mbit");
-    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, &["--source-timeout", "10s"]);
+    let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, MOUNT_OPTIONS);
     Nas {
         mount,
         remote,
@@ -99,6 +108,56 @@ impl Nas {
             assert_eq!(loaded[by]["seed"], 3, "{when}, by {by}: the config");
         }
         (loaded, took)
+    }
+
+    /// The plain model folder at `folder` loaded by path: mlx_lm.load + generate,
+    /// AutoConfig, AutoTokenizer; the weights must be the model's.
+    fn load_folder(&self, folder: &str, when: &str) -> (Value, Duration) {
+        let started = Instant::now();
+        let loaded = As::Root.client(
+            HUB_CLIENT,
+            "load-folder",
+            &self.mount.path(folder),
+            &[
+                ("HF_HOME", &self.mount.mnt),
+                ("HF_HUB_OFFLINE", Path::new("1")),
+                ("EXPECT_WEIGHTS", &self.made.join("model.safetensors")),
+            ],
+        );
+        let took = started.elapsed();
+        let loaded = loaded
+            .unwrap_or_else(|e| panic!("load of {folder} {when}: {e}\n{}", self.mount.log_text()));
+        assert_eq!(loaded["weights_match"], true, "{when}: {loaded}");
+        assert_eq!(loaded["seed"], 3, "{when}: the config");
+        (loaded, took)
+    }
+
+    /// `stagefs prefetch TARGET` for this mount's cache.
+    fn prefetch(&self, target: &dyn AsRef<std::ffi::OsStr>) {
+        let (ok, out, err) = run_stagefs(&[&"prefetch", target, &"--cache-dir", &self.s.cache]);
+        assert!(ok, "prefetch failed: {out}{err}");
+    }
+
+    /// What status says of `model` being ready offline: (ready, missing names) per
+    /// revision or folder.
+    fn offline(&self, model: &str) -> Vec<(bool, u64)> {
+        let report = status_json(&self.s.cache);
+        let models = report["models"].as_array().cloned().unwrap_or_default();
+        let found = models
+            .iter()
+            .find(|m| m["model"] == model)
+            .unwrap_or_else(|| panic!("status names no {model}: {report}"));
+        found["offline"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no offline readiness for {model}: {found}"))
+            .iter()
+            .map(|r| (r["ready"] == true, r["missing_count"].as_u64().unwrap_or(0)))
+            .collect()
+    }
+
+    /// Stops the mount and mounts the cache again over the NAS as it is now.
+    fn remount(&mut self) {
+        self.mount.remount(&self.remote.mnt, MOUNT_OPTIONS);
     }
 
     /// Waits until the NAS serves the mount again: a file added to it is read.
@@ -146,4 +205,114 @@ fn a_model_loaded_before_the_nas_went_away_loads_the_same_while_it_is_away() {
             .collect::<Vec<_>>()
             .join(", ")
     );
+}
+
+/// The three ways a NAS goes away, and how each comes back.
+fn outages() -> [(&'static str, fn(&NetFs), fn(&NetFs)); 3] {
+    [
+        ("link cut", NetFs::cut, NetFs::restore),
+        ("sshfs killed", NetFs::kill_sshfs, NetFs::mount_again),
+        ("unmounted", NetFs::drop_connection, NetFs::mount_again),
+    ]
+}
+
+#[test]
+fn a_model_only_prefetched_loads_while_the_nas_is_away_and_status_says_it_is_ready_offline() {
+    let nas = hf_home_on_a_nas();
+    nas.prefetch(&REPO);
+    nas.prefetch(&nas.mount.path(FOLDER));
+    // A model of which a loader read the config alone is not ready, and status says
+    // what it lacks.
+    fs::read(nas.mount.path(PARTLY_READ).join("config.json")).expect("read the config");
+    wait_for("the config's copy", || {
+        status_json(&nas.s.cache)["models"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m["model"] == PARTLY_READ))
+    });
+    for model in [REPO, FOLDER] {
+        let offline = nas.offline(model);
+        assert!(
+            !offline.is_empty() && offline.iter().all(|(ready, _)| *ready),
+            "{model} is ready offline after a prefetch: {offline:?}"
+        );
+    }
+    let partly = nas.offline(PARTLY_READ);
+    assert!(
+        matches!(partly.as_slice(), [(false, missing)] if *missing > 0),
+        "{partly:?}"
+    );
+    let (ok, text, err) = run_stagefs(&[&"status", &"--cache-dir", &nas.s.cache]);
+    assert!(ok, "{err}");
+    assert!(text.contains("ready offline"), "{text}");
+    assert!(
+        text.contains("not ready offline:")
+            && text.contains(&format!("stagefs prefetch {PARTLY_READ}")),
+        "{text}"
+    );
+
+    let mut took = Vec::new();
+    for (how, away, back) in outages() {
+        away(&nas.remote);
+        sleep(Duration::from_millis(1500));
+        let (_, t) = nas.load(how);
+        took.push((how, t));
+        back(&nas.remote);
+        nas.served_again(&format!(
+            "prefetched-back-after-{}.txt",
+            how.replace(' ', "-")
+        ));
+    }
+    let (_, up) = nas.load("with the NAS up");
+    println!(
+        "loads of a model only prefetched, --source-timeout 10s: up {:.1} s, {}",
+        up.as_secs_f64(),
+        took.iter()
+            .map(|(how, t)| format!("{how} {:.1} s", t.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+#[test]
+fn a_mount_started_with_the_nas_away_serves_what_the_cache_remembers_and_takes_the_nas_back() {
+    let mut nas = hf_home_on_a_nas();
+    nas.prefetch(&REPO);
+    nas.prefetch(&nas.mount.path(FOLDER));
+    let (first, _) = nas.load("before the restarts");
+    for (how, away, back) in outages() {
+        away(&nas.remote);
+        nas.remount();
+        assert!(
+            nas.mount.ready.contains("away"),
+            "{how}: the mount says it serves the source away: {}",
+            nas.mount.ready
+        );
+        let (loaded, t) = nas.load(&format!("mounted with the NAS away ({how})"));
+        assert_eq!(loaded, first, "{how}: what the loads read and generated");
+        println!(
+            "mounted with the NAS away ({how}): loads {:.1} s",
+            t.as_secs_f64()
+        );
+        for model in [REPO, FOLDER] {
+            assert!(
+                nas.offline(model).iter().all(|(ready, _)| *ready),
+                "{how}: status while away"
+            );
+        }
+        // Nothing is written anywhere while the source is away.
+        let written = fs::write(nas.mount.path("made-while-away.txt"), b"x");
+        assert!(written.is_err(), "{how}: a write while away");
+        back(&nas.remote);
+        // Back by itself, without a remount: a model never staged loads from it.
+        nas.served_again(&format!(
+            "remounted-back-after-{}.txt",
+            how.replace(' ', "-")
+        ));
+        nas.load_folder(NEVER_STAGED, &format!("after the NAS came back ({how})"));
+        nas.remount();
+        assert_eq!(
+            nas.mount.ready, "ready",
+            "{how}: the NAS is up at the next mount"
+        );
+    }
 }

@@ -23,6 +23,7 @@ pub mod faulty;
 pub mod fskind;
 pub mod locks;
 pub mod pool;
+pub mod reconnecting;
 pub mod sys;
 
 pub use error::{
@@ -101,7 +102,7 @@ pub enum EntryKind {
 
 /// What a source says about one entry: everything the mirror shows. A backend fills
 /// it in however it can (an object store has no inode numbers or owners of its own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourceMeta {
     /// The kind of entry.
     pub kind: EntryKind,

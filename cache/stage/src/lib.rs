@@ -46,9 +46,11 @@
 //!   the source holds. From a network source the check runs within the copy, so a
 //!   mismatch fails the copy before anything is served.
 
+pub mod answers;
 pub mod defaults;
 pub mod error;
 pub mod metrics;
+pub mod offline;
 pub mod prefetch;
 pub mod tee;
 mod written;
@@ -272,6 +274,8 @@ impl Default for StagerOptions {
 #[derive(Debug)]
 struct Inner {
     source: SourceTree,
+    /// What the source answered, kept with the cache (`answers.rs`).
+    answers: Arc<answers::Answers>,
     pool: SourcePool,
     store: Store,
     metrics: Arc<Metrics>,
@@ -328,6 +332,7 @@ impl Stager {
     ) -> Self {
         Stager {
             inner: Arc::new(Inner {
+                answers: Arc::new(answers::Answers::open(&store.dir().join(answers::JOURNAL))),
                 source,
                 pool: SourcePool::new(options.source_threads, options.source_timeout),
                 store,
@@ -344,6 +349,20 @@ impl Stager {
                 failures: Mutex::default(),
             }),
         }
+    }
+
+    /// What the source answered, kept with the cache: what the mount answers with
+    /// while the source is away.
+    pub fn answers(&self) -> &answers::Answers {
+        &self.inner.answers
+    }
+
+    /// The source as the cache remembers it, asking the real one nothing: for status
+    /// while it is away.
+    pub fn remembered_source(&self) -> SourceTree {
+        let root = self.inner.source.root().to_path_buf();
+        let answers = Arc::clone(&self.inner.answers);
+        SourceTree::from_backend(Arc::new(answers::RememberedSource::new(root, answers)))
     }
 
     /// The mirrored source.
@@ -1278,6 +1297,7 @@ mod tests {
 
     fn inner_for(source: SourceTree, cache: &Path, rt: &tokio::runtime::Runtime) -> Inner {
         Inner {
+            answers: Arc::new(answers::Answers::in_memory()),
             source,
             pool: SourcePool::new(1, std::time::Duration::from_secs(10)),
             store: Store::open(cache, Budget::default()).expect("store"),

@@ -494,7 +494,11 @@ async fn a_dead_fuse_source_serves_the_staged_model_and_fails_the_rest_with_eio(
     let listed = f.policy.list(ROOT_INO).await.expect("listing from memory");
     assert!(listed.iter().any(|e| e.name == "weights.bin"));
     assert!(f.policy.pool().is_unresponsive(), "counted as away");
-    assert_eq!(errno(f.lookup_promptly("never-seen").await), libc::EIO);
+    // A name the kept listing lacks is absent, as the source said; a name in a
+    // directory never listed is unknown.
+    assert_eq!(errno(f.lookup_promptly("never-seen").await), libc::ENOENT);
+    let unknown = "models--acme--m/never-seen";
+    assert_eq!(errno(f.lookup_promptly(unknown).await), libc::EIO);
     f.source.set(Behaviour::Healthy);
     until_back(&f, "config.json").await;
     assert_eq!(errno(f.lookup("never-seen").await), libc::ENOENT, "back");
@@ -576,9 +580,10 @@ async fn once_the_source_is_known_away_a_name_never_seen_is_not_waited_for() {
     // The timeout is PATIENT (120 s); the source is known away from a fast error,
     // then hangs: a lookup of a name no one has seen fails well before it.
     let (f, _) = staged_then_failing(libc::EHOSTDOWN).await;
-    assert_eq!(errno(f.lookup("first").await), libc::EIO);
+    // In a directory never listed: nothing is known of them.
+    assert_eq!(errno(f.lookup("models--acme--m/first").await), libc::EIO);
     f.source.set(Behaviour::Hang);
-    for name in ["trees", "refs-unseen"] {
+    for name in ["models--acme--m/trees", "models--acme--m/refs-unseen"] {
         assert_eq!(errno(f.lookup_promptly(name).await), libc::EIO, "{name}");
     }
     f.source.set(Behaviour::Healthy);

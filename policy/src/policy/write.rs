@@ -126,6 +126,7 @@ impl Policy {
     /// The attributes of new entry `path` as the source describes it.
     fn new_entry(&self, path: &Path, meta: &SourceMeta) -> Attr {
         self.inodes.created(path);
+        self.stager.answers().made(path);
         let attr = self.entry_attr(path, meta);
         if meta.is_file() {
             self.inodes.set_live(attr.ino);
@@ -455,6 +456,9 @@ impl Policy {
                 .rename(&work_from, &work_to, how.no_replace)?;
             let moved = p.inodes.latest_ino(&work_from);
             p.inodes.rename(&work_from, &work_to);
+            p.stager.answers().removed(&work_from);
+            p.stager.answers().forget(&work_to);
+            p.stager.answers().made(&work_to);
             p.taints.writers_renamed(&work_from, &work_to);
             if let Some(ino) = moved {
                 p.tees.renamed(ino, &work_to);
@@ -481,6 +485,7 @@ impl Policy {
         self.change(&path, move |p| {
             p.stager.source().unlink(&work_path)?;
             p.inodes.forget(&work_path);
+            p.stager.answers().removed(&work_path);
             Ok(())
         })
         .await?;
@@ -534,6 +539,7 @@ impl Policy {
         self.change(&path, move |p| {
             p.stager.source().rmdir(&work_path)?;
             p.inodes.forget(&work_path);
+            p.stager.answers().removed(&work_path);
             Ok(())
         })
         .await
