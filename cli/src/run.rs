@@ -26,6 +26,8 @@ const STAGE_PARALLEL: usize = 2;
 /// How long finding out the source's shape may take; past it, the mount is taken for
 /// a hub cache.
 const SHAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the source itself is asked for its shape before the mount is.
+const SOURCE_SHAPE_WAIT: Duration = Duration::from_secs(3);
 /// How long resolving a mount point or source may take; past it, the path is compared
 /// as written.
 const PATH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -52,9 +54,13 @@ pub(crate) fn run(args: &RunArgs, config: &Config) -> anyhow::Result<ExitCode> {
         let summary = stage.run(&spec.cache_dir, &args.models, args.revision.as_deref())?;
         eprintln!("stagefs: {summary}");
     }
-    // The source, not the mount: through the mount, staged files may be links.
+    // The source, not the mount: through the mount, staged files may be links. A
+    // source that does not answer is asked through the mount, which answers from
+    // what the cache remembers of it.
     let timeout = spec.fs.source_timeout.min(SHAPE_TIMEOUT);
-    let shape = shape(&spec.source, timeout).unwrap_or(Shape::Unknown);
+    let shape = shape(&spec.source, timeout.min(SOURCE_SHAPE_WAIT))
+        .or_else(|| shape(&spec.mountpoint, timeout))
+        .unwrap_or(Shape::Unknown);
     // A read-only mount cannot take a download: there, a load must not try one.
     let offline = args.offline || read_only(&spec.mountpoint);
     let env = environment(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::admin::{self, Live};
-use crate::prefetch_plan::{self, Job, Target};
+use crate::prefetch_plan::{self, FileProgress, FileState, Job, Target};
 use stagefs_control::{Backend, EvictSelector, Request, Response, Stopping};
 use stagefs_layout::models::ModelSource;
 use stagefs_stage::Stager;
@@ -141,6 +141,13 @@ impl ControlServer {
         let model_dirs = Arc::clone(&self.model_dirs);
         let parallel = asked.or(self.prefetch_parallel);
         let stager = self.stager.clone();
+        if self.source_suspect() {
+            let response = match self.prefetched_already(targets).await {
+                Ok(files) => Response::Prefetched { files },
+                Err(message) => Response::Error { message },
+            };
+            return send(write, &response).await;
+        }
         let resolved = match self.source_suspect() {
             true => Err("the source is not answering; nothing can be staged from it now".into()),
             false => self
@@ -200,6 +207,38 @@ impl ControlServer {
             },
         )
         .await
+    }
+
+    /// A prefetch while the source is away: nothing to do for models whose files are
+    /// all staged as the cache remembers them (`run --model` of a model ready
+    /// offline goes on); refused, as nothing can be copied, for any other.
+    async fn prefetched_already(&self, targets: Vec<Target>) -> Result<Vec<FileProgress>, String> {
+        let (stager, dirs, min) = (self.stager.clone(), self.dirs(), self.min_stage_size);
+        let planned = tokio::task::spawn_blocking(move || {
+            let remembered = stager.remembered_source();
+            let source = ModelSource {
+                tree: &remembered,
+                model_dirs: &dirs,
+            };
+            let files = prefetch_plan::resolve(source, &targets, min).map_err(|e| e.to_string())?;
+            Ok::<_, String>(prefetch_plan::plan_with(&stager, &remembered, &files))
+        })
+        .await
+        .map_err(|e| format!("the request failed: {e}"))?;
+        let away = "the source is not answering; nothing can be staged from it now";
+        let files = planned.map_err(|e| format!("{away} ({e})"))?;
+        let missing = files
+            .iter()
+            .filter(|f| f.state != FileState::AlreadyStaged)
+            .count();
+        match missing {
+            0 => Ok(files),
+            n => Err(format!(
+                "{away}, and {} of what was asked {} not staged",
+                crate::prefetch_plan::files_phrase(n),
+                if n == 1 { "is" } else { "are" }
+            )),
+        }
     }
 
     /// Asks the source for what loaders reach of the prefetched models besides their

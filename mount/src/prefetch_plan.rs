@@ -135,8 +135,18 @@ fn path_files(source: &SourceTree, path: &Path) -> Result<Vec<PathBuf>, AdminErr
 /// is `Waiting` (it would be copied). Asks the source for each file's version, so
 /// call it where a dead source may block (the source pool).
 pub fn plan(stager: &Stager, files: &[(PathBuf, u64)]) -> Vec<FileProgress> {
+    plan_with(stager, stager.source(), files)
+}
+
+/// [`plan`], with each file's version as `tree` gives it (the source as the cache
+/// remembers it, while the source is away).
+pub fn plan_with(
+    stager: &Stager,
+    tree: &SourceTree,
+    files: &[(PathBuf, u64)],
+) -> Vec<FileProgress> {
     let staged = |path: &Path| {
-        let meta = stager.source().stat(path).ok().filter(|m| m.is_file());
+        let meta = tree.stat(path).ok().filter(|m| m.is_file());
         meta.is_some_and(|m| {
             stager
                 .copy_path(path, Stamp::of(&m), Handout::Peek)
@@ -167,6 +177,14 @@ pub fn staged_copies(store: &Store, targets: &[Target], min_size: u64) -> Vec<Fi
         .filter(|info| info.entry.stamp.size >= min_size && named(&info.entry.source))
         .map(|info| planned(info.entry.source, info.entry.stamp.size, true))
         .collect()
+}
+
+/// "1 file", "3 files".
+pub(crate) fn files_phrase(n: usize) -> String {
+    match n {
+        1 => "1 file".into(),
+        n => format!("{n} files"),
+    }
 }
 
 fn planned(path: PathBuf, total: u64, staged: bool) -> FileProgress {

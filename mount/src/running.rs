@@ -560,6 +560,13 @@ fn open_stager(spec: &MountSpec, runtime: &Runtime) -> Result<Stager, MountError
         runtime.handle().clone(),
         options,
     );
+    if previous
+        .as_ref()
+        .is_some_and(|was| !source_record::same_dir(&was.source, &spec.source))
+    {
+        // Another source's answers would be taken for this one's while it is away.
+        stager.answers().forget(Path::new(""));
+    }
     if spec.source_verdict.is_away() {
         // Every request answers from what the cache remembers until a probe finds
         // the share back.

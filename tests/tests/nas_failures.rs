@@ -9,7 +9,7 @@
 
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -149,7 +149,7 @@ fn a_killed_sshfs_serves_staged_models_and_fails_the_rest_at_once() {
     assert_eq!(direct.raw_os_error(), Some(libc::ENOTCONN), "{direct}");
     let load = l.load_again("with sshfs dead");
     assert!(l.root_listing().iter().any(|n| n == "models--acme--killed"));
-    let unseen = l.mount.path(l.model.snapshot_rel.join("never-seen.json"));
+    let unseen = l.mount.path(never_listed(&l.model.snapshot_rel));
     let started = Instant::now();
     let err = within(Duration::from_secs(30), move || fs::metadata(unseen)).expect_err("unseen");
     let unseen_took = started.elapsed();
@@ -182,7 +182,7 @@ fn once_the_nas_is_known_away_a_staged_model_loads_without_waiting_the_timeout()
     sleep(Duration::from_millis(1500));
     // The first name nobody has seen waits the whole timeout: that is how the mount
     // learns the NAS is away.
-    let unseen = l.mount.path(l.model.snapshot_rel.join("never-seen.json"));
+    let unseen = l.mount.path(never_listed(&l.model.snapshot_rel));
     let err = within(timeout * 3, move || fs::metadata(unseen)).expect_err("unseen");
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
     // huggingface_hub's offline load looks up names stagefs has never seen: each
@@ -278,4 +278,15 @@ fn another_nas_mounted_on_the_same_cache_never_gets_the_first_ones_copies() {
         drop(mount);
         drop(remote);
     }
+}
+
+/// A name in a directory loaders look names up in but never list (the repository's
+/// `blobs/`): nothing is known of it. (A name a kept listing lacks is "no such
+/// file" while the NAS is away, as the NAS said.)
+fn never_listed(snapshot: &Path) -> PathBuf {
+    let repo = snapshot
+        .parent()
+        .and_then(Path::parent)
+        .expect("a snapshot of a repository");
+    repo.join("blobs").join("never-seen")
 }

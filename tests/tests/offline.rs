@@ -80,6 +80,14 @@ fn hf_home_on_a_nas() -> Nas {
     }
 }
 
+impl Drop for Nas {
+    /// A test that fails while the link is cut must not hang: the daemon's threads
+    /// stuck on the share cannot exit, and the mount is dropped first.
+    fn drop(&mut self) {
+        self.remote.restore();
+    }
+}
+
 impl Nas {
     /// The loads, offline with HF_HOME at the mount: what they loaded, and how long
     /// they took; the failure, with the mount's log, if they failed.
@@ -207,8 +215,11 @@ fn a_model_loaded_before_the_nas_went_away_loads_the_same_while_it_is_away() {
     );
 }
 
+/// A way a NAS goes away: its name, what takes it away, what brings it back.
+type Outage = (&'static str, fn(&NetFs), fn(&NetFs));
+
 /// The three ways a NAS goes away, and how each comes back.
-fn outages() -> [(&'static str, fn(&NetFs), fn(&NetFs)); 3] {
+fn outages() -> [Outage; 3] {
     [
         ("link cut", NetFs::cut, NetFs::restore),
         ("sshfs killed", NetFs::kill_sshfs, NetFs::mount_again),
@@ -315,4 +326,72 @@ fn a_mount_started_with_the_nas_away_serves_what_the_cache_remembers_and_takes_t
             "{how}: the NAS is up at the next mount"
         );
     }
+}
+
+/// Files under `dir` whose bytes are `bytes`.
+fn files_holding(dir: &Path, bytes: &[u8]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => dirs.push(path),
+                Ok(t) if t.is_file() && fs::read(&path).is_ok_and(|b| b == bytes) => {
+                    found.push(path);
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_access_token_is_kept_private_served_while_the_nas_is_away_and_dropped_by_evict_all() {
+    use std::os::unix::fs::PermissionsExt;
+    let nas = hf_home_on_a_nas();
+    let secret = b"hf_testsecretthatmustnotleak";
+    fs::write(nas.s.dir.path().join("hf-home").join("token"), secret).expect("token");
+    nas.prefetch(&REPO);
+    let kept = files_holding(&nas.s.cache, secret);
+    assert_eq!(kept.len(), 1, "one copy of the token is kept: {kept:?}");
+    let mode = |p: &Path| fs::metadata(p).expect("stat").permissions().mode();
+    assert_eq!(mode(&kept[0]) & 0o077, 0, "the copy is its owner's alone");
+    for dir in kept[0].ancestors().skip(1) {
+        if !dir.starts_with(&nas.s.cache) {
+            break;
+        }
+        assert_eq!(
+            mode(dir) & 0o077,
+            0,
+            "{} is its owner's alone",
+            dir.display()
+        );
+    }
+
+    nas.remote.cut();
+    sleep(Duration::from_millis(1500));
+    assert_eq!(
+        fs::read(nas.mount.path("token")).expect("the token while away"),
+        secret
+    );
+    let log = nas.mount.log_text();
+    let journal = fs::read_to_string(nas.s.cache.join("answers.jsonl")).unwrap_or_default();
+    for (what, text) in [("the log", &log), ("the answers journal", &journal)] {
+        assert!(
+            !text.contains(std::str::from_utf8(secret).expect("text")),
+            "the token is in {what}"
+        );
+    }
+    nas.remote.restore();
+    nas.served_again("back-after-the-token.txt");
+
+    let (ok, out, err) = run_stagefs(&[&"evict", &"--all", &"--cache-dir", &nas.s.cache]);
+    assert!(ok, "evict --all: {out}{err}");
+    assert_eq!(
+        files_holding(&nas.s.cache, secret),
+        Vec::<PathBuf>::new(),
+        "evict --all drops the token's copy"
+    );
 }
