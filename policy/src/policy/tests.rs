@@ -708,3 +708,101 @@ async fn statfs_asks_the_source_and_fails_with_eio_when_it_hangs() {
 
 // The write path's tests share the fixture above.
 mod writes;
+
+// ------------------------------------------------------------ answers kept with the cache
+
+impl Fixture {
+    /// The daemon restarted: a new store, stager and policy over the same cache
+    /// directory and source, remembering nothing but what the cache kept.
+    async fn restarted(self) -> Fixture {
+        let Fixture {
+            _dirs,
+            src,
+            source,
+            policy,
+            blob,
+        } = self;
+        let config = policy.config().clone();
+        drop(policy);
+        let cache = _dirs.1.path().to_path_buf();
+        // Copies kept in the background hold the store until they settle.
+        let store = loop {
+            match Store::open(&cache, Budget::default()) {
+                Ok(store) => break store,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let runtime = Handle::current();
+        let options = StagerOptions {
+            source_timeout: config.source_timeout,
+            source_threads: 4,
+            ..StagerOptions::default()
+        };
+        let stager = Stager::with_options(
+            SourceTree::from_backend(source.clone()),
+            store,
+            Arc::default(),
+            runtime.clone(),
+            options,
+        );
+        Fixture {
+            _dirs,
+            src,
+            source,
+            policy: Arc::new(Policy::new(stager, config, runtime)),
+            blob,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_source_answered_is_answered_after_a_restart_with_it_away() {
+    let f = fixture(|c, _, _| c.redirect = false);
+    let weights = f.source_bytes("weights.bin");
+    f.read_all("weights.bin").await.expect("stage");
+    f.read_all("config.json").await.expect("read");
+    wait_until("the kept copy", || f.stored("config.json")).await;
+    f.policy.list(ROOT_INO).await.expect("listed");
+    assert_eq!(errno(f.lookup("token").await), libc::ENOENT);
+    let f = f.restarted().await;
+    f.source.set(Behaviour::Fails(libc::ENOTCONN));
+
+    assert_eq!(f.read_all("weights.bin").await.expect("staged"), weights);
+    let config = f.read_all("config.json").await.expect("kept copy");
+    assert_eq!(config, f.source_bytes("config.json"));
+    let listed = f.policy.list(ROOT_INO).await.expect("the kept listing");
+    assert!(listed.iter().any(|e| e.name == "models--acme--m"));
+    assert_eq!(
+        errno(f.lookup_promptly("token").await),
+        libc::ENOENT,
+        "as the source said"
+    );
+    assert_eq!(
+        errno(f.lookup_promptly("generation_config.json").await),
+        libc::ENOENT,
+        "the kept listing lacks it"
+    );
+    let unknown = "models--acme--m/never-listed";
+    assert_eq!(errno(f.lookup_promptly(unknown).await), libc::EIO);
+    f.source.set(Behaviour::Healthy);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_found_after_it_was_absent_is_kept_as_found() {
+    let f = fixture(|c, _, _| {
+        c.redirect = false;
+        c.read_only = false;
+        c.served_by_root = true;
+    });
+    f.policy.list(ROOT_INO).await.expect("listed");
+    assert_eq!(errno(f.lookup("made.txt").await), libc::ENOENT);
+    fs::write(f.src.join("made.txt"), b"made").expect("write at the source");
+    // Seen by a lookup while the source answers: the kept answer is replaced.
+    f.lookup("made.txt").await.expect("found now");
+    let f = f.restarted().await;
+    f.source.set(Behaviour::Fails(libc::ENOTCONN));
+    f.lookup_promptly("made.txt")
+        .await
+        .expect("kept as found, not as absent");
+    f.source.set(Behaviour::Healthy);
+}
