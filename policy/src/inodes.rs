@@ -307,10 +307,9 @@ impl Inodes {
     }
 
     /// What the source last said of the name `path` when asked for it: its entry's
-    /// attributes, or that it does not exist; None if it was never asked. (A name
-    /// missing from a remembered listing is not taken as absent: it may have been
-    /// made since, and what nothing was asked about fails with EIO while the
-    /// source is away.)
+    /// attributes, or that it does not exist; None if it was never asked. (The
+    /// answers kept with the cache, `stagefs_stage::answers`, answer next, where a
+    /// name a kept listing lacks is absent.)
     pub(crate) fn known_entry(&self, path: &Path) -> Option<Known> {
         let table = self.lock();
         if table.absent.contains(path) {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
-use stagefs_tests::{Mount, NetFs, Scratch, run_stagefs, status_json, wait_for};
+use stagefs_tests::{Mount, NetFs, Scratch, TEST_RESERVE, run_stagefs, status_json, wait_for};
 
 /// The plain model folder's place in the source.
 const FOLDER: &str = "models/tiny-llama";
@@ -40,6 +40,11 @@ struct Nas {
 }
 
 fn hf_home_on_a_nas() -> Nas {
+    hf_home_with_token_on_a_nas(None)
+}
+
+/// [`hf_home_on_a_nas`], with `token` as the HF_HOME's access token if given.
+fn hf_home_with_token_on_a_nas(token: Option<&[u8]>) -> Nas {
     let s = Scratch::new();
     let made = s.dir.path().join("made");
     As::Root.ok(
@@ -66,10 +71,13 @@ fn hf_home_on_a_nas() -> Nas {
             fs::copy(entry.path(), folder.join(entry.file_name())).expect("copy");
         }
     }
-    assert!(
-        !home.join("token").exists(),
-        "no token: the probe of it must miss"
-    );
+    match token {
+        Some(token) => fs::write(home.join("token"), token).expect("token"),
+        None => assert!(
+            !home.join("token").exists(),
+            "no token: the probe of it must miss"
+        ),
+    }
     let remote = NetFs::up(&home, &s.dir.path().join("nas"), "200mbit");
     let mount = Mount::start(&remote.mnt, &s.mnt, &s.cache, MOUNT_OPTIONS);
     Nas {
@@ -326,6 +334,32 @@ fn a_mount_started_with_the_nas_away_serves_what_the_cache_remembers_and_takes_t
             "{how}: the NAS is up at the next mount"
         );
     }
+
+    // As a user starts it: `stagefs mount` in the background says so in one line.
+    nas.remote.kill_sshfs();
+    let (ok, out, err) = run_stagefs(&[&"unmount", &nas.s.mnt]);
+    assert!(ok, "unmount: {out}{err}");
+    let reserve = TEST_RESERVE.to_string();
+    let (ok, out, err) = run_stagefs(&[
+        &"mount",
+        &nas.remote.mnt,
+        &nas.s.mnt,
+        &"--cache-dir",
+        &nas.s.cache,
+        &"--min-free",
+        &reserve,
+        &"--source-timeout",
+        &"10s",
+    ]);
+    assert!(ok, "mount with sshfs dead: {out}{err}");
+    let said: Vec<&str> = out.lines().collect();
+    assert!(
+        matches!(said.as_slice(), [line] if line.contains("is away") && line.contains("read-only")),
+        "one line says the source is away: {out}"
+    );
+    let (loaded, _) = nas.load("mounted in the background with sshfs dead");
+    assert_eq!(loaded, first);
+    nas.remote.mount_again();
 }
 
 /// Files under `dir` whose bytes are `bytes`.
@@ -350,9 +384,8 @@ fn files_holding(dir: &Path, bytes: &[u8]) -> Vec<PathBuf> {
 #[test]
 fn the_access_token_is_kept_private_served_while_the_nas_is_away_and_dropped_by_evict_all() {
     use std::os::unix::fs::PermissionsExt;
-    let nas = hf_home_on_a_nas();
     let secret = b"hf_testsecretthatmustnotleak";
-    fs::write(nas.s.dir.path().join("hf-home").join("token"), secret).expect("token");
+    let nas = hf_home_with_token_on_a_nas(Some(secret));
     nas.prefetch(&REPO);
     let kept = files_holding(&nas.s.cache, secret);
     assert_eq!(kept.len(), 1, "one copy of the token is kept: {kept:?}");

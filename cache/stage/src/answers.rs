@@ -373,20 +373,29 @@ impl State {
                             if let Some(name) = self.names.get_mut(&child) {
                                 name.link = None;
                             }
+                            self.drop_if_empty(&child);
                         }
-                        Some(_) => {}
+                        Some(_) => self.drop_if_empty(&child),
                     }
                 }
                 self.names.entry(dir).or_default().listing = Some(list);
             }
             Line::Unlisted { unlisted } => {
-                if let Some(name) = self.names.get_mut(Path::new(&unlisted)) {
+                let dir = PathBuf::from(unlisted);
+                if let Some(name) = self.names.get_mut(&dir) {
                     name.listing = None;
                 }
+                self.drop_if_empty(&dir);
             }
             Line::Forget { forget } => self.forget_under(Path::new(&forget)),
         }
-        self.names.retain(|_, name| *name != Name::default());
+    }
+
+    /// Forgets `path` if nothing is known of it any more.
+    fn drop_if_empty(&mut self, path: &Path) {
+        if self.names.get(path).is_some_and(|n| *n == Name::default()) {
+            self.names.remove(path);
+        }
     }
 
     fn forget_under(&mut self, path: &Path) {
