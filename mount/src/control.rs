@@ -420,10 +420,10 @@ impl ControlServer {
         let Response::Status { mut report } = response else {
             return response;
         };
-        let (stager, min) = (self.stager.clone(), self.min_stage_size);
+        let stager = self.stager.clone();
         let filled = tokio::task::spawn_blocking(move || {
             for model in &mut report.models {
-                crate::offline::fill_readiness(&stager, model, min);
+                crate::offline::fill_readiness(&stager, model);
             }
             report
         })

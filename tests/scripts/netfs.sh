@@ -85,7 +85,15 @@ StrictModes no
 PidFile $state/sshd.pid
 Subsystem sftp internal-sftp
 CFG
-    ip netns exec "$ns" /usr/sbin/sshd -f "$state/sshd_config"
+    # `ip netns exec` gives sshd a copy of this machine's mounts, made now: a
+    # stagefs mount up at this moment (the NAS mounted again under a running mount)
+    # would be held by that copy, so unmounting it would wait for sshd to exit.
+    # The copy drops the FUSE and NFS mounts the export does not lie under; the
+    # machine's own mounts are untouched.
+    ip netns exec "$ns" sh -c '
+        awk -v export="$1" "\$3 ~ /^(fuse|nfs)/ && index(export \"/\", \$2 \"/\") != 1 {print \$2}" /proc/self/mounts |
+            while read -r held; do umount -l "$held" 2>/dev/null || true; done
+        exec /usr/sbin/sshd -f "$2"' sh "$export_dir" "$state/sshd_config"
 
     mkdir -p "$mnt"
     # HF snapshots link to ../../blobs; newer sshfs refuses '..' links by default

@@ -195,6 +195,13 @@ fn a_model_loaded_before_the_nas_went_away_loads_the_same_while_it_is_away() {
     wait_for("the copies the loads started", || {
         nas.mount.in_flight().is_empty()
     });
+    // Loaded once by id and by path: ready offline by that alone.
+    for model in [REPO, FOLDER] {
+        wait_for("status to say it is ready offline", || {
+            let offline = nas.offline(model);
+            !offline.is_empty() && offline.iter().all(|(ready, _)| *ready)
+        });
+    }
     let mut took = vec![("up", up)];
     for (how, away, back) in [
         (
@@ -318,9 +325,10 @@ fn a_mount_started_with_the_nas_away_serves_what_the_cache_remembers_and_takes_t
                 "{how}: status while away"
             );
         }
-        // Nothing is written anywhere while the source is away.
+        // Read-only while the source is away: a write is refused at once.
         let written = fs::write(nas.mount.path("made-while-away.txt"), b"x");
-        assert!(written.is_err(), "{how}: a write while away");
+        let refused = written.expect_err("a write while away").raw_os_error();
+        assert_eq!(refused, Some(libc::EROFS), "{how}: a write while away");
         back(&nas.remote);
         // Back by itself, without a remount: a model never staged loads from it.
         nas.served_again(&format!(

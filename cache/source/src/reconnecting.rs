@@ -12,6 +12,7 @@ use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::fskind::filesystem_of;
 use crate::{
@@ -27,6 +28,9 @@ pub struct Reconnecting {
     fstype: String,
     mount_point: PathBuf,
     live: OnceLock<LocalDir>,
+    /// A reconnect is under way: on a hung share it hangs, so the calls meanwhile
+    /// fail at once instead of each taking a source thread with it.
+    trying: AtomicBool,
 }
 
 impl Reconnecting {
@@ -37,6 +41,7 @@ impl Reconnecting {
             fstype,
             mount_point,
             live: OnceLock::new(),
+            trying: AtomicBool::new(false),
         }
     }
 
@@ -53,9 +58,10 @@ impl Reconnecting {
         })
     }
 
-    /// Like [`Reconnecting::live`], for a change: refused as read-only while away.
+    /// The share for a change: refused as read-only at once while away (a change
+    /// never waits on a share that may hang; reads and the probe find it back).
     fn writable(&self, rel: &Path) -> Result<&LocalDir, SourceError> {
-        self.reconnect().map_err(|_| SourceError::read_only(rel))
+        self.live.get().ok_or_else(|| SourceError::read_only(rel))
     }
 
     /// Takes the share back if the right filesystem holds the root again and the
@@ -64,6 +70,15 @@ impl Reconnecting {
         if let Some(live) = self.live.get() {
             return Ok(live);
         }
+        if self.trying.swap(true, Ordering::AcqRel) {
+            return Err(io::Error::from_raw_os_error(libc::ENOTCONN));
+        }
+        let tried = self.try_reconnect();
+        self.trying.store(false, Ordering::Release);
+        tried
+    }
+
+    fn try_reconnect(&self) -> io::Result<&LocalDir> {
         let now = filesystem_of(&self.root)?;
         if now.fstype != self.fstype || now.mount_point != self.mount_point {
             return Err(io::Error::from_raw_os_error(libc::ENOTCONN));

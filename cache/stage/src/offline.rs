@@ -141,66 +141,96 @@ impl Stager {
         failed.map_or(Ok(()), Err)
     }
 
-    /// What the model made of `parts` lacks to load with the source away, from the
-    /// cache alone (never asks the source).
-    pub fn offline_gaps(&self, parts: &[Part], min: u64) -> Gaps {
-        let copies = Copies::of(self);
-        let answers = self.answers();
+    /// What a model whose loaders need `needs` lacks to load with the source away,
+    /// from the cache alone (never asks the source): every file needs a copy of the
+    /// version known (staged or kept).
+    pub fn offline_gaps(&self, needs: &[Need]) -> Gaps {
+        let check = Check {
+            answers: self.answers(),
+            copies: Copies::of(self),
+        };
         let mut gaps = Gaps::default();
-        for part in parts {
-            for ancestor in ancestors(&part.dir) {
-                let Some(listed) = answers.listing(&ancestor) else {
-                    gaps.add(&ancestor);
-                    continue;
-                };
-                for (name, meta) in listed {
-                    let path = ancestor.join(&name);
-                    let read = ANCESTOR_FILES.iter().any(|a| name == *a);
-                    if read
-                        && meta.is_file()
-                        && meta.size < min
-                        && !copies.has(&path, Stamp::of(&meta))
-                    {
-                        gaps.add(&path);
-                    }
-                }
-            }
-            let mut dirs = vec![part.dir.clone()];
-            while let Some(dir) = dirs.pop() {
-                let Some(listed) = answers.listing(&dir) else {
-                    gaps.add(&dir);
-                    continue;
-                };
-                for (name, meta) in listed {
-                    let path = dir.join(&name);
-                    if meta.is_symlink() {
-                        match answers.link(&path) {
-                            Some(text) => {
-                                let target =
-                                    normalize(&dir.join(String::from_utf8_lossy(&text).as_ref()));
-                                match answers.entry(&target) {
-                                    Some(Remembered::Entry(meta)) if meta.is_file() => {
-                                        if !copies.has(&target, Stamp::of(&meta)) {
-                                            gaps.add(&path);
-                                        }
-                                    }
-                                    Some(Remembered::Entry(_)) => {}
-                                    _ => gaps.add(&path),
-                                }
-                            }
-                            None => gaps.add(&path),
-                        }
-                    } else if meta.is_dir() {
-                        if part.whole {
-                            dirs.push(path);
-                        }
-                    } else if meta.is_file() && !copies.has(&path, Stamp::of(&meta)) {
-                        gaps.add(&path);
-                    }
-                }
+        for need in needs {
+            match need {
+                Need::Name { path, whole } => check.name(path, *whole, &mut gaps),
+                Need::Listing { dir, whole } => check.listing(dir, *whole, &mut gaps),
             }
         }
         gaps
+    }
+}
+
+/// What a loader needs known of a model, for [`Stager::offline_gaps`].
+#[derive(Debug, Clone)]
+pub enum Need {
+    /// The answer for a name (an entry, or "no such file"): a file's copy, a link's
+    /// text and what it leads to, and a directory's listing if `whole`.
+    Name {
+        /// Relative to the source root.
+        path: PathBuf,
+        /// For a directory: its listing, and everything under it.
+        whole: bool,
+    },
+    /// A directory's listing, and what each entry needs (subdirectories' too if
+    /// `whole`).
+    Listing {
+        /// Relative to the source root.
+        dir: PathBuf,
+        /// Subdirectories too.
+        whole: bool,
+    },
+}
+
+/// Checks needs against the kept answers and the store's copies.
+struct Check<'a> {
+    answers: &'a crate::answers::Answers,
+    copies: Copies,
+}
+
+impl Check<'_> {
+    fn name(&self, path: &Path, whole: bool, gaps: &mut Gaps) {
+        match self.answers.entry(path) {
+            None => gaps.add(path),
+            Some(Remembered::Absent) => {}
+            Some(Remembered::Entry(meta)) => self.entry(path, &meta, whole, gaps),
+        }
+    }
+
+    fn listing(&self, dir: &Path, whole: bool, gaps: &mut Gaps) {
+        let Some(listed) = self.answers.listing(dir) else {
+            gaps.add(dir);
+            return;
+        };
+        for (name, meta) in listed {
+            self.entry(&dir.join(&name), &meta, whole, gaps);
+        }
+    }
+
+    /// What entry `path`, known as `meta`, needs.
+    fn entry(&self, path: &Path, meta: &stagefs_source::SourceMeta, whole: bool, gaps: &mut Gaps) {
+        if meta.is_symlink() {
+            let Some(text) = self.answers.link(path) else {
+                gaps.add(path);
+                return;
+            };
+            let dir = path.parent().unwrap_or(Path::new(""));
+            let target = normalize(&dir.join(String::from_utf8_lossy(&text).as_ref()));
+            match self.answers.entry(&target) {
+                Some(Remembered::Entry(meta)) if meta.is_file() => {
+                    if !self.copies.has(&target, Stamp::of(&meta)) {
+                        gaps.add(path);
+                    }
+                }
+                Some(Remembered::Entry(_)) => {}
+                _ => gaps.add(path),
+            }
+        } else if meta.is_dir() {
+            if whole {
+                self.listing(path, whole, gaps);
+            }
+        } else if meta.is_file() && !self.copies.has(path, Stamp::of(meta)) {
+            gaps.add(path);
+        }
     }
 }
 
