@@ -335,7 +335,10 @@ pub fn source_relative(path: &Path, dir: &Path) -> Result<PathBuf, CacheDirError
         _ => absolute.canonicalize().map_err(resolving)?,
     };
     let record = MountRecord::read(dir).ok_or(CacheDirError::NeverMounted)?;
-    for root in [&record.mountpoint, &record.source] {
+    // `stagefs serve` records no mount point (an empty path, which every path
+    // starts with).
+    let roots = [&record.mountpoint, &record.source];
+    for root in roots.into_iter().filter(|r| !r.as_os_str().is_empty()) {
         let root = root.canonicalize().unwrap_or_else(|_| root.clone());
         if let Ok(rel) = real.strip_prefix(&root) {
             return Ok(rel.to_path_buf());
@@ -346,4 +349,32 @@ pub fn source_relative(path: &Path, dir: &Path) -> Result<PathBuf, CacheDirError
         mountpoint: record.mountpoint,
         source_dir: record.source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_in_the_source_of_a_served_export_is_made_relative() -> std::io::Result<()> {
+        let (cache, source) = (tempfile::TempDir::new()?, tempfile::TempDir::new()?);
+        std::fs::create_dir_all(source.path().join("models/m"))?;
+        let record = MountRecord {
+            source: source.path().to_path_buf(),
+            // What `stagefs serve` records: no mount point.
+            mountpoint: PathBuf::new(),
+            budget: stagefs_control::Budget {
+                max_size: None,
+                min_free: None,
+            },
+            min_stage_size: 1 << 20,
+            model_dirs: Vec::new(),
+            backend: stagefs_control::Backend::Nfs,
+            source_fs: None,
+        };
+        record.write(cache.path())?;
+        let rel = source_relative(&source.path().join("models/m"), cache.path());
+        assert_eq!(rel.ok(), Some(PathBuf::from("models/m")));
+        Ok(())
+    }
 }

@@ -9,7 +9,7 @@ use stagefs_layout::models::ModelRef;
 use stagefs_stage::Stager;
 use stagefs_stage::answers::Answers;
 use stagefs_stage::answers::Remembered;
-use stagefs_stage::offline::{ANCESTOR_FILES, Need, Part};
+use stagefs_stage::offline::{Need, Part, TOKEN_FILE};
 
 /// What a prefetch of `model` asks the source for besides its weights: all of a
 /// repository (its small blobs, refs, every snapshot's links and the `.no_exist`
@@ -46,7 +46,7 @@ fn revision_needs(answers: &Answers, repo: &Path, revision: &str) -> Vec<Need> {
 }
 
 /// What a loader reaching `model_path` needs known on the way: each directory
-/// above it, and, in an HF_HOME, the access tokens huggingface_hub reads first.
+/// above it, and, in an HF_HOME, the access token huggingface_hub reads first.
 fn way_needs(answers: &Answers, model_path: &Path) -> Vec<Need> {
     let mut needs: Vec<Need> = model_path
         .ancestors()
@@ -60,10 +60,10 @@ fn way_needs(answers: &Answers, model_path: &Path) -> Vec<Need> {
     let hf_home =
         matches!(answers.entry(Path::new("hub")), Some(Remembered::Entry(meta)) if meta.is_dir());
     if hf_home {
-        needs.extend(ANCESTOR_FILES.iter().map(|f| Need::Name {
-            path: PathBuf::from(f),
+        needs.push(Need::Name {
+            path: PathBuf::from(TOKEN_FILE),
             whole: false,
-        }));
+        });
     }
     needs
 }

@@ -10,6 +10,7 @@
     hub_client.py save-in-place DIR   as transformers' save_pretrained: each file written
                                       straight over its name (O_TRUNC), no temp name
     hub_client.py load-folder DIR     load DIR's model by path
+    hub_client.py mlx-load-folder DIR mlx_lm.load + generate, AutoConfig, AutoTokenizer of DIR
     hub_client.py hub-download REPO   each file of the model by hf_hub_download, online
     hub_client.py local-dir DIR       `hf download $REPO --local-dir DIR`, online
     hub_client.py make-llama DIR      write a tiny Llama (weights drawn from $MODEL_SEED) that
@@ -274,7 +275,7 @@ def loads(folder):
     return result
 
 
-def load_folder(folder):
+def mlx_load_folder(folder):
     """mlx_lm.load and a few generated tokens, AutoConfig and AutoTokenizer of the
     plain model folder at FOLDER; weights compared with $EXPECT_WEIGHTS."""
     import mlx.core as mx
@@ -318,7 +319,7 @@ MODES = {
     "mlx-load": mlx_load,
     "from-pretrained": from_pretrained,
     "loads": loads,
-    "load-folder": load_folder,
+    "mlx-load-folder": mlx_load_folder,
 }
 
 def main(modes):

@@ -132,7 +132,7 @@ impl Nas {
         let started = Instant::now();
         let loaded = As::Root.client(
             HUB_CLIENT,
-            "load-folder",
+            "mlx-load-folder",
             &self.mount.path(folder),
             &[
                 ("HF_HOME", &self.mount.mnt),
@@ -195,12 +195,21 @@ fn a_model_loaded_before_the_nas_went_away_loads_the_same_while_it_is_away() {
     wait_for("the copies the loads started", || {
         nas.mount.in_flight().is_empty()
     });
-    // Loaded once by id and by path: ready offline by that alone.
+    // Loaded once by id and by path: ready offline by that alone (once the copies
+    // the loads started are kept).
     for model in [REPO, FOLDER] {
-        wait_for("status to say it is ready offline", || {
+        let ready = || {
             let offline = nas.offline(model);
             !offline.is_empty() && offline.iter().all(|(ready, _)| *ready)
-        });
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready() {
+            if Instant::now() > deadline {
+                let (_, text, _) = run_stagefs(&[&"status", &"--cache-dir", &nas.s.cache]);
+                panic!("{model} is not ready offline after two loads:\n{text}");
+            }
+            sleep(Duration::from_millis(100));
+        }
     }
     let mut took = vec![("up", up)];
     for (how, away, back) in [

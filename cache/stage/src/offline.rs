@@ -22,9 +22,14 @@ use crate::answers::Remembered;
 use crate::{Stager, reusable};
 
 /// Files read from a model's ancestors: huggingface_hub reads the access tokens at
-/// an HF_HOME's root before anything of a model (`token`, `stored_tokens`). Kept
-/// like the model's own small files, with the cache's owner-only permissions.
+/// an HF_HOME's root (`token` on every load, `stored_tokens` where tokens are
+/// listed or switched). Kept like the model's own small files, with the cache's
+/// owner-only permissions.
 pub const ANCESTOR_FILES: [&str; 2] = ["token", "stored_tokens"];
+
+/// Of [`ANCESTOR_FILES`], the one every load reads: a model is not ready offline
+/// until its answer is known.
+pub const TOKEN_FILE: &str = "token";
 
 /// Entries walked at most in one model, so a mistaken root cannot walk a whole NAS.
 const MOST_ENTRIES: usize = 200_000;
