@@ -43,7 +43,8 @@ the source directly. The groups (all by default):
             read once (staged), then the host drops sshfs's connection (sshfs
             exits and unmounts), kills sshfs (ENOTCONN), and mounts it again; each
             time the staged model reads right, writes fail with EIO and land
-            nowhere, and an unseen name fails at once
+            nowhere, a name nothing is known of fails at once with EIO, and a
+            name the root's kept listing lacks is absent (ENOENT)
     full    two exports of one model whose shard is larger than their cache's
             --max-size: with --on-full read-source the shard reads right; with
             --on-full fail its read fails with ENOSPC ("No space left on device"),
@@ -1061,12 +1062,24 @@ def nas_writes_fail_with_eio(when):
         assert not os.path.lexists(os.path.join(NAS["src"], name)), f"{when}: {name} reached the export"
 
 
+def nas_unseen(name):
+    """A name nothing is known of: in the model's repository directory, which the
+    group looks up but never lists (a name a kept listing lacks is "no such file")."""
+    return os.path.join(NAS["mnt"], "models--" + NAS["repo"].replace("/", "--"), name)
+
+
 def nas_unseen_name_fails_at_once(when):
     started = time.monotonic()
-    expect_errno(errno.EIO, os.stat, os.path.join(NAS["mnt"], f"never-seen-{when}.json"))
+    expect_errno(errno.EIO, os.stat, nas_unseen(f"never-seen-{when}.json"))
     took = time.monotonic() - started
     assert took < NAS["timeout"], f"{when}: an unseen name waited {took:.1f} s"
-    return took
+    # The root was listed while the NAS answered: a name its listing lacks is
+    # absent, as the NAS said, not an error.
+    started = time.monotonic()
+    expect_errno(errno.ENOENT, os.stat, os.path.join(NAS["mnt"], f"never-listed-{when}.json"))
+    absent = time.monotonic() - started
+    assert absent < NAS["timeout"], f"{when}: a name the kept listing lacks waited {absent:.1f} s"
+    return f"an unseen name failed (EIO) in {took:.3f} s, a name the kept listing lacks (ENOENT) in {absent:.3f} s"
 
 
 @check("nas")
@@ -1075,6 +1088,7 @@ def a_model_on_an_sshfs_nas_reads_right_and_is_staged():
         assert sha256(path) == sha256(src), f"{os.path.basename(path)} differs from the source"
     listed = sorted(os.listdir(os.path.dirname(nas_shards()[0][0])))
     assert listed, "the snapshot lists"
+    # The root listed (kept with the cache), the repository directory only looked up.
     os.listdir(NAS["mnt"])
     # Another model's files, seen (as a loader scanning the cache leaves them) but
     # never read: with the link cut, programs reading them wait on the server.
@@ -1090,7 +1104,7 @@ def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
     # The first name nobody has seen waits out the source timeout (the server
     # answers JUKEBOX meanwhile): that is how the server learns the NAS is away.
     started = time.monotonic()
-    expect_errno(errno.EIO, os.stat, os.path.join(NAS["mnt"], "never-seen-first.json"))
+    expect_errno(errno.EIO, os.stat, nas_unseen("never-seen-first.json"))
     first = time.monotonic() - started
     # Programs reading files never staged keep trying meanwhile, each in a loop.
     waiting = [
@@ -1105,7 +1119,7 @@ def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
         nas_shards_read_right("link cut")
         staged = time.monotonic() - started - 1.5
         assert staged < NAS["timeout"], f"the staged model took {staged:.1f} s with the link cut"
-        took = nas_unseen_name_fails_at_once("cut")
+        unseen = nas_unseen_name_fails_at_once("cut")
         still = sum(1 for p in waiting if p.poll() is None)
     finally:
         for p in waiting:
@@ -1115,7 +1129,7 @@ def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
     signal_host("nas-restore")
     await_host("nas-restore")
     return (f"first unseen name {first:.1f} s; then, with {still} programs reading never-staged files "
-            f"in loops, the staged model {staged:.2f} s, an unseen name {took:.3f} s")
+            f"in loops, the staged model {staged:.2f} s, {unseen}")
 
 
 @check("nas")
@@ -1125,12 +1139,12 @@ def with_the_nas_unmounted_underneath_the_staged_model_reads_and_writes_land_now
     nas_shards_read_right("unmounted underneath")
     assert os.listdir(NAS["mnt"]), "the mount lists the source, not the empty mount point"
     nas_writes_fail_with_eio("unmounted underneath")
-    took = nas_unseen_name_fails_at_once("unmounted")
+    unseen = nas_unseen_name_fails_at_once("unmounted")
     signal_host("nas-underneath")
     await_host("nas-underneath")
     underneath = json.loads(read(os.path.join(SPEC["scratch"], "fault-nas-underneath-done")))
     assert underneath == [], f"written under the NAS's mount point on the host: {underneath}"
-    return f"an unseen name failed in {took:.3f} s"
+    return unseen
 
 
 @check("nas")
@@ -1139,8 +1153,8 @@ def with_sshfs_killed_the_staged_model_reads_and_writes_fail():
     await_host("nas-kill", limit=60)
     nas_shards_read_right("sshfs killed")
     nas_writes_fail_with_eio("sshfs killed")
-    took = nas_unseen_name_fails_at_once("killed")
-    return f"an unseen name failed in {took:.3f} s"
+    unseen = nas_unseen_name_fails_at_once("killed")
+    return unseen
 
 
 @check("nas")
