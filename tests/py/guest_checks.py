@@ -45,6 +45,15 @@ the source directly. The groups (all by default):
             time the staged model reads right, writes fail with EIO and land
             nowhere, a name nothing is known of fails at once with EIO, and a
             name the root's kept listing lacks is absent (ENOENT)
+    offline another export of an sshfs NAS, an HF_HOME with a tiny Llama in its
+            hub/ and as plain folders: the guest loads one (tests/py/hub_client.py
+            `loads`: mlx_lm.load and generate, AutoConfig, AutoTokenizer, by id
+            with HF_HOME at the mount and by path), the host prefetches a copy of
+            it (`stagefs prefetch` through the server's control socket); then the
+            host cuts the NAS's link, unmounts it, kills sshfs, and restarts the
+            server with sshfs killed: each time both load as before (times in the
+            details), and once the NAS is back a folder never read loads too
+            (only with "mlx_lm": true)
     full    two exports of one model whose shard is larger than their cache's
             --max-size: with --on-full read-source the shard reads right; with
             --on-full fail its read fails with ENOSPC ("No space left on device"),
@@ -84,7 +93,8 @@ import traceback
 
 SPEC = json.load(open(sys.argv[1]))
 GROUPS = sys.argv[2:] or [
-    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "full", "slow", "fault",
+    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "offline", "full", "slow",
+    "fault",
 ]
 HF = SPEC["hf"]
 # huggingface_hub reads its environment once, at import: this process is an offline
@@ -134,7 +144,7 @@ CHECKS = []
 # How long one check may take before it counts as hung (a call on a hard NFS mount
 # that never returns): then it fails, naming where the kernel holds it, and the run
 # ends there, since this process can go no further.
-LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150}
+LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150, "offline": 240}
 DEFAULT_LIMIT = 120
 
 
@@ -254,7 +264,7 @@ HF_SRC_SNAP = hf_snapshot(HF["src"], HF["repo"], HF["commit"])
 
 @check("mount")
 def mounts_are_the_kernels_nfs():
-    mnts = [SPEC[key]["mnt"] for key in ("hf", "plain", "nas", "slow")]
+    mnts = [SPEC[key]["mnt"] for key in ("hf", "plain", "nas", "offline", "slow")]
     for mnt in mnts + [SPEC["full"]["fail_mnt"], SPEC["full"]["read_mnt"]]:
         fields = mounted(mnt)
         assert fields, f"{mnt} is not mounted"
@@ -1173,6 +1183,167 @@ def once_the_nas_is_mounted_again_it_is_served_again():
         time.sleep(0.5)
     nas_shards_read_right("mounted again")
     return f"served {time.monotonic() - started:.1f} s after it was mounted again"
+
+
+# --- offline: models loaded or prefetched before load with the NAS away ---------------
+
+OFFLINE = SPEC["offline"]
+
+# One process of the loaders users run (tests/py/hub_client.py's `loads` and
+# `load-folder`), with HF_HOME at the offline export, offline: it imports mlx_lm and
+# transformers once (tens of seconds under TCG), then loads what it is asked, a JSON
+# line each way.
+LOADER_CODE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import hub_client
+for line in sys.stdin:
+    ask = json.loads(line)
+    os.environ.update(REPO=ask["repo"], EXPECT_WEIGHTS=ask["expect"])
+    try:
+        said = hub_client.MODES[ask["mode"]](ask["target"])
+    except Exception as e:
+        said = {"error": f"{type(e).__name__}: {e}", "errno": getattr(e, "errno", None)}
+    print(json.dumps(said), flush=True)
+"""
+
+
+class Loader:
+    proc = None
+
+    @classmethod
+    def ask(cls, mode, folder, repo=""):
+        """What the loaders of `mode` gave for the folder `folder` of the export (and
+        for `repo`); fails on an error or on weights that are not the model's."""
+        if cls.proc is None:
+            env = dict(os.environ, HF_HOME=OFFLINE["mnt"], HF_HUB_OFFLINE="1")
+            env.pop("HF_HUB_CACHE", None)
+            cls.proc = subprocess.Popen(
+                [sys.executable, "-c", LOADER_CODE, os.path.dirname(os.path.abspath(__file__))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            )
+        ask = {"mode": mode, "target": os.path.join(OFFLINE["mnt"], folder), "repo": repo, "expect": OFFLINE["weights"]}
+        cls.proc.stdin.write(json.dumps(ask) + "\n")
+        cls.proc.stdin.flush()
+        line = cls.proc.stdout.readline()
+        assert line, f"the loader process ended ({cls.proc.poll()})"
+        said = json.loads(line)
+        assert "error" not in said, f"{mode} {repo or folder}: {said}"
+        for one in (said[by] for by in ("repo", "folder")) if mode == "loads" else [said]:
+            assert one["weights_match"] is True, f"{mode} {repo or folder}: weights differ: {said}"
+            assert one["seed"] == OFFLINE["seed"], f"{mode} {repo or folder}: the config: {said}"
+        return said
+
+
+# What the model the guest loaded gave the first time: every later load (of it, and
+# of the copies of it that were only prefetched) must give the same.
+OFFLINE_FIRST = {}
+
+
+def offline_loads(models, when):
+    """`loads` (by id with HF_HOME at the mount, and by the path of a plain folder) of
+    each model; seconds they took."""
+    started = time.monotonic()
+    for repo, folder in models:
+        said = Loader.ask("loads", folder, repo)
+        want = OFFLINE_FIRST.setdefault("loads", said)
+        assert said == want, f"{when}: {repo} and {folder} loaded {said}, before {want}"
+    return time.monotonic() - started
+
+
+def offline_models():
+    return [(OFFLINE["repo"], OFFLINE["folder"]), (OFFLINE["prefetched_repo"], OFFLINE["prefetched_folder"])]
+
+
+def offline_host(step, limit=60):
+    """Asks the host to do `step` (each step is done once: every step has a name of
+    its own); what it answered (a failed step is this check's)."""
+    signal_host(step)
+    await_host(step, limit=limit)
+    said = read(os.path.join(SPEC["scratch"], f"fault-{step}-done")).decode()
+    assert '"error"' not in said, said
+    return said
+
+
+def offline_served_again(step):
+    """Asks the host to bring the NAS back (`step`), and waits until the export serves
+    what it added to it; seconds that took."""
+    name = offline_host(step)
+    started = time.monotonic()
+    while True:
+        try:
+            if read(os.path.join(OFFLINE["mnt"], name)) == b"back":
+                return time.monotonic() - started
+        except OSError:
+            pass
+        assert time.monotonic() - started < 60, f"{name} not served 60 s after the NAS came back"
+        time.sleep(0.5)
+
+
+def offline_outage(away, back, when):
+    if not OFFLINE_FIRST:
+        raise Skip("the models were not loaded before")
+    offline_host(away)
+    try:
+        # Past the client's attribute cache (actimeo=1): every name is asked again.
+        time.sleep(1.5)
+        took = offline_loads(offline_models(), when)
+    finally:
+        again = offline_served_again(back)
+    return f"loads of both {took:.1f} s; served again {again:.1f} s after the NAS came back"
+
+
+@check("offline")
+def a_model_loaded_through_the_kernel_client_and_one_prefetched_on_the_host_are_ready_offline():
+    if not SPEC.get("mlx_lm"):
+        raise Skip("mlx_lm.load is off (STAGEFS_GUEST_MLX_LM=0)")
+    first = offline_loads(offline_models()[:1], "the first time")
+    again = offline_loads(offline_models()[:1], "again, with the NAS up")
+    said = json.loads(offline_host("offline-prefetch", limit=120))
+    assert said["ok"], f"stagefs prefetch on the host: {said}"
+    for model in (OFFLINE["prefetched_repo"], OFFLINE["prefetched_folder"]):
+        ready = said["offline"].get(model)
+        assert ready and all(r["ready"] for r in ready), f"{model} is not ready offline: {said['offline']}"
+    # What status says of the model the guest loaded is told, not asserted: the loads
+    # through the outages below are what counts.
+    loaded = {m: [(r["ready"], r["missing_count"]) for r in said["offline"].get(m) or []]
+              for m in (OFFLINE["repo"], OFFLINE["folder"])}
+    return (f"loads (mlx_lm.load + generate, AutoConfig, AutoTokenizer; by id and by path) {first:.1f} s "
+            f"the first time (import included), {again:.1f} s again; then prefetched on the host, "
+            f"status: ready offline; of the loaded model, status says (ready, missing): {loaded}")
+
+
+@check("offline")
+def with_the_link_cut_both_load_the_same():
+    return offline_outage("offline-cut", "offline-restore", "link cut")
+
+
+@check("offline")
+def with_the_nas_unmounted_both_load_the_same():
+    return offline_outage("offline-drop", "offline-drop-back", "unmounted")
+
+
+@check("offline")
+def with_sshfs_killed_both_load_the_same():
+    return offline_outage("offline-kill", "offline-kill-back", "sshfs killed")
+
+
+@check("offline")
+def a_serve_restarted_with_the_nas_away_serves_both_then_takes_the_nas_back():
+    if not OFFLINE_FIRST:
+        raise Skip("the models were not loaded before")
+    try:
+        said = json.loads(offline_host("offline-restart-away", limit=90))
+        assert (said.get("source_health") or {}).get("unresponsive") is True, f"the restarted serve's status: {said}"
+        time.sleep(1.5)
+        took = offline_loads(offline_models(), "after a restart with the NAS away")
+    finally:
+        again = offline_served_again("offline-restart-back")
+    started = time.monotonic()
+    Loader.ask("load-folder", OFFLINE["never_folder"])
+    never = time.monotonic() - started
+    return (f"the mount kept its handles: loads of both {took:.1f} s; NAS back: served again {again:.1f} s "
+            f"after, a folder never read before loaded {never:.1f} s, no remount")
 
 
 # --- full: a shard larger than the cache may hold (--max-size) ----------------------
