@@ -94,6 +94,8 @@ const OFFLINE_FOLDER: &str = "models/loaded";
 const OFFLINE_PREFETCHED_FOLDER: &str = "models/prefetched";
 const OFFLINE_NEVER_FOLDER: &str = "models/never-read";
 const OFFLINE_SEED: u64 = 5;
+/// The seed of the plain export's tiny Llama (the mlx group's), in its config.
+const LLAMA_SEED: u64 = 7;
 const OFFLINE_TIMEOUT: &str = "10s";
 
 /// What the guest's run left.
@@ -183,7 +185,7 @@ fn boot() -> Result<Run, String> {
             HUB_CLIENT,
             "make-llama",
             &plain.root.join(llama),
-            &[("MODEL_SEED", Path::new("7"))],
+            &[("MODEL_SEED", Path::new(&LLAMA_SEED.to_string()))],
         );
     }
     let hub_dir = scratch.join("hub-repo");
@@ -267,6 +269,7 @@ fn boot() -> Result<Run, String> {
         "hub": {"endpoint": "http://10.0.2.101", "repo": REPO, "dir": hub_dir},
         "mlx_lm": mlx_lm,
         "llama": if mlx_lm { json!(llama) } else { Value::Null },
+        "llama_seed": LLAMA_SEED,
         "own": {
             "mnt": "/tmp/own-mnt",
             "cache": "/tmp/own-cache",
