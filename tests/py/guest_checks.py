@@ -27,8 +27,10 @@ the source directly. The groups (all by default):
             statvfs
     hub     `hf download` from a local Hub (tests/py/hub_server.py on the host) into
             the mounted HF_HOME
-    mlx     mlx_lm.load of a tiny Llama (only with "mlx_lm": true: importing mlx_lm
-            alone takes ~25 s under TCG, the load ~50 s in all)
+    mlx     mlx_lm.load and generate, AutoConfig and AutoTokenizer of a tiny Llama
+            by path (only with "mlx_lm": true: importing mlx_lm and transformers
+            takes about a minute under TCG, done once for this group and the
+            offline one)
     save    save_pretrained over a model folder just loaded through the plain
             export (tests/py/hub_client.py save: config.json, the weights under a
             temp name renamed over the old file), then loaded again by safe_open
@@ -43,7 +45,17 @@ the source directly. The groups (all by default):
             read once (staged), then the host drops sshfs's connection (sshfs
             exits and unmounts), kills sshfs (ENOTCONN), and mounts it again; each
             time the staged model reads right, writes fail with EIO and land
-            nowhere, and an unseen name fails at once
+            nowhere, a name nothing is known of fails at once with EIO, and a
+            name the root's kept listing lacks is absent (ENOENT)
+    offline another export of an sshfs NAS, an HF_HOME with a tiny Llama in its
+            hub/ and as plain folders: the guest loads one (tests/py/hub_client.py
+            `loads`: mlx_lm.load and generate, AutoConfig, AutoTokenizer, by id
+            with HF_HOME at the mount and by path), the host prefetches a copy of
+            it (`stagefs prefetch` through the server's control socket); then the
+            host cuts the NAS's link, unmounts it, kills sshfs, and restarts the
+            server with sshfs killed: each time both load as before (times in the
+            details), and once the NAS is back a folder never read loads too
+            (only with "mlx_lm": true)
     full    two exports of one model whose shard is larger than their cache's
             --max-size: with --on-full read-source the shard reads right; with
             --on-full fail its read fails with ENOSPC ("No space left on device"),
@@ -83,7 +95,8 @@ import traceback
 
 SPEC = json.load(open(sys.argv[1]))
 GROUPS = sys.argv[2:] or [
-    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "full", "slow", "fault",
+    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "offline", "full", "slow",
+    "fault",
 ]
 HF = SPEC["hf"]
 # huggingface_hub reads its environment once, at import: this process is an offline
@@ -133,7 +146,7 @@ CHECKS = []
 # How long one check may take before it counts as hung (a call on a hard NFS mount
 # that never returns): then it fails, naming where the kernel holds it, and the run
 # ends there, since this process can go no further.
-LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150}
+LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150, "offline": 240}
 DEFAULT_LIMIT = 120
 
 
@@ -253,7 +266,7 @@ HF_SRC_SNAP = hf_snapshot(HF["src"], HF["repo"], HF["commit"])
 
 @check("mount")
 def mounts_are_the_kernels_nfs():
-    mnts = [SPEC[key]["mnt"] for key in ("hf", "plain", "nas", "slow")]
+    mnts = [SPEC[key]["mnt"] for key in ("hf", "plain", "nas", "offline", "slow")]
     for mnt in mnts + [SPEC["full"]["fail_mnt"], SPEC["full"]["read_mnt"]]:
         fields = mounted(mnt)
         assert fields, f"{mnt} is not mounted"
@@ -862,6 +875,56 @@ def hf_download_into_the_mounted_hf_home():
     return f"{len(files)} files in {took} s"
 
 
+# One process of the loaders users run (tests/py/hub_client.py's `loads` and
+# `load-folder`), offline, with HF_HOME at the offline group's export: it imports
+# mlx_lm and transformers once (about a minute under TCG), for the mlx and offline
+# groups, then loads what it is asked, a JSON line each way.
+LOADER_CODE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import hub_client
+for line in sys.stdin:
+    ask = json.loads(line)
+    os.environ.update(REPO=ask["repo"], EXPECT_WEIGHTS=ask["expect"])
+    try:
+        said = hub_client.MODES[ask["mode"]](ask["target"])
+    except Exception as e:
+        said = {"error": f"{type(e).__name__}: {e}", "errno": getattr(e, "errno", None)}
+    print(json.dumps(said), flush=True)
+"""
+
+
+class Loader:
+    proc = None
+
+    @classmethod
+    def ask(cls, mode, target, repo="", expect=None, seed=None):
+        """What the loaders of `mode` gave for the model folder `target` (and for
+        `repo`); fails on an error, or on weights or a config that are not the
+        model's (`expect`, a safetensors file, and `seed`: by default the offline
+        group's)."""
+        if cls.proc is None:
+            env = dict(os.environ, HF_HOME=SPEC["offline"]["mnt"], HF_HUB_OFFLINE="1")
+            env.pop("HF_HUB_CACHE", None)
+            cls.proc = subprocess.Popen(
+                [sys.executable, "-c", LOADER_CODE, os.path.dirname(os.path.abspath(__file__))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            )
+        expect = expect or SPEC["offline"]["weights"]
+        seed = SPEC["offline"]["seed"] if seed is None else seed
+        ask = {"mode": mode, "target": target, "repo": repo, "expect": expect}
+        cls.proc.stdin.write(json.dumps(ask) + "\n")
+        cls.proc.stdin.flush()
+        line = cls.proc.stdout.readline()
+        assert line, f"the loader process ended ({cls.proc.poll()})"
+        said = json.loads(line)
+        assert "error" not in said, f"{mode} {repo or target}: {said}"
+        for one in (said[by] for by in ("repo", "folder")) if mode == "loads" else [said]:
+            assert one["weights_match"] is True, f"{mode} {repo or target}: weights differ: {said}"
+            assert one["seed"] == seed, f"{mode} {repo or target}: the config: {said}"
+        return said
+
+
 # --- mlx -----------------------------------------------------------------------------
 
 
@@ -870,21 +933,11 @@ def mlx_lm_loads_a_model_from_the_mount():
     llama = SPEC.get("llama")
     if not SPEC.get("mlx_lm") or not llama:
         raise Skip("mlx_lm.load is off: importing mlx_lm alone takes ~25 s under TCG (STAGEFS_GUEST_MLX_LM=0 turned it off)")
-    code = (
-        "import sys, json, numpy as np, mlx_lm\n"
-        "from mlx.utils import tree_flatten\n"
-        "from safetensors.numpy import load_file\n"
-        "model, tok = mlx_lm.load(sys.argv[1])\n"
-        "got = {k: np.array(v) for k, v in tree_flatten(model.parameters())}\n"
-        "want = load_file(sys.argv[2])\n"
-        "print(json.dumps({'match': got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)}))\n"
-    )
     path = os.path.join(SPEC["plain"]["mnt"], llama)
     want = os.path.join(SPEC["plain"]["src"], llama, "model.safetensors")
-    rc, out, took = sh([sys.executable, "-c", code, path, want], 180)
-    assert rc == 0, f"{rc}: {tail(out)}"
-    assert json.loads(out.strip().splitlines()[-1])["match"], "the weights differ"
-    return f"{took} s"
+    started = time.monotonic()
+    said = Loader.ask("load-folder", path, expect=want, seed=SPEC["llama_seed"])
+    return f"{time.monotonic() - started:.1f} s (the loader's imports included): generated {said['generated']!r}"
 
 
 @check("own")
@@ -1061,12 +1114,24 @@ def nas_writes_fail_with_eio(when):
         assert not os.path.lexists(os.path.join(NAS["src"], name)), f"{when}: {name} reached the export"
 
 
+def nas_unseen(name):
+    """A name nothing is known of: in the model's repository directory, which the
+    group looks up but never lists (a name a kept listing lacks is "no such file")."""
+    return os.path.join(NAS["mnt"], "models--" + NAS["repo"].replace("/", "--"), name)
+
+
 def nas_unseen_name_fails_at_once(when):
     started = time.monotonic()
-    expect_errno(errno.EIO, os.stat, os.path.join(NAS["mnt"], f"never-seen-{when}.json"))
+    expect_errno(errno.EIO, os.stat, nas_unseen(f"never-seen-{when}.json"))
     took = time.monotonic() - started
     assert took < NAS["timeout"], f"{when}: an unseen name waited {took:.1f} s"
-    return took
+    # The root was listed while the NAS answered: a name its listing lacks is
+    # absent, as the NAS said, not an error.
+    started = time.monotonic()
+    expect_errno(errno.ENOENT, os.stat, os.path.join(NAS["mnt"], f"never-listed-{when}.json"))
+    absent = time.monotonic() - started
+    assert absent < NAS["timeout"], f"{when}: a name the kept listing lacks waited {absent:.1f} s"
+    return f"an unseen name failed (EIO) in {took:.3f} s, a name the kept listing lacks (ENOENT) in {absent:.3f} s"
 
 
 @check("nas")
@@ -1075,6 +1140,7 @@ def a_model_on_an_sshfs_nas_reads_right_and_is_staged():
         assert sha256(path) == sha256(src), f"{os.path.basename(path)} differs from the source"
     listed = sorted(os.listdir(os.path.dirname(nas_shards()[0][0])))
     assert listed, "the snapshot lists"
+    # The root listed (kept with the cache), the repository directory only looked up.
     os.listdir(NAS["mnt"])
     # Another model's files, seen (as a loader scanning the cache leaves them) but
     # never read: with the link cut, programs reading them wait on the server.
@@ -1090,7 +1156,7 @@ def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
     # The first name nobody has seen waits out the source timeout (the server
     # answers JUKEBOX meanwhile): that is how the server learns the NAS is away.
     started = time.monotonic()
-    expect_errno(errno.EIO, os.stat, os.path.join(NAS["mnt"], "never-seen-first.json"))
+    expect_errno(errno.EIO, os.stat, nas_unseen("never-seen-first.json"))
     first = time.monotonic() - started
     # Programs reading files never staged keep trying meanwhile, each in a loop.
     waiting = [
@@ -1105,7 +1171,7 @@ def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
         nas_shards_read_right("link cut")
         staged = time.monotonic() - started - 1.5
         assert staged < NAS["timeout"], f"the staged model took {staged:.1f} s with the link cut"
-        took = nas_unseen_name_fails_at_once("cut")
+        unseen = nas_unseen_name_fails_at_once("cut")
         still = sum(1 for p in waiting if p.poll() is None)
     finally:
         for p in waiting:
@@ -1115,7 +1181,7 @@ def with_the_link_cut_and_the_nas_known_away_the_staged_model_reads_at_once():
     signal_host("nas-restore")
     await_host("nas-restore")
     return (f"first unseen name {first:.1f} s; then, with {still} programs reading never-staged files "
-            f"in loops, the staged model {staged:.2f} s, an unseen name {took:.3f} s")
+            f"in loops, the staged model {staged:.2f} s, {unseen}")
 
 
 @check("nas")
@@ -1125,12 +1191,12 @@ def with_the_nas_unmounted_underneath_the_staged_model_reads_and_writes_land_now
     nas_shards_read_right("unmounted underneath")
     assert os.listdir(NAS["mnt"]), "the mount lists the source, not the empty mount point"
     nas_writes_fail_with_eio("unmounted underneath")
-    took = nas_unseen_name_fails_at_once("unmounted")
+    unseen = nas_unseen_name_fails_at_once("unmounted")
     signal_host("nas-underneath")
     await_host("nas-underneath")
     underneath = json.loads(read(os.path.join(SPEC["scratch"], "fault-nas-underneath-done")))
     assert underneath == [], f"written under the NAS's mount point on the host: {underneath}"
-    return f"an unseen name failed in {took:.3f} s"
+    return unseen
 
 
 @check("nas")
@@ -1139,8 +1205,8 @@ def with_sshfs_killed_the_staged_model_reads_and_writes_fail():
     await_host("nas-kill", limit=60)
     nas_shards_read_right("sshfs killed")
     nas_writes_fail_with_eio("sshfs killed")
-    took = nas_unseen_name_fails_at_once("killed")
-    return f"an unseen name failed in {took:.3f} s"
+    unseen = nas_unseen_name_fails_at_once("killed")
+    return unseen
 
 
 @check("nas")
@@ -1159,6 +1225,122 @@ def once_the_nas_is_mounted_again_it_is_served_again():
         time.sleep(0.5)
     nas_shards_read_right("mounted again")
     return f"served {time.monotonic() - started:.1f} s after it was mounted again"
+
+
+# --- offline: models loaded or prefetched before load with the NAS away ---------------
+
+OFFLINE = SPEC["offline"]
+
+# What the model the guest loaded gave the first time: every later load (of it, and
+# of the copies of it that were only prefetched) must give the same.
+OFFLINE_FIRST = {}
+
+
+def offline_loads(models, when):
+    """`loads` (by id with HF_HOME at the mount, and by the path of a plain folder) of
+    each model; seconds they took."""
+    started = time.monotonic()
+    for repo, folder in models:
+        said = Loader.ask("loads", os.path.join(OFFLINE["mnt"], folder), repo)
+        want = OFFLINE_FIRST.setdefault("loads", said)
+        assert said == want, f"{when}: {repo} and {folder} loaded {said}, before {want}"
+    return time.monotonic() - started
+
+
+def offline_models():
+    return [(OFFLINE["repo"], OFFLINE["folder"]), (OFFLINE["prefetched_repo"], OFFLINE["prefetched_folder"])]
+
+
+def offline_host(step, limit=60):
+    """Asks the host to do `step` (each step is done once: every step has a name of
+    its own); what it answered (a failed step is this check's)."""
+    signal_host(step)
+    await_host(step, limit=limit)
+    said = read(os.path.join(SPEC["scratch"], f"fault-{step}-done")).decode()
+    assert '"error"' not in said, said
+    return said
+
+
+def offline_served_again(step):
+    """Asks the host to bring the NAS back (`step`), and waits until the export serves
+    what it added to it; seconds that took."""
+    name = offline_host(step)
+    started = time.monotonic()
+    while True:
+        try:
+            if read(os.path.join(OFFLINE["mnt"], name)) == b"back":
+                return time.monotonic() - started
+        except OSError:
+            pass
+        assert time.monotonic() - started < 60, f"{name} not served 60 s after the NAS came back"
+        time.sleep(0.5)
+
+
+def offline_outage(away, back, when):
+    if not OFFLINE_FIRST:
+        raise Skip("the models were not loaded before")
+    offline_host(away)
+    try:
+        # Past the client's attribute cache (actimeo=1): every name is asked again.
+        time.sleep(1.5)
+        took = offline_loads(offline_models(), when)
+    finally:
+        again = offline_served_again(back)
+    return f"loads of both {took:.1f} s; served again {again:.1f} s after the NAS came back"
+
+
+@check("offline")
+def a_model_loaded_through_the_kernel_client_and_one_prefetched_on_the_host_are_ready_offline():
+    if not SPEC.get("mlx_lm"):
+        raise Skip("mlx_lm.load is off (STAGEFS_GUEST_MLX_LM=0)")
+    first = offline_loads(offline_models()[:1], "the first time")
+    again = offline_loads(offline_models()[:1], "again, with the NAS up")
+    said = json.loads(offline_host("offline-prefetch", limit=120))
+    assert said["ok"], f"stagefs prefetch on the host: {said}"
+    for model in (OFFLINE["prefetched_repo"], OFFLINE["prefetched_folder"]):
+        ready = said["offline"].get(model)
+        assert ready and all(r["ready"] for r in ready), f"{model} is not ready offline: {said['offline']}"
+    # What status says of the model the guest loaded is told, not asserted: the loads
+    # through the outages below are what counts.
+    loaded = {m: [(r["ready"], r["missing_count"]) for r in said["offline"].get(m) or []]
+              for m in (OFFLINE["repo"], OFFLINE["folder"])}
+    return (f"loads (mlx_lm.load + generate, AutoConfig, AutoTokenizer; by id and by path) {first:.1f} s "
+            f"the first time (with the loader's imports if the mlx group did not run), {again:.1f} s again; "
+            f"then prefetched on the host, "
+            f"status: ready offline; of the loaded model, status says (ready, missing): {loaded}")
+
+
+@check("offline")
+def with_the_link_cut_both_load_the_same():
+    return offline_outage("offline-cut", "offline-restore", "link cut")
+
+
+@check("offline")
+def with_the_nas_unmounted_both_load_the_same():
+    return offline_outage("offline-drop", "offline-drop-back", "unmounted")
+
+
+@check("offline")
+def with_sshfs_killed_both_load_the_same():
+    return offline_outage("offline-kill", "offline-kill-back", "sshfs killed")
+
+
+@check("offline")
+def a_serve_restarted_with_the_nas_away_serves_both_then_takes_the_nas_back():
+    if not OFFLINE_FIRST:
+        raise Skip("the models were not loaded before")
+    try:
+        said = json.loads(offline_host("offline-restart-away", limit=90))
+        assert (said.get("source_health") or {}).get("unresponsive") is True, f"the restarted serve's status: {said}"
+        time.sleep(1.5)
+        took = offline_loads(offline_models(), "after a restart with the NAS away")
+    finally:
+        again = offline_served_again("offline-restart-back")
+    started = time.monotonic()
+    Loader.ask("load-folder", os.path.join(OFFLINE["mnt"], OFFLINE["never_folder"]))
+    never = time.monotonic() - started
+    return (f"the mount kept its handles: loads of both {took:.1f} s; NAS back: served again {again:.1f} s "
+            f"after, a folder never read before loaded {never:.1f} s, no remount")
 
 
 # --- full: a shard larger than the cache may hold (--max-size) ----------------------

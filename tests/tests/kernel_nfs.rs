@@ -5,23 +5,26 @@
 //! machine's, read-only over 9p, so it runs this workspace's `stagefs` and `.venv`.
 //!
 //! One boot serves every test here (a [`LazyLock`]): the host runs `stagefs serve`
-//! for an HF_HOME, for a folder of plain model folders, for an sshfs NAS, twice for
-//! a model whose shard is larger than the cache (`--max-size`, `--on-full fail` and
-//! `read-source`), twice for a slow sshfs NAS, and a local Hub
-//! (tests/py/hub_server.py); the guest mounts the exports with `mount -t nfs` (the
+//! for an HF_HOME, for a folder of plain model folders, for an sshfs NAS, for an
+//! HF_HOME on another sshfs NAS (the offline group's), twice for a model whose shard
+//! is larger than the cache (`--max-size`, `--on-full fail` and `read-source`), twice
+//! for a slow sshfs NAS, and a local Hub (tests/py/hub_server.py); the guest mounts the exports with `mount -t nfs` (the
 //! kernel does MOUNT itself, no mount.nfs) through qemu's user network, whose
 //! forwards are `socat` runs that connect from a reserved port, as the server wants
 //! of a Linux client. There tests/py/guest_checks.py runs every check once, in groups
-//! (mount, read, own, doctor, write, save, posix, hub, mlx, nas, full, slow, fault; see its
-//! docstring), and each test below asserts that its group passed. The fault, nas and
-//! slow groups are dialogues with this process through files in the scratch
-//! directory: the guest asks, the host kills the server (SIGKILL), restarts it on the
-//! same port, kills it again; cuts, drops and kills the NAS; makes every call to the
-//! slow NAS wait (tests/py/slow_sftp.py) while the guest mounts it. After the run
-//! the host loads the model the save group wrote from the source itself.
+//! (mount, read, own, doctor, write, save, posix, hub, mlx, nas, offline, full, slow,
+//! fault; see its docstring), and each test below asserts that its group passed. The
+//! fault, nas, offline and slow groups are dialogues with this process through files
+//! in the scratch directory: the guest asks, the host kills the server (SIGKILL),
+//! restarts it on the same port, kills it again; cuts, drops and kills a NAS;
+//! prefetches a model and restarts the offline export's server with its NAS away;
+//! makes every call to the slow NAS wait (tests/py/slow_sftp.py) while the guest
+//! mounts it. After the run the host loads the model the save group wrote from the
+//! source itself.
 //!
-//! The run includes an `mlx_lm.load` (about 50 s under TCG); `STAGEFS_GUEST_MLX_LM=0`
-//! leaves it out for a quicker run, and its test then fails, saying so;
+//! The run includes `mlx_lm.load`s (the mlx and offline groups: importing mlx_lm
+//! takes ~25 s under TCG); `STAGEFS_GUEST_MLX_LM=0` leaves them out for a quicker
+//! run, and their tests then fail, saying so;
 //! `STAGEFS_KEEP_GUEST=1` keeps the scratch directory (console.log, dmesg.txt,
 //! checks.log, results.json); `STAGEFS_GUEST_GROUPS="full slow"` runs only those
 //! groups, while iterating (the other groups' tests then fail: none ran).
@@ -32,7 +35,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -40,7 +43,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, sha256_of};
 use stagefs_tests::{
-    Layout, NetFs, Scratch, Served, ShapedSource, generate, stagefs_bin, workspace_root,
+    Layout, NetFs, Scratch, Served, ShapedSource, generate, run_stagefs, stagefs_bin,
+    workspace_root,
 };
 
 const ID: &str = "acme/served";
@@ -80,6 +84,19 @@ const SLOW_SHARD: &str = "12M";
 /// the NAS is held [`SLOW_CALL`] (tests/py/slow_sftp.py).
 const SLOW_ROOT_MNT: &str = "/tmp/nfs-slow-root";
 const SLOW_CALL: Duration = Duration::from_secs(5);
+/// The offline group's export: an HF_HOME on an sshfs NAS, with a tiny Llama in its
+/// hub/ as [`REPO`] (the guest loads it) and as [`OFFLINE_PREFETCHED`] (only the
+/// host prefetches it), and as plain folders of each kind, and one never read
+/// before the NAS comes back after the restart.
+const OFFLINE_MNT: &str = "/tmp/nfs-offline";
+const OFFLINE_PREFETCHED: &str = "acme/prefetched";
+const OFFLINE_FOLDER: &str = "models/loaded";
+const OFFLINE_PREFETCHED_FOLDER: &str = "models/prefetched";
+const OFFLINE_NEVER_FOLDER: &str = "models/never-read";
+const OFFLINE_SEED: u64 = 5;
+/// The seed of the plain export's tiny Llama (the mlx group's), in its config.
+const LLAMA_SEED: u64 = 7;
+const OFFLINE_TIMEOUT: &str = "10s";
 
 /// What the guest's run left.
 struct Run {
@@ -168,7 +185,7 @@ fn boot() -> Result<Run, String> {
             HUB_CLIENT,
             "make-llama",
             &plain.root.join(llama),
-            &[("MODEL_SEED", Path::new("7"))],
+            &[("MODEL_SEED", Path::new(&LLAMA_SEED.to_string()))],
         );
     }
     let hub_dir = scratch.join("hub-repo");
@@ -233,6 +250,7 @@ fn boot() -> Result<Run, String> {
         &scratch.join("cache-slow-root"),
         &["--source-timeout", "120s"],
     )?;
+    let mut offline = Offline::start(&scratch, nas_place.path())?;
 
     let spec = json!({
         "scratch": scratch,
@@ -251,6 +269,7 @@ fn boot() -> Result<Run, String> {
         "hub": {"endpoint": "http://10.0.2.101", "repo": REPO, "dir": hub_dir},
         "mlx_lm": mlx_lm,
         "llama": if mlx_lm { json!(llama) } else { Value::Null },
+        "llama_seed": LLAMA_SEED,
         "own": {
             "mnt": "/tmp/own-mnt",
             "cache": "/tmp/own-cache",
@@ -293,6 +312,16 @@ fn boot() -> Result<Run, String> {
             "call_delay": SLOW_CALL.as_secs(),
         },
         "save": {"dir": "models/acme/saved"},
+        "offline": {
+            "mnt": OFFLINE_MNT,
+            "weights": offline.made.join("model.safetensors"),
+            "seed": OFFLINE_SEED,
+            "repo": REPO,
+            "prefetched_repo": OFFLINE_PREFETCHED,
+            "folder": OFFLINE_FOLDER,
+            "prefetched_folder": OFFLINE_PREFETCHED_FOLDER,
+            "never_folder": OFFLINE_NEVER_FOLDER,
+        },
     });
     fs::write(
         scratch.join("spec.json"),
@@ -311,6 +340,7 @@ fn boot() -> Result<Run, String> {
         .env("NFS_PORT5", full_read.port().to_string())
         .env("NFS_PORT6", slow_served.port().to_string())
         .env("NFS_PORT7", slow_root_served.port().to_string())
+        .env("NFS_PORT8", offline.port.to_string())
         .env("HUB_PORT", &hub_port)
         .env("GUEST_TIMEOUT", GUEST_LIMIT.as_secs().to_string())
         .stdin(Stdio::null())
@@ -379,6 +409,31 @@ fn boot() -> Result<Run, String> {
             host_did.push(format!("{:.1} s: {step}", started.elapsed().as_secs_f64()));
             fs::write(&done, answer).expect("answer the guest");
         }
+        for step in [
+            "offline-prefetch",
+            "offline-cut",
+            "offline-restore",
+            "offline-kill",
+            "offline-drop",
+            "offline-drop-back",
+            "offline-kill-back",
+            "offline-restart-away",
+            "offline-restart-back",
+        ] {
+            let asked = scratch.join(format!("fault-{step}"));
+            let done = scratch.join(format!("fault-{step}-done"));
+            if !asked.exists() || done.exists() {
+                continue;
+            }
+            // A step that failed (a netfs.sh step panics) is the guest's to report.
+            let answer =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| offline.step(step)))
+                    .unwrap_or_else(|_| {
+                        json!({"error": format!("the host's {step} failed")}).to_string()
+                    });
+            host_did.push(format!("{:.1} s: {step}", started.elapsed().as_secs_f64()));
+            fs::write(&done, answer).expect("answer the guest");
+        }
         for step in ["slow-on", "slow-off"] {
             let asked = scratch.join(format!("fault-{step}"));
             let done = scratch.join(format!("fault-{step}-done"));
@@ -407,6 +462,7 @@ fn boot() -> Result<Run, String> {
     drop(slow_served);
     drop(slow_root_served);
     drop(slow_nas);
+    drop(offline);
     drop(hub);
 
     let read = |name: &str| fs::read_to_string(scratch.join(name)).unwrap_or_default();
@@ -492,6 +548,172 @@ fn nas_step(step: &str, nas: &NetFs, export: &Path) -> String {
     step.to_string()
 }
 
+/// The offline group's NAS and the `stagefs serve` of it, which the host restarts
+/// with the NAS away.
+struct Offline {
+    // Dropped in this order: the server, then the NAS under it.
+    served: Option<Served>,
+    nas: NetFs,
+    /// The NAS's export directory (the HF_HOME).
+    home: PathBuf,
+    /// The model as made, whose weights every load is compared with.
+    made: PathBuf,
+    cache: PathBuf,
+    port: u16,
+    /// Files added to the NAS each time it comes back, to see it served again.
+    backs: usize,
+}
+
+impl Offline {
+    fn start(scratch: &Path, nas_place: &Path) -> Result<Offline, String> {
+        let made = scratch.join("offline-made");
+        let seed = OFFLINE_SEED.to_string();
+        As::Root.ok(
+            HUB_CLIENT,
+            "make-llama",
+            &made,
+            &[("MODEL_SEED", Path::new(&seed))],
+        );
+        let home = scratch.join("offline-home");
+        fs::create_dir_all(home.join("hub")).map_err(|e| format!("mkdir: {e}"))?;
+        {
+            let hub = Hub::serve(&made);
+            As::Root.ok(
+                HUB_CLIENT,
+                "snapshot",
+                Path::new(REPO),
+                &[("HF_ENDPOINT", &hub.endpoint()), ("HF_HOME", &home)],
+            );
+        }
+        // The same model under another id: its links are relative.
+        let repo_dir = |id: &str| {
+            home.join("hub")
+                .join(format!("models--{}", id.replace('/', "--")))
+        };
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(repo_dir(REPO))
+            .arg(repo_dir(OFFLINE_PREFETCHED))
+            .status()
+            .map_err(|e| format!("cp: {e}"))?;
+        if !copied.success() {
+            return Err(format!("cp -a of {REPO}'s cache failed"));
+        }
+        for folder in [
+            OFFLINE_FOLDER,
+            OFFLINE_PREFETCHED_FOLDER,
+            OFFLINE_NEVER_FOLDER,
+        ] {
+            let folder = home.join(folder);
+            fs::create_dir_all(&folder).map_err(|e| format!("mkdir: {e}"))?;
+            for entry in fs::read_dir(&made).expect("ls").flatten() {
+                fs::copy(entry.path(), folder.join(entry.file_name())).expect("copy");
+            }
+        }
+        let nas = NetFs::up(&home, &nas_place.join("offline-nas"), "200mbit");
+        let cache = scratch.join("cache-offline");
+        let served = Served::try_start(&nas.mnt, &cache, &["--source-timeout", OFFLINE_TIMEOUT])?;
+        Ok(Offline {
+            port: served.port(),
+            served: Some(served),
+            nas,
+            home,
+            made,
+            cache,
+            backs: 0,
+        })
+    }
+
+    /// What the host does for a step of the offline group; the answer the guest reads.
+    fn step(&mut self, step: &str) -> String {
+        match step {
+            "offline-prefetch" => self.prefetch(),
+            "offline-cut" => {
+                self.nas.cut();
+                step.to_string()
+            }
+            "offline-kill" => {
+                self.nas.kill_sshfs();
+                step.to_string()
+            }
+            "offline-drop" => {
+                self.nas.drop_connection();
+                step.to_string()
+            }
+            "offline-restore" => {
+                self.nas.restore();
+                self.add_a_file()
+            }
+            "offline-restart-away" => self.restart_away(),
+            // offline-drop-back, offline-kill-back, offline-restart-back
+            _ => {
+                self.nas.mount_again();
+                self.add_a_file()
+            }
+        }
+    }
+
+    /// `stagefs prefetch` of the model and folder the guest never read, through the
+    /// server's control socket, and what status says of every model being ready
+    /// offline, as JSON. The folder is named by its id (its path in the source):
+    /// a path in the source directory is refused through `stagefs serve`.
+    fn prefetch(&self) -> String {
+        let (ok, out, err) = run_stagefs(&[
+            &"prefetch",
+            &OFFLINE_PREFETCHED,
+            &OFFLINE_PREFETCHED_FOLDER,
+            &"--cache-dir",
+            &self.cache,
+        ]);
+        let (_, status, _) = run_stagefs(&[&"status", &"--json", &"--cache-dir", &self.cache]);
+        let status: Value = serde_json::from_str(&status).unwrap_or_default();
+        let offline: BTreeMap<String, Value> = status["mounts"][0]["models"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                (
+                    m["model"].as_str().unwrap_or_default().to_string(),
+                    m["offline"].clone(),
+                )
+            })
+            .collect();
+        json!({"ok": ok, "said": format!("{out}{err}"), "offline": offline}).to_string()
+    }
+
+    /// A file added to the NAS, whose name the guest reads through the export once
+    /// the server serves the NAS again.
+    fn add_a_file(&mut self) -> String {
+        self.backs += 1;
+        let name = format!("back-{}.txt", self.backs);
+        fs::write(self.home.join(&name), b"back").expect("write");
+        name
+    }
+
+    /// The NAS away (sshfs killed), the server stopped and started again on its port
+    /// with the same cache, as a laptop restarted away from its NAS; what status
+    /// says of the source then, as JSON.
+    fn restart_away(&mut self) -> String {
+        self.nas.kill_sshfs();
+        if let Some(served) = self.served.take() {
+            served.stop();
+        }
+        let listen = format!("127.0.0.1:{}", self.port);
+        let flags = ["--source-timeout", OFFLINE_TIMEOUT, "--listen", &listen];
+        match Served::try_start(&self.nas.mnt, &self.cache, &flags) {
+            Ok(again) => {
+                self.served = Some(again);
+                let (_, status, _) =
+                    run_stagefs(&[&"status", &"--json", &"--cache-dir", &self.cache]);
+                let status: Value = serde_json::from_str(&status).unwrap_or_default();
+                json!({"restarted": listen, "source_health": status["mounts"][0]["source_health"]})
+                    .to_string()
+            }
+            Err(e) => json!({"error": e}).to_string(),
+        }
+    }
+}
+
 /// What the host does for a step of the slow group: every sftp call to the slow NAS
 /// held [`SLOW_CALL`] from now on ("slow-on"), or no longer. After slow-on a thread
 /// times a stat of a name never asked before on the host's sshfs mount and leaves
@@ -534,11 +756,12 @@ fn guest_script(scratch: &Path) -> String {
     format!(
         r#"set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home LANG=C.UTF-8
-mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT} {NAS_MNT} {FULL_FAIL_MNT} {FULL_READ_MNT} {SLOW_MNT} {SLOW_ROOT_MNT}
+mkdir -p "$HOME" {HF_MNT} {PLAIN_MNT} {NAS_MNT} {FULL_FAIL_MNT} {FULL_READ_MNT} {SLOW_MNT} {SLOW_ROOT_MNT} {OFFLINE_MNT}
 cd /tmp
 opts=vers=3,tcp,port=2049,mountport=2049,rsize=1048576,wsize=1048576,actimeo=1,hard,local_lock=all,mountproto=tcp
 for m in "10.0.2.100 {HF_MNT}" "10.0.2.102 {PLAIN_MNT}" "10.0.2.103 {NAS_MNT}" \
-    "10.0.2.104 {FULL_FAIL_MNT}" "10.0.2.105 {FULL_READ_MNT}" "10.0.2.106 {SLOW_MNT}"; do
+    "10.0.2.104 {FULL_FAIL_MNT}" "10.0.2.105 {FULL_READ_MNT}" "10.0.2.106 {SLOW_MNT}" \
+    "10.0.2.108 {OFFLINE_MNT}"; do
     set -- $m
     t0=$(date +%s%N)
     timeout -k 5 60 mount -i -t nfs -o "$opts,addr=$1" "$1:/" "$2" || echo "guest: mount $1:/ $2 failed: $?"
@@ -664,6 +887,11 @@ fn doctor_with_the_nfs_backend_does_not_require_fuse() {
 #[test]
 fn a_nas_unmounted_underneath_or_killed_keeps_serving_staged_models_over_nfs() {
     assert_group("nas");
+}
+
+#[test]
+fn models_loaded_or_prefetched_load_through_the_kernel_nfs_client_with_the_nas_away() {
+    assert_group("offline");
 }
 
 #[test]
