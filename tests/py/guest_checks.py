@@ -876,7 +876,7 @@ def hf_download_into_the_mounted_hf_home():
 
 
 # One process of the loaders users run (tests/py/hub_client.py's `loads` and
-# `load-folder`), offline, with HF_HOME at the offline group's export: it imports
+# `mlx-load-folder`), offline, with HF_HOME at the offline group's export: it imports
 # mlx_lm and transformers once (about a minute under TCG), for the mlx and offline
 # groups, then loads what it is asked, a JSON line each way.
 LOADER_CODE = r"""
@@ -936,7 +936,7 @@ def mlx_lm_loads_a_model_from_the_mount():
     path = os.path.join(SPEC["plain"]["mnt"], llama)
     want = os.path.join(SPEC["plain"]["src"], llama, "model.safetensors")
     started = time.monotonic()
-    said = Loader.ask("load-folder", path, expect=want, seed=SPEC["llama_seed"])
+    said = Loader.ask("mlx-load-folder", path, expect=want, seed=SPEC["llama_seed"])
     return f"{time.monotonic() - started:.1f} s (the loader's imports included): generated {said['generated']!r}"
 
 
@@ -1333,7 +1333,7 @@ def a_serve_restarted_with_the_nas_away_serves_both_then_takes_the_nas_back():
     finally:
         again = offline_served_again("offline-restart-back")
     started = time.monotonic()
-    Loader.ask("load-folder", os.path.join(OFFLINE["mnt"], OFFLINE["never_folder"]))
+    Loader.ask("mlx-load-folder", os.path.join(OFFLINE["mnt"], OFFLINE["never_folder"]))
     never = time.monotonic() - started
     return (f"the mount kept its handles: loads of both {took:.1f} s; NAS back: served again {again:.1f} s "
             f"after, a folder never read before loaded {never:.1f} s, no remount")
