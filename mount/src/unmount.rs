@@ -133,7 +133,7 @@ pub fn unmount_how(mountpoint: &Path, how: How) -> Result<Unmounted, UnmountErro
     let Some(known) = registry::known_at(&resolved) else {
         return Err(UnmountError::Unrecorded(path));
     };
-    unmount_path(&resolved, how).map_err(|e| system_error(e, path.clone()))?;
+    unmount_once_free(&resolved, how).map_err(|e| system_error(e, path.clone()))?;
     let wait = if lazy {
         LAZY_EXIT_WAIT
     } else {
@@ -166,6 +166,31 @@ pub(crate) fn clear_dead(mountpoint: &Path) -> Result<(), UnmountError> {
             what: entry.describe(),
         }),
         None => Err(UnmountError::NotMounted(path)),
+    }
+}
+
+/// How long a plain unmount keeps trying while the mount is busy. A file closed a
+/// moment ago can still hold it: a program's children exiting after it, or a process
+/// forked while the file was open that has not reached its `exec` yet (seen in CI:
+/// `cat`-like read, then `stagefs unmount` at once, refused as busy). A mount still
+/// busy after this is busy for the user too.
+const BUSY_GRACE: Duration = Duration::from_secs(2);
+
+/// [`unmount_path`], tried again for [`BUSY_GRACE`] while a plain unmount finds the
+/// mount busy.
+fn unmount_once_free(mountpoint: &Path, how: How) -> io::Result<()> {
+    let start = Instant::now();
+    loop {
+        match unmount_path(mountpoint, how) {
+            Err(e)
+                if how == How::Normal
+                    && e.raw_os_error() == Some(libc::EBUSY)
+                    && start.elapsed() < BUSY_GRACE =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            done => return done,
+        }
     }
 }
 

@@ -18,24 +18,7 @@ fn stagefs(args: &[&std::ffi::OsStr]) -> Output {
 fn background_mount_serves_until_unmounted() {
     let s = Scratch::new();
     let model = generate(&s.hub, "acme/bg", 1, "2M");
-    // The default reserve is a tenth of the volume: on a shared machine with less
-    // free than that the read below would fail for room, so the tests' own reserve.
-    let reserve = TEST_RESERVE.to_string();
-    let out = stagefs(&[
-        "mount".as_ref(),
-        s.hub.as_os_str(),
-        s.mnt.as_os_str(),
-        "--cache-dir".as_ref(),
-        s.cache.as_os_str(),
-        "--min-free".as_ref(),
-        reserve.as_ref(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("mounted"));
+    mount_in_background(&s);
     assert!(is_mounted(&s.mnt), "live when mount returns");
     let shard = model.shards().remove(0);
     assert!(
@@ -60,6 +43,56 @@ fn background_mount_serves_until_unmounted() {
             .expect("log")
             .contains("staged")
     );
+}
+
+/// `stagefs mount` in the background, as a user runs it.
+fn mount_in_background(s: &Scratch) {
+    // The default reserve is a tenth of the volume: on a shared machine with less
+    // free than that a read would fail for room, so the tests' own reserve.
+    let reserve = TEST_RESERVE.to_string();
+    let out = stagefs(&[
+        "mount".as_ref(),
+        s.hub.as_os_str(),
+        s.mnt.as_os_str(),
+        "--cache-dir".as_ref(),
+        s.cache.as_os_str(),
+        "--min-free".as_ref(),
+        reserve.as_ref(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mounted"));
+}
+
+#[test]
+fn unmount_refuses_a_mount_held_open_and_waits_a_moment_for_one_just_closed() {
+    let s = Scratch::new();
+    let model = generate(&s.hub, "acme/held", 1, "2M");
+    mount_in_background(&s);
+    let shard = s.mnt.join(model.shards().remove(0));
+    let held = fs::File::open(&shard).expect("open");
+
+    let out = stagefs(&["unmount".as_ref(), s.mnt.as_os_str()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("is busy") && err.contains("--lazy"), "{err}");
+    assert!(is_mounted(&s.mnt), "left mounted");
+
+    // Closed while the unmount is already trying (its first try comes within tens
+    // of ms of its start): a file just closed is no reason to refuse.
+    let unmount = Command::new(stagefs_bin())
+        .args(["unmount".as_ref(), s.mnt.as_os_str()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run stagefs unmount");
+    sleep(Duration::from_millis(300));
+    drop(held);
+    let out = unmount.wait_with_output().expect("unmount");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!is_mounted(&s.mnt));
 }
 
 #[test]
