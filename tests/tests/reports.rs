@@ -357,8 +357,11 @@ fn every_report_has_one_json_shape_and_status_lists_a_models_files() {
     assert_eq!(
         lines,
         [
-            "model     org/m (plain model folder): 1/2 files staged, 2.0 MiB of 2.0 MiB",
-            "  cached  org/m/model.safetensors (2.0 MiB)"
+            // The prefetch kept the small file too, what loading it offline needs.
+            "model     org/m (plain model folder): 2/2 files staged, 2.0 MiB of 2.0 MiB",
+            "  ready offline",
+            "  cached  org/m/model.safetensors (2.0 MiB)",
+            "  cached  org/m/config.json (2 B)"
         ],
         "{out}"
     );
@@ -372,12 +375,23 @@ fn every_report_has_one_json_shape_and_status_lists_a_models_files() {
 
     let (ok, out, err) = user.run(&["verify", "org/m", "--json"]);
     assert!(ok, "{err}");
-    assert_eq!(json(&out)["checked"], 1, "{out}");
+    assert_eq!(json(&out)["checked"], 2, "{out}");
     let (ok, out, err) = user.run(&["evict", "org/m", "--json"]);
     assert!(ok, "{err}");
     let evicted = json(&out);
-    assert_eq!(evicted["evicted"][0]["path"], "org/m/model.safetensors");
-    assert_eq!(evicted["freed"], 2 << 20);
+    let mut paths: Vec<&str> = evicted["evicted"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        ["org/m/config.json", "org/m/model.safetensors"],
+        "{out}"
+    );
+    assert_eq!(evicted["freed"], (2 << 20) + 2);
 
     // doctor --json: JSON for what it examines, and for what it cannot.
     let (_, out, _) = user.run(&["doctor", "--json", "org/m", "--cache-dir", &text(&s.cache)]);
@@ -519,7 +533,10 @@ fn status_says_a_mount_asked_to_stop_with_files_open_is_detached() {
     assert_eq!(status_json(&s.cache)["stopping"], "detached");
     drop(open);
     let exited = mount.wait_exit();
-    assert!(exited.success(), "{exited}");
+    // Seen once in CI and once in 15 runs on a busy machine: exit status 1, cause not
+    // found yet; the daemon's log says why next time.
+    let log = fs::read_to_string(&mount.log).unwrap_or_default();
+    assert!(exited.success(), "{exited}\n{log}");
 }
 
 #[test]

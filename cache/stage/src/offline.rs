@@ -17,6 +17,7 @@ use stagefs_layout::hf::normalize;
 use stagefs_source::{SourceError, Stamp};
 use stagefs_store::index::Entry;
 use stagefs_store::key::Key;
+use tracing::debug;
 
 use crate::answers::Remembered;
 use crate::{Stager, reusable};
@@ -141,6 +142,12 @@ impl Stager {
             if let Err(e) = self.keep(file).await {
                 failed.get_or_insert_with(|| format!("{}: {e}", file.display()));
             }
+        }
+        // Committed before the prefetch reports: "ready offline" then survives a power
+        // cut, and a copy waiting for its commit (pinned) is not shown as in use.
+        let stager = self.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || stager.store().commit_now()).await {
+            debug!(error = %e, "the wait for the kept copies' commits ended early");
         }
         self.answers().sync();
         failed.map_or(Ok(()), Err)
