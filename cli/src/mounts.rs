@@ -12,6 +12,7 @@ use stagefs_control::MountRecord;
 use stagefs_mount::bounded;
 use stagefs_mount::registry::{self, KnownMount};
 use stagefs_mount::table;
+use stagefs_s3::ObjectUrl;
 
 use crate::config::Config;
 
@@ -179,6 +180,9 @@ enum Picked<'a> {
 
 fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
     let inside = |mount: &KnownMount, target: &str| {
+        if ObjectUrl::is_url(target) {
+            return url_within(target, &mount.record.source);
+        }
         let Ok(path) = table::resolve(Path::new(target)) else {
             return false;
         };
@@ -195,13 +199,30 @@ fn pick<'a>(known: &'a [KnownMount], targets: &[&'a str]) -> Picked<'a> {
         .copied()
         .filter(|t| !names_a_path(t) && stagefs_layout::models::is_model_id(t))
         .collect();
+    // An object store's URL that no running mount mirrors names another source: the
+    // one mount running is not what it asks about (doctor would examine that mount,
+    // and ask the store named for its source too).
+    let another_store = targets
+        .iter()
+        .any(|t| ObjectUrl::is_url(t) && !known.iter().any(|m| url_within(t, &m.record.source)));
     match (by_path.as_slice(), known) {
         ([one], _) => Picked::One(one),
         (_, []) => Picked::None,
+        ([], _) if another_store => Picked::None,
         (_, [one]) => Picked::One(one),
         ([], _) if !ids.is_empty() => by_model(known, ids, targets.len()),
         _ => Picked::Several,
     }
+}
+
+/// Whether object-store URL `url` is the source `source` mirrors or lies within it.
+fn url_within(url: &str, source: &Path) -> bool {
+    let (url, Some(source)) = (url.trim_end_matches('/'), source.to_str()) else {
+        return false;
+    };
+    let source = source.trim_end_matches('/');
+    url.strip_prefix(source)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// Among several running mounts, the one whose source holds the model ids named:
@@ -314,4 +335,21 @@ pub(crate) fn dead_line(mountpoint: &Path) -> String {
         mountpoint.display(),
         mountpoint.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_within_the_store_prefix_a_mount_mirrors_and_no_other() {
+        let source = Path::new("s3://models/team");
+        assert!(url_within("s3://models/team", source));
+        assert!(url_within("s3://models/team/", source));
+        assert!(url_within("s3://models/team/llama", source));
+        assert!(!url_within("s3://models/teamwork", source));
+        assert!(!url_within("s3://models/stopped", source));
+        assert!(!url_within("s3://models", source));
+        assert!(url_within("s3://models/x", Path::new("s3://models/")));
+    }
 }

@@ -466,14 +466,17 @@ fn doctor_checks_the_endpoint_the_bucket_and_the_rate() {
 #[test]
 fn doctor_of_a_store_that_never_answers_ends_within_its_deadline() {
     let (_s, mut server) = scratch_and_bucket();
-    server.put("models", "team/llama/config.json", b"{}");
+    // A prefix no other test mounts: a running mount of the same URL (another test's,
+    // on another server) would be taken for this one and examined too, asking this
+    // stopped server once more (30 s in all).
+    server.put("models", "stopped/llama/config.json", b"{}");
     let pid = server.child.id() as libc::pid_t;
     // SAFETY: kill has no preconditions; the pid is the server's, not yet reaped.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     let started = std::time::Instant::now();
     let out = server
         .command(Command::new(stagefs_bin()))
-        .args(["--no-config", "doctor", "s3://models/team"])
+        .args(["--no-config", "doctor", "s3://models/stopped"])
         .output()
         .expect("stagefs doctor");
     let took = started.elapsed();
