@@ -57,16 +57,37 @@ fn fixture(edit: impl FnOnce(&mut FsConfig, &mut StagerOptions, &mut Budget)) ->
         served_by_root: false,
         ..FsConfig::default()
     };
-    let mut options = StagerOptions {
-        source_timeout: PATIENT,
-        source_threads: 4,
-        ..StagerOptions::default()
-    };
+    let mut options = stager_options(PATIENT);
     let mut budget = Budget::default();
     edit(&mut config, &mut options, &mut budget);
     options.source_timeout = config.source_timeout;
     let source = FaultySource::new(&src).expect("source");
     let store = Store::open(cache_dir.path(), budget).expect("store");
+    Fixture {
+        _dirs: (src_dir, cache_dir),
+        src,
+        policy: policy_over(&source, store, config, options),
+        source,
+        blob: PathBuf::from("models--acme--m/blobs").join(sha),
+    }
+}
+
+/// The fixtures' stager options: four source threads, `source_timeout`.
+fn stager_options(source_timeout: Duration) -> StagerOptions {
+    StagerOptions {
+        source_timeout,
+        source_threads: 4,
+        ..StagerOptions::default()
+    }
+}
+
+/// A policy over `source` and `store`, on the test's runtime.
+fn policy_over(
+    source: &Arc<FaultySource>,
+    store: Store,
+    config: FsConfig,
+    options: StagerOptions,
+) -> Arc<Policy> {
     let runtime = Handle::current();
     let stager = Stager::with_options(
         SourceTree::from_backend(source.clone()),
@@ -75,13 +96,7 @@ fn fixture(edit: impl FnOnce(&mut FsConfig, &mut StagerOptions, &mut Budget)) ->
         runtime.clone(),
         options,
     );
-    Fixture {
-        _dirs: (src_dir, cache_dir),
-        src,
-        source,
-        policy: Arc::new(Policy::new(stager, config, runtime)),
-        blob: PathBuf::from("models--acme--m/blobs").join(sha),
-    }
+    Arc::new(Policy::new(stager, config, runtime))
 }
 
 fn healthy() -> Fixture {
@@ -742,24 +757,12 @@ impl Fixture {
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         };
-        let runtime = Handle::current();
-        let options = StagerOptions {
-            source_timeout: config.source_timeout,
-            source_threads: 4,
-            ..StagerOptions::default()
-        };
-        let stager = Stager::with_options(
-            SourceTree::from_backend(source.clone()),
-            store,
-            Arc::default(),
-            runtime.clone(),
-            options,
-        );
+        let options = stager_options(config.source_timeout);
         Fixture {
             _dirs,
             src,
+            policy: policy_over(&source, store, config, options),
             source,
-            policy: Arc::new(Policy::new(stager, config, runtime)),
             blob,
         }
     }
