@@ -98,6 +98,26 @@ impl Drop for Hub {
     }
 }
 
+/// A tiny Llama (`hub_client.py make-llama`, weights seeded by `seed`) made in folder
+/// `made`, then downloaded as [`REPO`] into the HF_HOME `home` from a local Hub, as
+/// `hf download` does.
+pub fn llama_in_hf_home(made: &Path, home: &Path, seed: &str) {
+    As::Root.ok(
+        HUB_CLIENT,
+        "make-llama",
+        made,
+        &[("MODEL_SEED", Path::new(seed))],
+    );
+    fs::create_dir_all(home.join("hub")).expect("mkdir HF_HOME/hub");
+    let hub = Hub::serve(made);
+    As::Root.ok(
+        HUB_CLIENT,
+        "snapshot",
+        Path::new(REPO),
+        &[("HF_ENDPOINT", &hub.endpoint()), ("HF_HOME", home)],
+    );
+}
+
 /// Who runs the clients: root (the test process) or the mount's ordinary user.
 #[derive(Clone, Copy)]
 pub enum As<'a> {

@@ -41,7 +41,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, sha256_of};
+use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO, llama_in_hf_home, sha256_of};
 use stagefs_tests::{
     Layout, NetFs, Scratch, Served, ShapedSource, generate, run_stagefs, stagefs_bin,
     workspace_root,
@@ -567,24 +567,8 @@ struct Offline {
 impl Offline {
     fn start(scratch: &Path, nas_place: &Path) -> Result<Offline, String> {
         let made = scratch.join("offline-made");
-        let seed = OFFLINE_SEED.to_string();
-        As::Root.ok(
-            HUB_CLIENT,
-            "make-llama",
-            &made,
-            &[("MODEL_SEED", Path::new(&seed))],
-        );
         let home = scratch.join("offline-home");
-        fs::create_dir_all(home.join("hub")).map_err(|e| format!("mkdir: {e}"))?;
-        {
-            let hub = Hub::serve(&made);
-            As::Root.ok(
-                HUB_CLIENT,
-                "snapshot",
-                Path::new(REPO),
-                &[("HF_ENDPOINT", &hub.endpoint()), ("HF_HOME", &home)],
-            );
-        }
+        llama_in_hf_home(&made, &home, &OFFLINE_SEED.to_string());
         // The same model under another id: its links are relative.
         let repo_dir = |id: &str| {
             home.join("hub")

@@ -16,7 +16,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stagefs_tests::hub::{As, HUB_CLIENT, Hub, REPO};
+use stagefs_tests::hub::{As, HUB_CLIENT, REPO, llama_in_hf_home};
 use stagefs_tests::{Mount, NetFs, Scratch, TEST_RESERVE, run_stagefs, status_json, wait_for};
 
 /// The plain model folder's place in the source.
@@ -47,23 +47,8 @@ fn hf_home_on_a_nas() -> Nas {
 fn hf_home_with_token_on_a_nas(token: Option<&[u8]>) -> Nas {
     let s = Scratch::new();
     let made = s.dir.path().join("made");
-    As::Root.ok(
-        HUB_CLIENT,
-        "make-llama",
-        &made,
-        &[("MODEL_SEED", Path::new("3"))],
-    );
     let home = s.dir.path().join("hf-home");
-    fs::create_dir_all(home.join("hub")).expect("mkdir");
-    {
-        let hub = Hub::serve(&made);
-        As::Root.ok(
-            HUB_CLIENT,
-            "snapshot",
-            Path::new(REPO),
-            &[("HF_ENDPOINT", &hub.endpoint()), ("HF_HOME", &home)],
-        );
-    }
+    llama_in_hf_home(&made, &home, "3");
     for folder in [FOLDER, NEVER_STAGED, PARTLY_READ] {
         let folder = home.join(folder);
         fs::create_dir_all(&folder).expect("mkdir");
