@@ -506,6 +506,15 @@ impl Stager {
         }
     }
 
+    /// Waits until every copy made so far is committed (synced, in the index), on a
+    /// thread where that may block.
+    pub async fn commit_off_thread(&self) {
+        let stager = self.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || stager.store().commit_now()).await {
+            debug!(error = %e, "the wait for the commits ended early");
+        }
+    }
+
     /// [`Stager::stored`], run where it may block (it may re-hash the copy).
     pub async fn stored_off_thread(&self, rel: &Path, version: Stamp) -> Option<Staged> {
         let (stager, path) = (self.clone(), rel.to_path_buf());

@@ -17,7 +17,6 @@ use stagefs_layout::hf::normalize;
 use stagefs_source::{SourceError, Stamp};
 use stagefs_store::index::Entry;
 use stagefs_store::key::Key;
-use tracing::debug;
 
 use crate::answers::Remembered;
 use crate::{Stager, reusable};
@@ -145,10 +144,7 @@ impl Stager {
         }
         // Committed before the prefetch reports: "ready offline" then survives a power
         // cut, and a copy waiting for its commit (pinned) is not shown as in use.
-        let stager = self.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || stager.store().commit_now()).await {
-            debug!(error = %e, "the wait for the kept copies' commits ended early");
-        }
+        self.commit_off_thread().await;
         self.answers().sync();
         failed.map_or(Ok(()), Err)
     }

@@ -133,10 +133,7 @@ impl Job {
         if stamps.iter().all(Option::is_none) {
             return;
         }
-        let stager = self.stager.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || stager.store().commit_now()).await {
-            debug!(error = %e, "the wait for the prefetch's commits ended early");
-        }
+        self.stager.commit_off_thread().await;
         for (i, stamp) in stamps.into_iter().enumerate() {
             let path = &self.files[i].0;
             let Some(stamp) = stamp else { continue };
