@@ -148,25 +148,22 @@ impl ControlServer {
             };
             return send(write, &response).await;
         }
-        let resolved = match self.source_suspect() {
-            true => Err("the source is not answering; nothing can be staged from it now".into()),
-            false => self
-                .stager
-                .source_pool()
-                .run(move || {
-                    let source = ModelSource {
-                        tree: &source,
-                        model_dirs: &model_dirs,
-                    };
-                    let files = prefetch_plan::resolve(source, &targets, min_size);
-                    let failed = prefetch_plan::unfollowable(source, &targets);
-                    let parts = prefetch_plan::learned_parts(source, &targets);
-                    files.map(|files| (files, failed, parts, stager.prefetch_width(parallel)))
-                })
-                .await
-                .map_err(|why| format!("the source did not answer ({why})"))
-                .and_then(|resolved| resolved.map_err(|e| e.to_string())),
-        };
+        let resolved = self
+            .stager
+            .source_pool()
+            .run(move || {
+                let source = ModelSource {
+                    tree: &source,
+                    model_dirs: &model_dirs,
+                };
+                let files = prefetch_plan::resolve(source, &targets, min_size);
+                let failed = prefetch_plan::unfollowable(source, &targets);
+                let parts = prefetch_plan::learned_parts(source, &targets);
+                files.map(|files| (files, failed, parts, stager.prefetch_width(parallel)))
+            })
+            .await
+            .map_err(|why| format!("the source did not answer ({why})"))
+            .and_then(|resolved| resolved.map_err(|e| e.to_string()));
         let (files, failed, parts, width) = match resolved {
             Ok(planned) => planned,
             Err(message) => return send(write, &Response::Error { message }).await,
@@ -213,18 +210,14 @@ impl ControlServer {
     /// all staged as the cache remembers them (`run --model` of a model ready
     /// offline goes on); refused, as nothing can be copied, for any other.
     async fn prefetched_already(&self, targets: Vec<Target>) -> Result<Vec<FileProgress>, String> {
-        let (stager, dirs, min) = (self.stager.clone(), self.dirs(), self.min_stage_size);
-        let planned = tokio::task::spawn_blocking(move || {
-            let remembered = stager.remembered_source();
-            let source = ModelSource {
-                tree: &remembered,
-                model_dirs: &dirs,
-            };
-            let files = prefetch_plan::resolve(source, &targets, min).map_err(|e| e.to_string())?;
-            Ok::<_, String>(prefetch_plan::plan_with(&stager, &remembered, &files))
-        })
-        .await
-        .map_err(|e| format!("the request failed: {e}"))?;
+        let min = self.min_stage_size;
+        let planned = self
+            .answer_from_remembered_source(move |stager, source| {
+                let files =
+                    prefetch_plan::resolve(source, &targets, min).map_err(|e| e.to_string())?;
+                Ok::<_, String>(prefetch_plan::plan_with(stager, source.tree, &files))
+            })
+            .await?;
         let away = "the source is not answering; nothing can be staged from it now";
         let files = planned.map_err(|e| format!("{away} ({e})"))?;
         let missing = files
@@ -239,6 +232,25 @@ impl ControlServer {
                 if n == 1 { "is" } else { "are" }
             )),
         }
+    }
+
+    /// `answer` of the models as the cache remembers the source (its kept answers), on
+    /// a thread where reading the cache may block.
+    async fn answer_from_remembered_source<T: Send + 'static>(
+        &self,
+        answer: impl FnOnce(&Stager, ModelSource<'_>) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let (stager, dirs) = (self.stager.clone(), self.dirs());
+        tokio::task::spawn_blocking(move || {
+            let remembered = stager.remembered_source();
+            let source = ModelSource {
+                tree: &remembered,
+                model_dirs: &dirs,
+            };
+            answer(&stager, source)
+        })
+        .await
+        .map_err(|e| format!("the request failed: {e}"))
     }
 
     /// Asks the source for what loaders reach of the prefetched models besides their
@@ -463,19 +475,13 @@ impl ControlServer {
     /// Status from the cache alone, still naming the source it could not ask: its
     /// models and totals as the cache remembers the source.
     async fn status_without_source(&self) -> Response {
-        let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
-        let answered = tokio::task::spawn_blocking(move || {
-            let remembered = stager.remembered_source();
-            let source = ModelSource {
-                tree: &remembered,
-                model_dirs: &dirs,
-            };
-            admin::answer(Request::Status, stager.store(), Some(source), live)
-        })
-        .await
-        .unwrap_or_else(|e| Response::Error {
-            message: format!("the request failed: {e}"),
-        });
+        let live = self.live();
+        let answered = self
+            .answer_from_remembered_source(move |stager, source| {
+                admin::answer(Request::Status, stager.store(), Some(source), live)
+            })
+            .await
+            .unwrap_or_else(|message| Response::Error { message });
         match answered {
             Response::Status { mut report } => {
                 report.source = Some(self.stager.source().root().to_path_buf());
