@@ -28,7 +28,7 @@
 //!   (only a change waits the whole timeout, which may land late: it must not be
 //!   told it failed and then happen).
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::future::Future;
 use std::io;
@@ -525,17 +525,7 @@ impl Policy {
     /// The listing of directory `ino` (at `path`) as kept with the cache.
     fn recall_listing(&self, ino: u64, path: &Path) -> Option<Vec<DirEntry>> {
         let listed = self.stager.answers().listing(path)?;
-        let entries: Vec<DirEntry> = listed
-            .into_iter()
-            .filter(|(name, _)| !(self.config.hide_finder_files && finder::is_finder_file(name)))
-            .map(|(name, meta)| {
-                let attr = self.entry_attr(&path.join(&name), &meta);
-                self.inodes.remember_attr(attr);
-                DirEntry { attr, name }
-            })
-            .collect();
-        self.inodes.remember_listing(ino, &entries);
-        Some(entries)
+        Some(self.listed_entries(ino, path, listed))
     }
 
     /// The target of link `ino`: the source's verbatim, or a redirect's copy.
@@ -637,21 +627,32 @@ impl Policy {
     }
 
     fn list_dir(&self, ino: u64, node: &Node) -> Result<Vec<DirEntry>, FsError> {
-        let mut entries = Vec::new();
         let listed = self.stager.source().read_dir(&node.path)?;
         self.stager.answers().saw_listing(&node.path, &listed);
+        Ok(self.listed_entries(ino, &node.path, listed))
+    }
+
+    /// The entries of directory `ino` (at `dir`) as `listed`, the source's or kept,
+    /// Finder's files left out if configured; remembered with their attributes.
+    fn listed_entries(
+        &self,
+        ino: u64,
+        dir: &Path,
+        listed: Vec<(OsString, SourceMeta)>,
+    ) -> Vec<DirEntry> {
+        let mut entries = Vec::new();
         for (name, meta) in listed {
             if self.config.hide_finder_files && finder::is_finder_file(&name) {
                 continue;
             }
-            let attr = self.entry_attr(&node.path.join(&name), &meta);
+            let attr = self.entry_attr(&dir.join(&name), &meta);
             // A later lookup or getattr (or one while the source is away) may be
             // answered from what the listing said.
             self.inodes.remember_attr(attr);
             entries.push(DirEntry { attr, name });
         }
         self.inodes.remember_listing(ino, &entries);
-        Ok(entries)
+        entries
     }
 
     /// The listing behind handle `fh`.
