@@ -36,7 +36,7 @@ fn revision_needs(answers: &Answers, repo: &Path, revision: &str) -> Vec<Need> {
         whole: true,
     });
     let markers = repo.join(".no_exist");
-    if matches!(answers.entry(&markers), Some(Remembered::Entry(meta)) if meta.is_dir()) {
+    if remembered_dir(answers, &markers) {
         needs.push(Need::Name {
             path: markers.join(revision),
             whole: true,
@@ -57,15 +57,19 @@ fn way_needs(answers: &Answers, model_path: &Path) -> Vec<Need> {
             whole: false,
         })
         .collect();
-    let hf_home =
-        matches!(answers.entry(Path::new("hub")), Some(Remembered::Entry(meta)) if meta.is_dir());
-    if hf_home {
+    // A whole HF_HOME: its hub/ lies beside the token.
+    if remembered_dir(answers, Path::new("hub")) {
         needs.push(Need::Name {
             path: PathBuf::from(TOKEN_FILE),
             whole: false,
         });
     }
     needs
+}
+
+/// Whether the source answered that `path` is a directory.
+fn remembered_dir(answers: &Answers, path: &Path) -> bool {
+    matches!(answers.entry(path), Some(Remembered::Entry(meta)) if meta.is_dir())
 }
 
 /// Fills in `model.offline` from the cache alone: per revision of a repository the

@@ -133,7 +133,7 @@ pub fn unmount_how(mountpoint: &Path, how: How) -> Result<Unmounted, UnmountErro
     let Some(known) = registry::known_at(&resolved) else {
         return Err(UnmountError::Unrecorded(path));
     };
-    unmount_once_free(&resolved, how).map_err(|e| system_error(e, path.clone()))?;
+    unmount_within_busy_grace(&resolved, how).map_err(|e| system_error(e, path.clone()))?;
     let wait = if lazy {
         LAZY_EXIT_WAIT
     } else {
@@ -178,7 +178,7 @@ const BUSY_GRACE: Duration = Duration::from_secs(2);
 
 /// [`unmount_path`], tried again for [`BUSY_GRACE`] while a plain unmount finds the
 /// mount busy.
-fn unmount_once_free(mountpoint: &Path, how: How) -> io::Result<()> {
+fn unmount_within_busy_grace(mountpoint: &Path, how: How) -> io::Result<()> {
     let start = Instant::now();
     loop {
         match unmount_path(mountpoint, how) {
