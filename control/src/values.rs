@@ -54,6 +54,12 @@ pub enum Hold {
         /// The grace in force (`--redirect-grace`), in seconds.
         grace_secs: u64,
     },
+    /// An NFS client may still follow a link to it: it was named by a link's text a
+    /// moment ago, or, after a JUKEBOX, a client may keep old attributes for longer.
+    Link {
+        /// Whole seconds until no client can follow the link to it.
+        secs_left: u64,
+    },
 }
 
 /// A point-in-time copy of a running mount's counters (`stagefs_stage::Metrics`).

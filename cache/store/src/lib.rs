@@ -53,17 +53,20 @@ pub mod defaults;
 pub mod error;
 pub mod index;
 pub mod key;
+mod links;
 
 pub use budget::Budget;
 pub use error::StoreError;
 pub use index::Entry;
 pub use key::Key;
+pub use links::LINK_HOLD;
 pub use stagefs_source::Stamp;
 
 use budget::{VolumeSpace, volume_space};
 pub use committer::CommitsAwaited;
 use committer::{Commit, Committer};
 use index::{CopyId, Index, Journal};
+use links::LinkHolds;
 
 pub use stagefs_control::{Hold, Usage};
 
@@ -83,6 +86,14 @@ const COPY_MODE: u32 = 0o400;
 /// its lookup was answered from that cache. Short, since listing a directory presents
 /// every staged file in it.
 const PRESENT_HOLD: Duration = Duration::from_secs(2);
+
+/// The longest a removal or a reservation waits for NFS links to a copy to be taken
+/// back; a copy still held then (a client retrying after a JUKEBOX may keep old
+/// attributes for longer) is in use.
+const LINK_WAIT: Duration = Duration::from_secs(5);
+
+/// A margin past a link hold's end before looking again.
+const LINK_POLL: Duration = Duration::from_millis(50);
 
 /// The cache directory, locked for the lifetime of this value.
 #[derive(Debug)]
@@ -116,6 +127,8 @@ struct State {
     redirected: HashMap<Key, Instant>,
     /// When each copy was last presented as a link's target ([`Handout::Present`]).
     presented: HashMap<Key, Instant>,
+    /// Copies named by NFS links' text ([`Handout::Link`]).
+    links: LinkHolds,
     /// Bytes of evicted copies not unlinked yet: free as far as the budget goes.
     unlinking: u64,
     /// Names for evicted copies moved aside to be unlinked.
@@ -134,6 +147,11 @@ impl State {
         if self.pins.contains_key(key) {
             return Some(Hold::Open);
         }
+        if let Some(left) = self.links.left(key) {
+            return Some(Hold::Link {
+                secs_left: whole_secs(left),
+            });
+        }
         let left = |map: &HashMap<Key, Instant>, hold: Duration| {
             map.get(key).and_then(|at| hold.checked_sub(at.elapsed()))
         };
@@ -145,7 +163,7 @@ impl State {
         .flatten()
         .max()?;
         Some(Hold::Grace {
-            secs_left: left.as_secs() + u64::from(left.subsec_nanos() > 0),
+            secs_left: whole_secs(left),
             grace_secs: grace.as_secs(),
         })
     }
@@ -165,6 +183,19 @@ struct Evicted {
     /// Where it was moved aside; None if there was nothing to move.
     path: Option<PathBuf>,
     bytes: u64,
+}
+
+/// Counts a use of `key`'s copy now (its journal line is written by the caller).
+fn touch_now(state: &mut State, key: &Key) {
+    let now = stagefs_source::sys::now_secs();
+    if state.index.get(key).is_some_and(|e| e.last_use != now) {
+        state.index.touch(key, now);
+    }
+}
+
+/// `left` in whole seconds, rounded up (a hold of 0.2 s is "1 s left", never "0").
+fn whole_secs(left: Duration) -> u64 {
+    left.as_secs() + u64::from(left.subsec_nanos() > 0)
 }
 
 /// The volume as the budget sees it: evicted copies not yet unlinked count as free.
@@ -222,6 +253,14 @@ pub enum Handout {
     /// Hands it out to be opened: held for the redirect grace (an open by path never
     /// reaches us, so this is the only sign of use there is) and counts as a use.
     Resolve,
+    /// Names it in the text of a link an NFS client caches: refused for a copy being
+    /// taken back, and held until no client can follow the link to it any more
+    /// ([`LINK_HOLD`] after the last reply, longer after a JUKEBOX). `followed`: the
+    /// client read the text to follow it, which counts as a use.
+    Link {
+        /// Whether this is a READLINK's answer rather than attributes'.
+        followed: bool,
+    },
 }
 
 /// A staged copy that can be served: open for reading, and pinned while held.
@@ -322,6 +361,7 @@ impl Store {
                 reserved: 0,
                 redirected: HashMap::new(),
                 presented: HashMap::new(),
+                links: LinkHolds::default(),
                 unlinking: 0,
                 next_evicted: 0,
             })),
@@ -342,6 +382,12 @@ impl Store {
     pub fn with_redirect_grace(mut self, grace: Duration) -> Store {
         self.redirect_grace = grace;
         self
+    }
+
+    /// An NFS client may keep the link attributes it has until `until`, however old
+    /// (it was answered JUKEBOX): no copy any link named goes before then.
+    pub fn links_unsettled_until(&self, until: Instant) {
+        lock(&self.ledger.state).links.unsettled_until(until);
     }
 
     /// The cache directory.
@@ -458,12 +504,19 @@ impl Store {
             Handout::Present => {
                 state.presented.insert(key.clone(), Instant::now());
             }
+            Handout::Link { followed } => {
+                if !state.links.name(key) {
+                    return None;
+                }
+                if followed {
+                    touch_now(&mut state, key);
+                    drop(state);
+                    let _ = self.ledger.write_journal(false, false);
+                }
+            }
             Handout::Resolve => {
                 state.redirected.insert(key.clone(), Instant::now());
-                let now = stagefs_source::sys::now_secs();
-                if state.index.get(key).is_some_and(|e| e.last_use != now) {
-                    state.index.touch(key, now);
-                }
+                touch_now(&mut state, key);
                 drop(state);
                 let _ = self.ledger.write_journal(false, false);
             }
@@ -550,6 +603,16 @@ impl Store {
         // Copies waiting for their commit are pinned: commit them, and look again.
         if matches!(reserved, Err(StoreError::NoRoom { .. })) && self.committer.busy() {
             self.committer.commit_now();
+            reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
+            self.ledger.finish_evictions(std::mem::take(&mut evicted));
+        }
+        // Copies that only NFS links name: taken back, and evicted once no client can
+        // follow the links to them (a few seconds).
+        if matches!(reserved, Err(StoreError::NoRoom { .. }))
+            && may_evict
+            && let Some(wait) = self.retract_links_for(key, bytes)
+        {
+            std::thread::sleep(wait + LINK_POLL);
             reserved = self.reserve_locked(key, bytes, source, may_evict, &mut evicted);
             self.ledger.finish_evictions(evicted);
         }
@@ -824,17 +887,59 @@ impl Store {
         still: impl Fn(&Entry) -> bool,
     ) -> Result<Option<Entry>, StoreError> {
         self.commit_now();
-        let mut state = lock(&self.ledger.state);
-        let Some(entry) = state.index.get(key).filter(|e| still(e)).cloned() else {
-            return Ok(None);
-        };
-        if state.in_use(key, self.redirect_grace) {
-            return Err(StoreError::InUse { path: entry.source });
+        let deadline = Instant::now() + LINK_WAIT;
+        loop {
+            let mut state = lock(&self.ledger.state);
+            let Some(entry) = state.index.get(key).filter(|e| still(e)).cloned() else {
+                return Ok(None);
+            };
+            match state.hold(key, self.redirect_grace) {
+                None => {
+                    let evicted = self.ledger.evict_locked(&mut state, key, "on request");
+                    drop(state);
+                    self.ledger.finish_evictions(evicted.into_iter().collect());
+                    return Ok(Some(entry));
+                }
+                // Named by NFS links only: taken back, and removed once no client
+                // can follow them to it.
+                Some(Hold::Link { .. }) if Instant::now() < deadline => {
+                    state.links.retract(key);
+                    let left = state.links.left(key).unwrap_or_default();
+                    drop(state);
+                    std::thread::sleep(left.min(deadline - Instant::now()) + LINK_POLL);
+                }
+                Some(_) => {
+                    state.links.restore(key);
+                    return Err(StoreError::InUse { path: entry.source });
+                }
+            }
         }
-        let evicted = self.ledger.evict_locked(&mut state, key, "on request");
-        drop(state);
-        self.ledger.finish_evictions(evicted.into_iter().collect());
-        Ok(Some(entry))
+    }
+
+    /// Takes back links to copies that only links hold, least recently used first,
+    /// until `bytes` of them are on their way out; how long until they can go.
+    fn retract_links_for(&self, keep: Option<&Key>, bytes: u64) -> Option<Duration> {
+        let mut state = lock(&self.ledger.state);
+        let held: Vec<(Key, u64)> = state
+            .index
+            .iter_lru()
+            .filter(|(k, _)| Some(*k) != keep)
+            .filter(|(k, _)| {
+                matches!(state.hold(k, self.redirect_grace), Some(Hold::Link { .. }))
+            })
+            .map(|(k, e)| (k.clone(), e.stamp.size))
+            .collect();
+        let mut freed = 0;
+        let mut wait = None;
+        for (key, size) in held {
+            if freed >= bytes {
+                break;
+            }
+            state.links.retract(&key);
+            wait = wait.max(state.links.left(&key));
+            freed += size;
+        }
+        wait.map(|left| left.min(LINK_WAIT))
     }
 
     /// Takes the copy for `key` out of the store, if `accept` takes its entry and
@@ -957,6 +1062,7 @@ impl Ledger {
         let entry = state.index.remove(key)?;
         state.redirected.remove(key);
         state.presented.remove(key);
+        state.links.forget(key);
         state.next_evicted += 1;
         let aside = self
             .layout
@@ -1684,6 +1790,98 @@ pub(crate) mod tests {
         std::thread::sleep(PRESENT_HOLD + Duration::from_millis(100));
         assert!(store.remove(&key("a"))?.is_some());
         assert_eq!(store.redirect(&key("a"), |_| true, Handout::Present), None);
+        Ok(())
+    }
+
+    const LINK: Handout = Handout::Link { followed: false };
+
+    #[test]
+    fn a_removal_takes_an_nfs_link_back_and_waits_until_no_client_can_follow_it() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(200))?;
+        drop(stage(&store, "a", 100, 1)?);
+        assert!(store.redirect(&key("a"), |_| true, LINK).is_some());
+        let asked = Instant::now();
+        assert!(store.remove(&key("a"))?.is_some());
+        let waited = asked.elapsed();
+        assert!(
+            waited >= LINK_HOLD - Duration::from_millis(100),
+            "removed {waited:?} after the link named it"
+        );
+        assert!(!store.data_path(&key("a")).exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_being_taken_back_is_named_by_no_link() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(Store::open(dir.path(), budget(200))?);
+        drop(stage(&store, "a", 100, 1)?);
+        assert!(store.redirect(&key("a"), |_| true, LINK).is_some());
+        let remover = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || store.remove(&key("a")))
+        };
+        // While the removal waits, replies carry the link's other text.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(store.redirect(&key("a"), |_| true, LINK), None);
+        assert!(remover.join().expect("joined")?.is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn a_copy_open_through_the_mount_is_still_in_use_and_named_again() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(200))?;
+        let open = stage(&store, "a", 100, 1)?;
+        assert!(store.redirect(&key("a"), |_| true, LINK).is_some());
+        assert!(matches!(
+            store.remove(&key("a")),
+            Err(StoreError::InUse { .. })
+        ));
+        drop(open);
+        assert!(store.redirect(&key("a"), |_| true, LINK).is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn after_a_jukebox_a_once_linked_copy_stays_until_clients_settle() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(200))?;
+        drop(stage(&store, "a", 100, 1)?);
+        drop(stage(&store, "b", 100, 2)?);
+        assert!(store.redirect(&key("a"), |_| true, LINK).is_some());
+        store.links_unsettled_until(Instant::now() + Duration::from_secs(3600));
+        let asked = Instant::now();
+        assert!(matches!(
+            store.remove(&key("a")),
+            Err(StoreError::InUse { .. })
+        ));
+        assert!(asked.elapsed() >= LINK_WAIT, "waited what it may first");
+        let held = store.entries().into_iter().find(|e| e.key == key("a").as_str());
+        assert!(matches!(
+            held.and_then(|e| e.hold),
+            Some(Hold::Link { secs_left }) if secs_left > 3000
+        ));
+        // Never named by a link: nothing holds it.
+        assert!(store.remove(&key("b"))?.is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_cache_takes_back_links_to_make_room() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path(), budget(200))?;
+        drop(stage(&store, "a", 100, 1)?);
+        drop(stage(&store, "b", 100, 2)?);
+        assert!(store.redirect(&key("a"), |_| true, LINK).is_some());
+        assert!(store.redirect(&key("b"), |_| true, LINK).is_some());
+        let asked = Instant::now();
+        drop(stage(&store, "c", 100, 3)?);
+        assert!(asked.elapsed() >= LINK_HOLD - Duration::from_millis(100));
+        // The least recently used goes; the other is named again.
+        assert_eq!(names(&store), ["b", "c"]);
+        assert!(store.redirect(&key("b"), |_| true, LINK).is_some());
         Ok(())
     }
 
