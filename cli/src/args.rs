@@ -179,6 +179,12 @@ pub(crate) struct ServeArgs {
     /// localhost:0); port 0 picks a free one.
     #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_listen)]
     pub(crate) listen: std::net::SocketAddr,
+    /// Present staged HF blobs as links to their local copies, so the client's kernel
+    /// reads them itself (as `stagefs mount --backend nfs` does). Only for an NFS
+    /// client on this machine, mounted by the user serving: the links name paths
+    /// of this machine's cache.
+    #[arg(long)]
+    pub(crate) links: bool,
     #[command(flatten)]
     pub(crate) options: MountOptions,
 }

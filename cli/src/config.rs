@@ -200,8 +200,10 @@ impl Config {
         // The source first: its absence is the first thing a newcomer hears about.
         let source = self.required(source, self.file.source.as_deref(), "source")?;
         let mountpoint = self.mountpoint(mountpoint)?;
-        let spec = self.spec(Some(&source), mountpoint, flags)?;
+        let mut spec = self.spec(Some(&source), mountpoint, flags)?;
         refuse_fuse_only_flags(flags, spec.backend)?;
+        // The NFS client of a mount is this machine's: links to the copies reach them.
+        spec.fs.nfs_links = spec.backend == stagefs_control::Backend::Nfs;
         Ok(spec)
     }
 
@@ -210,12 +212,14 @@ impl Config {
         &self,
         source: Option<&Path>,
         listen: std::net::SocketAddr,
+        links: bool,
         flags: &MountOptions,
     ) -> anyhow::Result<MountSpec> {
         refuse_fuse_only_flags(flags, stagefs_control::Backend::Nfs)?;
         let mut spec = self.spec(source, PathBuf::new(), flags)?;
         spec.backend = stagefs_control::Backend::Nfs;
         spec.nfs_listen = listen;
+        spec.fs.nfs_links = links;
         Ok(spec)
     }
 

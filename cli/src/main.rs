@@ -149,7 +149,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match &cli.command {
         Command::Mount(args) => mount(args, &config()?),
         Command::Serve(args) => {
-            let spec = config()?.serve_spec(args.source.as_deref(), args.listen, &args.options)?;
+            let spec = config()?.serve_spec(
+                args.source.as_deref(),
+                args.listen,
+                args.links,
+                &args.options,
+            )?;
             daemon::serve_nfs(&spec)
         }
         Command::Unmount(args) => {

@@ -376,6 +376,19 @@ fn kept_because(kept: &[FileRef]) -> Option<String> {
         1 => "its link was",
         _ => "their links were",
     };
+    let linked: Vec<u64> = kept
+        .iter()
+        .filter_map(|f| match f.hold {
+            Some(Hold::Link { secs_left }) => Some(secs_left),
+            _ => None,
+        })
+        .collect();
+    if linked.len() == kept.len() {
+        let wait = linked.iter().max().copied().unwrap_or(0);
+        return Some(format!(
+            "{kept_line}: a client of the NFS mount was answered JUKEBOX lately and may still follow links to {them}; retry in {wait}s"
+        ));
+    }
     Some(match (open, graced.len()) {
         (_, 0) => format!(
             "{kept_line}: open, or being staged; close the programs reading {them} and retry"
@@ -760,6 +773,9 @@ fn render_evict(r: &EvictReport, names: &Names) -> String {
                 grace_secs,
             }) => format!(
                 "its link was followed less than {grace_secs}s ago (--redirect-grace); evictable in {secs_left}s"
+            ),
+            Some(Hold::Link { secs_left }) => format!(
+                "a client of the NFS mount may still follow its link (it was answered JUKEBOX lately); evictable in {secs_left}s"
             ),
             _ => "open, or being staged".into(),
         };

@@ -210,7 +210,10 @@ pub fn evict(
             bytes: info.entry.stamp.size,
             hold: None,
         };
-        if info.in_use {
+        // A copy only NFS links hold is taken back and removed (`Store::remove` waits
+        // until no client can follow them).
+        let only_links = matches!(info.hold, Some(Hold::Link { .. }));
+        if info.in_use && (dry_run || !only_links) {
             file.hold = Some(info.hold.unwrap_or(Hold::Open));
             report.in_use.push(file);
             continue;
@@ -223,7 +226,7 @@ pub fn evict(
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(StoreError::InUse { .. }) => {
-                    file.hold = Some(Hold::Open);
+                    file.hold = Some(store.hold_of(&key).unwrap_or(Hold::Open));
                     report.in_use.push(file);
                     continue;
                 }

@@ -157,7 +157,11 @@ impl Running {
             cache_dir: spec.cache_dir.clone(),
             stop_phase: StopPhase::default(),
         };
-        let serving = format!("staged files are {}", ReadPath::NfsServer.describe());
+        let read_path = match nfs_config(&spec.fs).nfs_links_allowed() {
+            true => ReadPath::NfsLinks,
+            false => ReadPath::NfsServer,
+        };
+        let serving = format!("staged files are {}", read_path.describe());
         running.start_control(spec, stager, Some(export), serving)
     }
 
@@ -603,9 +607,10 @@ fn away_at_start(
     }
 }
 
-/// The policy configuration for the NFS backend: a staged file is always presented
-/// as itself. A link to its copy would change the file's type under one fileid,
-/// while the client caches names and attributes; and there is no passthrough.
+/// The policy configuration for the NFS backend: a staged file is never turned into
+/// a link (that would change its type under one fileid, while the client caches
+/// names and attributes); blobs are links from the start where `nfs_links` says so
+/// (`stagefs_policy::links`); and there is no passthrough.
 fn nfs_config(fs: &FsConfig) -> FsConfig {
     FsConfig {
         redirect: false,

@@ -261,10 +261,14 @@ impl LibraryCalls {
 
 /// Answers the calls of `at_library` that wait past [`BOUND`], for as long as the
 /// task lives.
-async fn sweep_overdue(at_library: Arc<LibraryCalls>, to_client: ToClient) {
+async fn sweep_overdue(at_library: Arc<LibraryCalls>, to_client: ToClient, policy: Arc<Policy>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
-        for reply in at_library.overdue() {
+        let due = at_library.overdue();
+        if !due.is_empty() {
+            crate::jukebox::answered(&policy);
+        }
+        for reply in due {
             if !send(&to_client, Reply::Record(reply)).await {
                 return;
             }
@@ -407,6 +411,7 @@ impl Front {
         let sweep = tokio::spawn(sweep_overdue(
             Arc::clone(&at_library),
             Arc::clone(&to_client),
+            Arc::clone(&self.policy),
         ));
         let calls = self
             .take_calls(from_client, &mut to_library, &to_client, &at_library)

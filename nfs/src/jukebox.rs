@@ -42,6 +42,20 @@ use stagefs_source::copy::{COPY_STREAMS, NETWORK_CHUNK};
 /// server "not responding", with a second's room for the read and the network.
 pub const MAX_HOLD: Duration = Duration::from_secs(4);
 
+/// How long after a JUKEBOX a client may keep attributes past their time: Apple's
+/// client on a laptop returns cached attributes without looking at their age while
+/// any call of the mount is being retried after a JUKEBOX (`../shared/
+/// nfs-symlink-caching.md`); it retries at most 30 s later, the retry is answered
+/// within [`MAX_HOLD`] (or JUKEBOX again, which starts this anew), and the client's
+/// attributes then expire within a second.
+pub const LINKS_SETTLE: Duration = Duration::from_secs(40);
+
+/// A call of the mount was answered JUKEBOX: no copy an NFS link named is removed
+/// until the clients can have settled ([`LINKS_SETTLE`]).
+pub fn answered(policy: &stagefs_policy::Policy) {
+    policy.links_unsettled_until(Instant::now() + LINKS_SETTLE);
+}
+
 /// How long a copy must have been seen moving before its rate is trusted
 /// ([`CopyEnd::Expected`]). An early rate of a source that answers in steps, or
 /// shares a busy machine, was seen 40% off (nfs/tests/protocol.rs), enough to plan

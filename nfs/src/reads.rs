@@ -144,6 +144,7 @@ impl Reads {
                     "READ answered JUKEBOX"
                 );
                 self.answered_jukebox(call, tries);
+                jukebox::answered(policy);
                 return Err(nfsstat3::NFS3ERR_JUKEBOX);
             }
             let tick = TICK.min(MAX_HOLD.saturating_sub(held));

@@ -169,6 +169,7 @@ impl StageNfs {
                 Err(e) => return Err(nfsstat_logged("read", &e)),
             }
         }
+        crate::jukebox::answered(&self.policy);
         Err(nfsstat3::NFS3ERR_JUKEBOX)
     }
 }

@@ -1,8 +1,6 @@
 //! Source metadata as the attributes a mount presents, in no protocol's types: the
 //! FUSE adapter turns them into `fuser::FileAttr`, the NFS adapter into `fattr3`.
 
-use std::path::Path;
-
 use stagefs_source::{EntryKind, SourceMeta, Stamp};
 
 /// What a mount says about one of its inodes.
@@ -60,14 +58,20 @@ pub(crate) fn attr_of(ino: u64, meta: &SourceMeta, version: Option<Stamp>) -> At
     }
 }
 
-/// The attributes of a link to staged copy `copy` standing for `version` of a file
-/// whose source metadata is `meta`.
-pub(crate) fn link_attr(ino: u64, meta: &SourceMeta, version: Stamp, copy: &Path) -> Attr {
-    let mut attr = attr_of(ino, meta, Some(version));
-    attr.kind = EntryKind::Symlink;
-    attr.size = copy.as_os_str().len() as u64;
-    attr.blocks = 0;
-    attr.perm = 0o777;
-    attr.nlink = 1;
-    attr
+/// The attributes of a link whose text is `text_len` bytes long, standing for
+/// `version` of a file whose source metadata is `meta`.
+pub(crate) fn link_attr(ino: u64, meta: &SourceMeta, version: Stamp, text_len: usize) -> Attr {
+    link_attr_of(attr_of(ino, meta, Some(version)), text_len)
+}
+
+/// `file`'s attributes as a link's whose text is `text_len` bytes long.
+pub(crate) fn link_attr_of(file: Attr, text_len: usize) -> Attr {
+    Attr {
+        kind: EntryKind::Symlink,
+        size: text_len as u64,
+        blocks: 0,
+        perm: 0o777,
+        nlink: 1,
+        ..file
+    }
 }

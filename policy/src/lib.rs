@@ -13,6 +13,7 @@ mod error;
 pub mod finder;
 mod handles;
 mod inodes;
+pub mod links;
 mod policy;
 mod redirect;
 mod taint;
@@ -67,6 +68,9 @@ pub struct FsConfig {
     /// process does. A mount served by root presents no links to copies
     /// ([`FsConfig::redirects_allowed`]).
     pub served_by_root: bool,
+    /// On an NFS mount whose client runs on this machine, present HF blobs as links
+    /// whose text names their local copy once staged (see `links.rs`).
+    pub nfs_links: bool,
 }
 
 impl FsConfig {
@@ -79,6 +83,13 @@ impl FsConfig {
     /// link leads past it.
     pub fn redirects_allowed(&self) -> bool {
         self.redirect && !self.allow_other && !self.served_by_root
+    }
+
+    /// Whether blobs may be presented as NFS links (`links.rs`): asked for, and for
+    /// the reasons [`FsConfig::redirects_allowed`] gives, neither shared with other
+    /// users nor served by root.
+    pub fn nfs_links_allowed(&self) -> bool {
+        self.nfs_links && !self.allow_other && !self.served_by_root
     }
 }
 
@@ -112,6 +123,7 @@ impl Default for FsConfig {
             read_only: defaults::READ_ONLY,
             // SAFETY: geteuid has no preconditions and cannot fail.
             served_by_root: unsafe { libc::geteuid() } == 0,
+            nfs_links: false,
         }
     }
 }
@@ -128,6 +140,9 @@ pub enum ReadPath {
     Daemon,
     /// The NFS server reads the copy for every READ.
     NfsServer,
+    /// Blobs are NFS links whose text names the local copy once staged; other files
+    /// are read by the NFS server.
+    NfsLinks,
 }
 
 impl ReadPath {
@@ -138,6 +153,9 @@ impl ReadPath {
             ReadPath::Links => "presented as links to their local copies",
             ReadPath::Daemon => "read through the daemon",
             ReadPath::NfsServer => "read from their local copies by the NFS server",
+            ReadPath::NfsLinks => {
+                "read by the kernel from their local copies through links (blobs), or by the NFS server (other files)"
+            }
         }
     }
 }

@@ -46,11 +46,12 @@ use stagefs_stage::{Handout, InFlight, Metrics, Pin, StageError, Staged, Stager,
 use tokio::runtime::Handle;
 use tracing::{debug, info, warn};
 
-use crate::attr::{Attr, attr_of, link_attr};
+use crate::attr::{Attr, attr_of, link_attr, link_attr_of};
 use crate::error::FsError;
 use crate::finder;
 use crate::handles::{DirEntry, Handles, Keepalive, OpenFile, Reader};
 use crate::inodes::{Inodes, Known, Node, ROOT_INO};
+use crate::links::{self, NfsLinks};
 use crate::redirect::{Presented, RedirectPolicy};
 use crate::taint::Taints;
 use crate::tee;
@@ -76,6 +77,7 @@ pub struct Policy {
     /// passthrough): files then stay regular files, never links.
     kernel_passthrough: Arc<AtomicBool>,
     redirect: RedirectPolicy,
+    links: NfsLinks,
     prefetcher: Option<Arc<Prefetcher>>,
     /// Paths changed through the mount, whose stored copies must not be trusted
     /// until they are removed (`taint.rs`).
@@ -177,6 +179,7 @@ impl Policy {
         Policy {
             prefetcher,
             redirect: RedirectPolicy::new(&config),
+            links: NfsLinks::new(&config),
             stager,
             config,
             runtime,
@@ -202,6 +205,17 @@ impl Policy {
     /// Whether staged files may be presented as links to their copies on this mount.
     pub fn redirects_enabled(&self) -> bool {
         self.redirect.enabled()
+    }
+
+    /// Whether blobs are presented as NFS links on this mount (`links.rs`).
+    pub fn nfs_links_enabled(&self) -> bool {
+        self.links.enabled()
+    }
+
+    /// An NFS client may keep the attributes it has until `until`, however old (it
+    /// was answered JUKEBOX): no copy a link named is removed before then.
+    pub fn links_unsettled_until(&self, until: std::time::Instant) {
+        self.stager.links_unsettled_until(until);
     }
 
     /// Whether inode `ino` follows its file from version to version (it was written
@@ -387,6 +401,9 @@ impl Policy {
                 path: self.node(parent)?.path.join(name),
             }));
         }
+        if let Some(blob) = self.links.aliased(name) {
+            return self.lookup_alias(parent, &blob).await;
+        }
         let path = self.node(parent)?.path.join(name);
         let known_path = path.clone();
         let work_path = path.clone();
@@ -422,18 +439,104 @@ impl Policy {
         }
     }
 
-    /// The inode and attributes `path` is presented with: a staged file as a link to
-    /// its copy where redirects are on, anything else as the source has it.
+    /// The regular file blob `blob` of directory `parent` is a link to, looked up by
+    /// its alias (`links.rs`): what a link to a blob not staged yet leads to.
+    async fn lookup_alias(self: &Arc<Self>, parent: u64, blob: &OsStr) -> Result<Attr, FsError> {
+        let path = self.node(parent)?.path.join(blob);
+        let work_path = path.clone();
+        let recall_path = path.clone();
+        self.ask(
+            &path,
+            move |p| {
+                let meta = p.stager.source().stat(&work_path)?;
+                p.stager.answers().saw(&work_path, &meta);
+                if !meta.is_file() {
+                    return Err(SourceError::NotFound { path: work_path }.into());
+                }
+                let attr = p.file_attr(&work_path, &meta);
+                p.inodes.remember_attr(attr);
+                Ok(attr)
+            },
+            move |p| match p.stager.answers().entry(&recall_path)? {
+                Remembered::Entry(meta) if meta.is_file() => Some(p.file_attr(&recall_path, &meta)),
+                _ => None,
+            },
+        )
+        .await
+    }
+
+    /// The inode and attributes `path` is presented with: a blob as an NFS link
+    /// where those are on, a staged file as a link to its copy where redirects are
+    /// on, anything else as the source has it.
     fn entry_attr(&self, path: &Path, meta: &SourceMeta) -> Attr {
         if meta.is_file() {
             let version = Stamp::of(meta);
+            if self.links.presents(path, version.size) {
+                let ino = self.inodes.intern_redirect(path, version);
+                let base = attr_of(ino, meta, Some(version));
+                return self.shown_link(base, path, version, false).0;
+            }
             if let Presented::Link(copy) = self.presented(path, version) {
                 let ino = self.inodes.intern_redirect(path, version);
-                return link_attr(ino, meta, version, &copy);
+                return link_attr(ino, meta, version, copy.as_os_str().len());
             }
         }
+        self.file_attr(path, meta)
+    }
+
+    /// The inode and attributes of `path` as the source has it.
+    fn file_attr(&self, path: &Path, meta: &SourceMeta) -> Attr {
         let ino = self.inodes.intern(path, meta);
         attr_of(ino, meta, meta.is_file().then(|| Stamp::of(meta)))
+    }
+
+    /// NFS link `base.ino` to version `version` of blob `path` as it is shown now:
+    /// its attributes and its text, from one record (`links.rs`). `followed`: for a
+    /// READLINK, which counts as a use of the copy it names.
+    fn shown_link(
+        &self,
+        base: Attr,
+        path: &Path,
+        version: Stamp,
+        followed: bool,
+    ) -> (Attr, Vec<u8>) {
+        let copy = match self.copy_trusted_blocking(path) {
+            true => self
+                .stager
+                .copy_path(path, version, Handout::Link { followed }),
+            false => None,
+        };
+        if followed && copy.is_some() {
+            Metrics::bump(&self.stager.metrics().redirects);
+        }
+        let text = copy.map_or_else(
+            || links::alias_text(path),
+            |c| c.into_os_string().into_vec(),
+        );
+        // Recorded before any attributes carrying its time are handed out.
+        let changed_ns = self.links.show(base.ino, &text);
+        let attr = Attr {
+            atime_ns: changed_ns,
+            mtime_ns: changed_ns,
+            ctime_ns: changed_ns,
+            ..link_attr_of(base, text.len())
+        };
+        (attr, text)
+    }
+
+    /// [`Policy::shown_link`] off the async runtime (it may stat the copy).
+    async fn shown_link_async(
+        self: &Arc<Self>,
+        base: Attr,
+        node: Node,
+        followed: bool,
+    ) -> Result<(Attr, Vec<u8>), FsError> {
+        let version = node.stamp.ok_or(FsError::Stale)?;
+        let this = Arc::clone(self);
+        self.runtime
+            .spawn_blocking(move || this.shown_link(base, &node.path, version, followed))
+            .await
+            .map_err(|e| FsError::Read(io::Error::other(e)))
     }
 
     /// How version `version` of file `path` is presented; asks the store, not the source.
@@ -454,7 +557,13 @@ impl Policy {
         ino: u64,
         age: Duration,
     ) -> Result<Attr, FsError> {
-        match self.inodes.recent_attr(ino, age) {
+        // An NFS link's attributes say which text it shows: never from memory.
+        let link = self.links.enabled() && self.inodes.get(ino).is_some_and(|n| n.redirect);
+        let recent = match link {
+            true => None,
+            false => self.inodes.recent_attr(ino, age),
+        };
+        match recent {
             Some(attr) => Ok(attr),
             None => self.getattr(ino).await,
         }
@@ -468,8 +577,12 @@ impl Policy {
         if node.redirect
             && let Some(attr) = self.inodes.known_attr(ino)
         {
-            return Ok(attr);
+            return match self.links.enabled() {
+                true => Ok(self.shown_link_async(attr, node, false).await?.0),
+                false => Ok(attr),
+            };
         }
+        let link = (node.redirect && self.links.enabled()).then(|| node.clone());
         // Removed or replaced through the mount: only open handles lead to it.
         if self.inodes.is_gone(ino) {
             let attr = self.inodes.known_attr(ino).ok_or(FsError::Stale)?;
@@ -477,27 +590,32 @@ impl Policy {
         }
         let path = node.path.clone();
         let recall_path = path.clone();
-        self.ask(
-            &path,
-            move |p| {
-                let meta = p.stager.source().stat(&node.path)?;
-                p.stager.answers().saw(&node.path, &meta);
-                // A file written through the mount follows its file.
-                let attr = if p.inodes.is_live(ino) && meta.is_file() {
-                    p.inodes.restamp(ino, Stamp::of(&meta));
-                    attr_of(ino, &meta, None)
-                } else {
-                    attr_of(ino, &meta, node.stamp)
-                };
-                p.inodes.remember_attr(attr);
-                Ok(attr)
-            },
-            move |p| {
-                let recalled = || p.recall_attr(ino, &recall_path);
-                p.inodes.known_attr(ino).or_else(recalled)
-            },
-        )
-        .await
+        let attr = self
+            .ask(
+                &path,
+                move |p| {
+                    let meta = p.stager.source().stat(&node.path)?;
+                    p.stager.answers().saw(&node.path, &meta);
+                    // A file written through the mount follows its file.
+                    let attr = if p.inodes.is_live(ino) && meta.is_file() {
+                        p.inodes.restamp(ino, Stamp::of(&meta));
+                        attr_of(ino, &meta, None)
+                    } else {
+                        attr_of(ino, &meta, node.stamp)
+                    };
+                    p.inodes.remember_attr(attr);
+                    Ok(attr)
+                },
+                move |p| {
+                    let recalled = || p.recall_attr(ino, &recall_path);
+                    p.inodes.known_attr(ino).or_else(recalled)
+                },
+            )
+            .await;
+        match link {
+            Some(node) => Ok(self.shown_link_async(attr?, node, false).await?.0),
+            None => attr,
+        }
     }
 
     /// What the source said of `path` before this mount started, kept with the
@@ -531,6 +649,12 @@ impl Policy {
     /// The target of link `ino`: the source's verbatim, or a redirect's copy.
     pub async fn readlink(self: &Arc<Self>, ino: u64) -> Result<Vec<u8>, FsError> {
         let node = self.node(ino)?;
+        if node.redirect
+            && self.links.enabled()
+            && let Some(base) = self.inodes.known_attr(ino)
+        {
+            return Ok(self.shown_link_async(base, node, true).await?.1);
+        }
         if node.redirect {
             // Needs only the store, never the source: answered even while it is away.
             let this = Arc::clone(self);

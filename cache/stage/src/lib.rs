@@ -548,6 +548,12 @@ impl Stager {
         self.inner.store.redirect(&key, accept, handout)
     }
 
+    /// An NFS client may keep the link attributes it has until `until` (see
+    /// [`stagefs_store::Store::links_unsettled_until`]).
+    pub fn links_unsettled_until(&self, until: std::time::Instant) {
+        self.inner.store.links_unsettled_until(until);
+    }
+
     /// Whether blob `rel` at version `stamp` is refused: its copy was dropped
     /// because its bytes are not the sha256 its name gives.
     pub fn refused(&self, rel: &Path, stamp: Stamp) -> bool {

@@ -924,9 +924,7 @@ impl Store {
             .index
             .iter_lru()
             .filter(|(k, _)| Some(*k) != keep)
-            .filter(|(k, _)| {
-                matches!(state.hold(k, self.redirect_grace), Some(Hold::Link { .. }))
-            })
+            .filter(|(k, _)| matches!(state.hold(k, self.redirect_grace), Some(Hold::Link { .. })))
             .map(|(k, e)| (k.clone(), e.stamp.size))
             .collect();
         let mut freed = 0;
@@ -986,6 +984,11 @@ impl Store {
     /// including one committed after the pin was taken.
     pub fn pin(&self, key: &Key) -> Pin {
         self.ledger.pin_locked(&mut lock(&self.ledger.state), key)
+    }
+
+    /// What keeps the copy for `key` from being removed now, if anything.
+    pub fn hold_of(&self, key: &Key) -> Option<Hold> {
+        lock(&self.ledger.state).hold(key, self.redirect_grace)
     }
 
     /// Whether a copy for `key` is stored.
@@ -1858,7 +1861,10 @@ pub(crate) mod tests {
             Err(StoreError::InUse { .. })
         ));
         assert!(asked.elapsed() >= LINK_WAIT, "waited what it may first");
-        let held = store.entries().into_iter().find(|e| e.key == key("a").as_str());
+        let held = store
+            .entries()
+            .into_iter()
+            .find(|e| e.key == key("a").as_str());
         assert!(matches!(
             held.and_then(|e| e.hold),
             Some(Hold::Link { secs_left }) if secs_left > 3000

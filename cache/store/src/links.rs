@@ -116,7 +116,9 @@ mod tests {
     fn while_unsettled_every_named_copy_is_held_however_long_ago() {
         let mut holds = LinkHolds::default();
         assert!(holds.name(&key("a")));
-        holds.named.insert(key("a"), Instant::now() - Duration::from_secs(3600));
+        holds
+            .named
+            .insert(key("a"), Instant::now() - Duration::from_secs(3600));
         holds.unsettled_until(Instant::now() + Duration::from_secs(40));
         let left = holds.left(&key("a")).expect("held while unsettled");
         assert!(left > Duration::from_secs(39));

@@ -734,6 +734,9 @@ async fn statfs_asks_the_source_and_fails_with_eio_when_it_hangs() {
 // The write path's tests share the fixture above.
 mod writes;
 
+// NFS links to blobs (`links.rs`).
+mod links;
+
 // ------------------------------------------------------------ answers kept with the cache
 
 impl Fixture {
