@@ -92,9 +92,14 @@ pub fn answer(
             "prefetch is served as a stream, not a single answer".into(),
         )),
     };
-    result.unwrap_or_else(|e| Response::Error {
+    result.unwrap_or_else(error_response)
+}
+
+/// An admin error as the control socket answers it.
+pub fn error_response(e: AdminError) -> Response {
+    Response::Error {
         message: e.to_string(),
-    })
+    }
 }
 
 /// The copies a verify request names: a model's, those under a path, else all.
@@ -195,9 +200,31 @@ pub fn evict(
     dry_run: bool,
     now_secs: u64,
 ) -> Result<EvictReport, AdminError> {
+    let chosen = choose_for_eviction(store, source, selector, now_secs)?;
+    evict_chosen(store, chosen, dry_run)
+}
+
+/// The copies `selector` names, for [`evict_chosen`]: the part of an eviction that
+/// may ask the source (run where a slow source may hold it).
+pub fn choose_for_eviction(
+    store: &Store,
+    source: Option<ModelSource<'_>>,
+    selector: &EvictSelector,
+    now_secs: u64,
+) -> Result<Vec<EntryInfo>, AdminError> {
     // A copy waiting for its commit is pinned: committed first, it can go.
     store.commit_now();
-    let chosen = select(store, source, selector, now_secs)?;
+    select(store, source, selector, now_secs)
+}
+
+/// Drops the copies `chosen`, except those in use. Asks nothing of the source, but
+/// may wait a few seconds: a copy NFS links name goes once no client can follow
+/// them to it.
+pub fn evict_chosen(
+    store: &Store,
+    chosen: Vec<EntryInfo>,
+    dry_run: bool,
+) -> Result<EvictReport, AdminError> {
     let mut report = EvictReport {
         evicted: Vec::new(),
         in_use: Vec::new(),

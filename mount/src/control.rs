@@ -318,6 +318,9 @@ impl ControlServer {
     async fn handle(&self, request: Request) -> Response {
         match request {
             Request::Status => self.status().await,
+            Request::Evict { selector, dry_run } if !self.source_suspect() => {
+                self.evict(selector, dry_run).await
+            }
             Request::Evict { .. } | Request::Files { .. } if !self.source_suspect() => {
                 let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
                 let asked = self.stager.source_pool().run(move || {
@@ -518,6 +521,45 @@ impl ControlServer {
 
     /// Answers without asking the source anything, on the blocking pool (verify
     /// hashes copies). `name_source` hands the source over for its name only.
+    /// Evicts what `selector` names: chosen on the source pool (the source resolves
+    /// snapshot links), removed off it, since a removal may wait seconds for NFS
+    /// clients to stop following links to a copy, and a source thread held that
+    /// long would make the source look hung.
+    async fn evict(&self, selector: EvictSelector, dry_run: bool) -> Response {
+        let (stager, dirs) = (self.stager.clone(), self.dirs());
+        let chosen = self.stager.source_pool().run(move || {
+            let source = ModelSource {
+                tree: stager.source(),
+                model_dirs: &dirs,
+            };
+            let now = stagefs_source::sys::now_secs();
+            admin::choose_for_eviction(stager.store(), Some(source), &selector, now)
+        });
+        let chosen = match chosen.await {
+            Ok(Ok(chosen)) => chosen,
+            Ok(Err(e)) => return admin::error_response(e),
+            Err(why) => {
+                return Response::Error {
+                    message: format!(
+                        "the source did not answer ({why}); name the copies by model id, or try again"
+                    ),
+                };
+            }
+        };
+        let stager = self.stager.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            admin::evict_chosen(stager.store(), chosen, dry_run)
+        })
+        .await;
+        match removed {
+            Ok(Ok(report)) => Response::Evicted { report },
+            Ok(Err(e)) => admin::error_response(e),
+            Err(e) => Response::Error {
+                message: format!("the request failed: {e}"),
+            },
+        }
+    }
+
     async fn answer_locally(&self, request: Request, name_source: bool) -> Response {
         let (stager, live, dirs) = (self.stager.clone(), self.live(), self.dirs());
         let answered = tokio::task::spawn_blocking(move || {

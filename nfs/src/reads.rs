@@ -144,7 +144,10 @@ impl Reads {
                     "READ answered JUKEBOX"
                 );
                 self.answered_jukebox(call, tries);
-                jukebox::answered(policy);
+                // A Mac keeps attributes past their time from a call's second JUKEBOX.
+                if tries >= 1 {
+                    jukebox::answered(policy);
+                }
                 return Err(nfsstat3::NFS3ERR_JUKEBOX);
             }
             let tick = TICK.min(MAX_HOLD.saturating_sub(held));

@@ -822,6 +822,11 @@ impl Policy {
             // Being written through the mount, or its copy still held by a reader of
             // the version before: the source has the only right bytes.
             self.open_source(&node.path).await?
+        } else if self.stager.copy_taken_back(&node.path) && !self.source_suspect() {
+            // Its copy goes once NFS clients stop following links to it; a reader
+            // that came by the link's other text meanwhile reads the source, so that
+            // it does not hold the copy there.
+            self.open_source(&node.path).await?
         } else {
             match self.stage_or_recall(&node, version).await {
                 Ok(staged) => Opened::staged(staged),

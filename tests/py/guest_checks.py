@@ -86,6 +86,7 @@ import json
 import mmap
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,7 +96,8 @@ import traceback
 
 SPEC = json.load(open(sys.argv[1]))
 GROUPS = sys.argv[2:] or [
-    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "offline", "full", "slow",
+    "mount", "read", "own", "doctor", "write", "save", "posix", "hub", "mlx", "nas", "offline", "links", "full",
+    "slow",
     "fault",
 ]
 HF = SPEC["hf"]
@@ -146,7 +148,7 @@ CHECKS = []
 # How long one check may take before it counts as hung (a call on a hard NFS mount
 # that never returns): then it fails, naming where the kernel holds it, and the run
 # ends there, since this process can go no further.
-LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150, "offline": 240}
+LIMIT = {"hub": 240, "mlx": 300, "slow": 200, "posix": 150, "offline": 240, "links": 240}
 DEFAULT_LIMIT = 120
 
 
@@ -1337,6 +1339,316 @@ def a_serve_restarted_with_the_nas_away_serves_both_then_takes_the_nas_back():
     never = time.monotonic() - started
     return (f"the mount kept its handles: loads of both {took:.1f} s; NAS back: served again {again:.1f} s "
             f"after, a folder never read before loaded {never:.1f} s, no remount")
+
+
+# --- links: blobs as links to their local copies (`stagefs serve --links`) ----------------
+# All inside the guest, as an HF user's Mac has it: an ordinary user serves a hub cache
+# with its cache on a local filesystem (the guest's tmpfs), root mounts it with the
+# kernel's NFS client (a Linux user cannot), and the user's programs read through it.
+# The user's Hub is a local one (tests/py/hub_server.py, in the guest).
+
+LINKS = SPEC["links"]
+LROOT = LINKS["root"]
+LP = {n: os.path.join(LROOT, n) for n in ("src", "cache", "mnt", "made-a", "made-b", "home", "cache-full", "mnt-full")}
+LREPO = "acme/linked"
+LREPO_DIR = "models--" + LREPO.replace("/", "--")
+LSTATE = {"serves": []}
+
+
+def as_user(args, timeout, env=None):
+    base = {
+        "HOME": LP["home"],
+        "USER": LINKS["user"],
+        "LOGNAME": LINKS["user"],
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+    if LINKS.get("pythonpath"):
+        base["PYTHONPATH"] = LINKS["pythonpath"]
+    base.update(env or {})
+    ids = [f"--reuid={LINKS['uid']}", f"--regid={LINKS['gid']}", "--init-groups", "--"]
+    return sh(["setpriv", *ids, *args], timeout, env=base)
+
+
+def user_popen(args, log, env=None):
+    base = {"HOME": LP["home"], "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if LINKS.get("pythonpath"):
+        base["PYTHONPATH"] = LINKS["pythonpath"]
+    base.update(env or {})
+    ids = [f"--reuid={LINKS['uid']}", f"--regid={LINKS['gid']}", "--init-groups", "--"]
+    with open(log, "w") as err:
+        return subprocess.Popen(["setpriv", *ids, *args], stdout=subprocess.PIPE, stderr=err, env=base, text=True)
+
+
+def client(mode, *args, env=None, timeout=150):
+    rc, out, took = as_user([LINKS["python"], LINKS["client"], mode, *args], timeout, env)
+    assert rc == 0, f"links_client {mode}: {rc}: {tail(out)}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def offline_env(home):
+    return {"HF_HOME": home, "HF_HUB_OFFLINE": "1"}
+
+
+def hub_up(made):
+    hub = subprocess.Popen(
+        [sys.executable, LINKS["hub_server"], made, LREPO, "--lfs-min", "1048576"],
+        # It serves until its stdin closes.
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    port, commit = hub.stdout.readline().split()
+    return hub, f"http://127.0.0.1:{port}", commit
+
+
+def serve(cache, *flags):
+    log = os.path.join(SPEC["scratch"], f"links-serve-{len(LSTATE['serves'])}.log")
+    args = [SPEC["stagefs"], "--no-config", "serve", "--links", LP["src"], "--cache-dir", cache, "--min-free", "0", *flags]
+    proc = user_popen(args, log)
+    first = proc.stdout.readline()
+    LSTATE["serves"].append(proc)
+    LSTATE.setdefault("logs", {})[proc.pid] = log
+    # nfs://127.0.0.1/?nfsport=P&mountport=P&version=3
+    port = first.partition("nfsport=")[2].partition("&")[0]
+    assert port.isdigit(), f"stagefs serve said {first!r}: {tail(open(log).read())}"
+    return proc, int(port)
+
+
+def kernel_mount(port, mnt):
+    opts = (f"vers=3,tcp,port={port},mountport={port},mountproto=tcp,rsize=1048576,wsize=1048576,"
+            "actimeo=1,hard,local_lock=all,addr=127.0.0.1")
+    rc, out, _ = sh(["mount", "-i", "-t", "nfs", "-o", opts, "127.0.0.1:/", mnt], 60)
+    assert rc == 0, f"mount: {rc}: {tail(out)}"
+
+
+def read_calls(mnt):
+    """READ calls the kernel client sent on the mount at `mnt`, from mountstats."""
+    ours = False
+    for line in open("/proc/self/mountstats"):
+        if line.startswith("device "):
+            ours = f" mounted on {mnt} " in line
+        elif ours and line.strip().startswith("READ:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no READ line for {mnt} in mountstats")
+
+
+def served_reads(cache):
+    rc, out, _ = as_user([SPEC["stagefs"], "--no-config", "status", "--json", "--cache-dir", cache], 30)
+    assert rc == 0, f"status: {rc}: {tail(out)}"
+    (report,) = json.loads(out)["mounts"]
+    return report["metrics"]
+
+
+def lsnap(root, commit):
+    return os.path.join(root, "hub", LREPO_DIR, "snapshots", commit)
+
+
+def lblob(root, sha):
+    return os.path.join(root, "hub", LREPO_DIR, "blobs", sha)
+
+
+@check("links")
+def an_ordinary_users_serve_with_links_is_mounted_by_the_kernel():
+    shutil.rmtree(LROOT, ignore_errors=True)
+    for path in [LROOT, *LP.values()]:
+        os.makedirs(path, exist_ok=True)
+        os.chown(path, LINKS["uid"], LINKS["gid"])
+    LSTATE["a"] = client("make", LP["made-a"], "1")
+    LSTATE["b"] = client("make", LP["made-b"], "2")
+    hub, endpoint, commit = hub_up(LP["made-a"])
+    try:
+        got = client("download", LREPO, env={"HF_HOME": LP["src"], "HF_ENDPOINT": endpoint})
+    finally:
+        hub.kill()
+    assert got["commit"] == commit, got
+    LSTATE["commit_a"] = commit
+    _, port = serve(LP["cache"])
+    kernel_mount(port, LP["mnt"])
+    fields = mounted(LP["mnt"])
+    assert fields and fields[2] == "nfs", fields
+    return f"port {port}, commit {commit[:8]}"
+
+
+@check("links")
+def a_warm_load_through_links_sends_no_read_and_reads_right():
+    snap, src_snap = lsnap(LP["mnt"], LSTATE["commit_a"]), lsnap(LP["src"], LSTATE["commit_a"])
+    want = LSTATE["a"]["sha256"]
+    cold = client("mlx", snap, env=offline_env(LP["mnt"]))
+    assert not cold["errors"] and cold["sha256"] == want, cold
+    source_tensors = client("mmap", src_snap)["tensors"]
+    # The client looks at a link's attributes again 1 s after it last did.
+    time.sleep(2)
+    calls, served = read_calls(LP["mnt"]), served_reads(LP["cache"])["daemon_reads"]
+    warm = client("mlx", snap, env=offline_env(LP["mnt"]))
+    mapped = client("mmap", snap, env=offline_env(LP["mnt"]))
+    calls = read_calls(LP["mnt"]) - calls
+    served = served_reads(LP["cache"])["daemon_reads"] - served
+    assert not warm["errors"] and warm["sha256"] == want, warm
+    assert mapped["tensors"] == source_tensors, "safe_open's tensors differ from the source's"
+    assert calls == 0 and served == 0, f"READ calls during the warm loads: {calls} sent, {served} served"
+    cache = os.path.realpath(LP["cache"]) + "/"
+    for sha in want.values():
+        text = os.readlink(lblob(LP["mnt"], sha))
+        assert text.startswith(cache), f"blob link reads {text}"
+    for name in want:
+        assert os.path.realpath(os.path.join(snap, name)).startswith(cache), name
+    return (f"cold {cold['read_seconds']} s, warm {warm['read_seconds']} s, mmap {mapped['seconds']} s; "
+            f"READ calls during the warm loads: {calls} sent by the client, {served} served")
+
+
+def loop_in_background(path, seconds, sha, name):
+    log = os.path.join(SPEC["scratch"], f"links-loop-{name}.log")
+    return user_popen([LINKS["python"], LINKS["client"], "loop", path, str(seconds), sha], log)
+
+
+def serve_log(proc, n=1500):
+    return tail(open(LSTATE["logs"][proc.pid]).read(), n)
+
+
+def evictions(proc):
+    """Copies the server `proc` logged as evicted to make room."""
+    return sum("to make room" in line for line in open(LSTATE["logs"][proc.pid]))
+
+
+def loop_result(proc, timeout):
+    out, _ = proc.communicate(timeout=timeout)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@check("links")
+def a_new_revision_downloaded_into_the_mount_is_what_loads():
+    hub, endpoint, commit = hub_up(LP["made-b"])
+    try:
+        got = client("download", LREPO, env={"HF_HOME": LP["mnt"], "HF_ENDPOINT": endpoint}, timeout=200)
+    finally:
+        hub.kill()
+    assert got["commit"] == commit != LSTATE["commit_a"], (got, commit)
+    LSTATE["commit_b"] = commit
+    resolved = client("download", LREPO, env=offline_env(LP["mnt"]))
+    assert resolved["commit"] == commit, resolved
+    loaded = client("mlx", resolved["snapshot"], env=offline_env(LP["mnt"]))
+    assert not loaded["errors"] and loaded["sha256"] == LSTATE["b"]["sha256"], loaded
+    return f"revision {commit[:8]} loaded by id in {loaded['read_seconds']} s"
+
+
+@check("links")
+def cp_rL_of_a_snapshot_through_links_copies_every_byte():
+    snap = lsnap(LP["mnt"], LSTATE["commit_b"])
+    out_dir = os.path.join(LP["home"], "copied")
+    rc, out, took = as_user(["cp", "-rL", snap, out_dir], 120)
+    assert rc == 0, f"cp -rL: {tail(out)}"
+    for name in os.listdir(LP["made-b"]):
+        assert sha256(os.path.join(out_dir, name)) == sha256(os.path.join(LP["made-b"], name)), name
+    assert not any(os.path.islink(os.path.join(out_dir, n)) for n in os.listdir(out_dir))
+    return f"{len(os.listdir(out_dir))} files in {took} s"
+
+
+@check("links")
+def a_linked_shard_evicted_under_a_reading_loop_never_fails():
+    snap = lsnap(LP["mnt"], LSTATE["commit_a"])
+    name, sha = sorted(LSTATE["a"]["sha256"].items())[0]
+    proc = loop_in_background(os.path.join(snap, name), 14, sha, "evict")
+    time.sleep(3)
+    # A server's mount has no mount point of its own: the file is named in the source.
+    evicted = os.path.join(lsnap(LP["src"], LSTATE["commit_a"]), name)
+    rc, out, took = as_user([SPEC["stagefs"], "--no-config", "evict", evicted, "--cache-dir", LP["cache"]], 60)
+    looped = loop_result(proc, 60)
+    assert rc == 0, f"evict: {rc}: {tail(out)}; the server's log: {serve_log(LSTATE['serves'][0])}"
+    assert not looped["errors"] and not looped["wrong"], looped
+    assert looped["opens"] >= 5, looped
+    assert "evicted 1 file" in out, f"evict: {tail(out)}"
+    return f"evict took {took} s ({tail(out, 160)}); loop: {looped['opens']} opens, no error"
+
+
+@check("links")
+def a_full_cache_evicts_a_linked_shard_under_a_reading_loop():
+    shards = sorted(LSTATE["a"]["sha256"].items())
+    size = os.stat(os.path.join(LP["made-a"], shards[0][0])).st_size
+    # A copy that cannot have room is read from the source: the reader of a shard
+    # evicted for another's copy goes on, and sees no ENOSPC.
+    _, port = serve(LP["cache-full"], "--max-size", str(size * 3 // 2), "--on-full", "read-source")
+    kernel_mount(port, LP["mnt-full"])
+    snap = lsnap(LP["mnt-full"], LSTATE["commit_a"])
+    (first, first_sha), others = shards[0], shards[1:]
+    # Staged by prefetch, not by a READ: the server keeps a read handle (which holds
+    # its copy) open until idle for 30 s, and only the link is to hold this one.
+    prefetched = os.path.join(lsnap(LP["src"], LSTATE["commit_a"]), first)
+    rc, out, _ = as_user([SPEC["stagefs"], "--no-config", "prefetch", prefetched, "--cache-dir", LP["cache-full"]], 60)
+    assert rc == 0, f"prefetch: {rc}: {tail(out)}"
+    proc = loop_in_background(os.path.join(snap, first), 12, first_sha, "full")
+    time.sleep(1)
+    for name, sha in others:
+        got = client("loop", os.path.join(snap, name), "0.1", sha)
+        assert got["opens"] and not got["errors"] and not got["wrong"], (name, got)
+    looped = loop_result(proc, 60)
+    copies = served_reads(LP["cache-full"])["stage_copies"]
+    rc, out, _ = sh(["umount", LP["mnt-full"]], 30)
+    assert rc == 0, f"umount: {tail(out)}"
+    assert not looped["errors"] and not looped["wrong"], looped
+    assert evictions(LSTATE["serves"][-1]) >= 1, f"no copy was evicted; the server's log: {serve_log(LSTATE['serves'][-1])}"
+    return f"loop: {looped['opens']} opens, no error; {copies} copies of {len(shards)} shards under a 1.5-shard budget"
+
+
+@check("links")
+def warm_reads_through_links_run_at_the_local_copies_speed():
+    snap = lsnap(LP["mnt"], LSTATE["commit_a"])
+    want = LSTATE["a"]["sha256"]
+    direct, served = os.path.join(LROOT, "direct"), os.path.join(LROOT, "served")
+    for d in (direct, served):
+        os.makedirs(d, exist_ok=True)
+    for name, sha in want.items():
+        for d, target in ((direct, os.path.realpath(os.path.join(snap, name))),
+                          (served, lblob(LP["mnt"], ".stagefs-" + sha))):
+            link = os.path.join(d, name)
+            if not os.path.lexists(link):
+                os.symlink(target, link)
+    times = {"links": [], "copies": [], "server": []}
+    calls = read_calls(LP["mnt"])
+    for _ in range(3):
+        for way, path, extra in (("links", snap, []), ("copies", direct, []), ("server", served, ["fadvise"])):
+            got = client("mlx", path, *extra, env=offline_env(LP["mnt"]))
+            assert not got["errors"] and got["sha256"] == want, (way, got["errors"])
+            times[way].append(got["read_seconds"])
+    calls = read_calls(LP["mnt"]) - calls
+    median = {w: sorted(t)[1] for w, t in times.items()}
+    mib = sum(os.stat(os.path.join(direct, n)).st_size for n in want) / (1 << 20)
+    rate = {w: round(mib / t, 1) for w, t in median.items()}
+    assert calls > 0, "the server path's reads sent no READ: they measured nothing"
+    return (f"{mib:.0f} MiB, median of 3 (MiB/s): links {rate['links']}, copies {rate['copies']}, "
+            f"through the server {rate['server']}; links/copies {median['copies'] / median['links']:.2f}, "
+            f"server/copies {median['copies'] / median['server']:.2f}; {calls} READ calls for the server's reads; "
+            f"times {times}")
+
+
+@check("links")
+def hf_cache_delete_through_the_mount_removes_the_repo_on_the_source_and_no_copy():
+    shas = [*LSTATE["a"]["sha256"].values(), *LSTATE["b"]["sha256"].values()]
+    got = client("delete", os.path.join(LP["mnt"], "hub"), LREPO, env={"HF_HOME": LP["mnt"]})
+    # hf deletes each blob once, at the path one readlink of its snapshot link gives:
+    # that path is the mount's, so the delete reaches the source (had it been the
+    # copy's, the blob would still be on the source).
+    inside = os.path.join(LP["mnt"], "hub") + "/"
+    assert got["blob_paths"] and all(p.startswith(inside) for p in got["blob_paths"]), got["blob_paths"]
+    left = [sha for sha in shas if os.path.lexists(lblob(LP["src"], sha))]
+    assert not left, f"{len(left)} blobs still on the source"
+    return f"{len(got['blob_paths'])} blobs removed on the source, by their paths in the mount"
+
+
+@check("links")
+def links_mounts_unmount_and_their_servers_stop():
+    rc, out, _ = sh(["umount", LP["mnt"]], 30)
+    assert rc == 0, f"umount: {tail(out)}"
+    codes = []
+    for proc in LSTATE["serves"]:
+        proc.terminate()
+        try:
+            codes.append(proc.wait(timeout=30))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append("hung")
+    assert all(c == 0 for c in codes), f"serve exit codes {codes}"
+    return f"{len(codes)} servers stopped"
 
 
 # --- full: a shard larger than the cache may hold (--max-size) ----------------------

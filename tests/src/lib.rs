@@ -136,6 +136,12 @@ impl TestUser {
     /// venv's interpreter if the user can run it, else (the venv's interpreter lives
     /// under a home the user cannot enter, as with pyenv under /root) a system python3
     /// of the same version with the venv's packages on PYTHONPATH, or
+    /// The Python [`TestUser::python`] runs, and the PYTHONPATH it needs (for a
+    /// process that starts it as this user by other means: the NFS guest's).
+    pub fn python_parts(&self) -> (PathBuf, Option<PathBuf>) {
+        USER_PYTHON.get_or_init(|| find_user_python(self)).clone()
+    }
+
     /// `$STAGEFS_USER_PYTHON`.
     pub fn python(&self) -> Command {
         let (program, pythonpath) = USER_PYTHON.get_or_init(|| find_user_python(self));

@@ -57,7 +57,7 @@ const BIG_DIR: usize = 3000;
 /// Files of the directory the guest lists while adding to it.
 const GROW_DIR: usize = 500;
 /// The guest's whole run, boot to power-off (run-guest.sh's GUEST_TIMEOUT).
-const GUEST_LIMIT: Duration = Duration::from_secs(480);
+const GUEST_LIMIT: Duration = Duration::from_secs(600);
 /// The guest's mount points (in its own /tmp, a tmpfs).
 const HF_MNT: &str = "/tmp/nfs-hf";
 const PLAIN_MNT: &str = "/tmp/nfs-plain";
@@ -159,6 +159,8 @@ fn boot() -> Result<Run, String> {
     let started = Instant::now();
     let s = Scratch::new();
     let scratch = s.dir.path().to_path_buf();
+    // The links group's user (its home on the host is only for finding its Python).
+    let links_area = Scratch::for_user();
     let hf = ShapedSource::generate(&s, Layout::HfHome, ID, SHARDS, SHARD_SIZE);
     let plain = ShapedSource::generate(&s, Layout::PlainFolder, PLAIN_ID, 2, SHARD_SIZE);
     // The guest's own `stagefs mount` mirrors a hub cache of its own, small: doctor
@@ -312,6 +314,7 @@ fn boot() -> Result<Run, String> {
             "call_delay": SLOW_CALL.as_secs(),
         },
         "save": {"dir": "models/acme/saved"},
+        "links": links_spec(&links_area),
         "offline": {
             "mnt": OFFLINE_MNT,
             "weights": offline.made.join("model.safetensors"),
@@ -733,6 +736,23 @@ fn fill_dir(dir: &Path, count: usize, prefix: &str) {
 /// The guest's script: mounts both exports as `mount -t nfs` does without a helper
 /// (`-i`: never a mount.nfs; the kernel gets the text options, `addr=` among them),
 /// with stagefs's own Linux options, and runs the checks.
+/// The links group's part of the spec: the ordinary user who serves and reads (its
+/// ids, and how it starts Python) and the guest-local directory it all happens in.
+fn links_spec(area: &Scratch) -> Value {
+    let user = area.user();
+    let (python, pythonpath) = user.python_parts();
+    json!({
+        "root": "/tmp/links",
+        "user": user.name,
+        "uid": user.uid,
+        "gid": user.gid,
+        "python": python,
+        "pythonpath": pythonpath,
+        "client": workspace_root().join("tests/py/links_client.py"),
+        "hub_server": workspace_root().join("tests/py/hub_server.py"),
+    })
+}
+
 fn guest_script(scratch: &Path) -> String {
     let python = workspace_root().join(".venv/bin/python");
     let checks = workspace_root().join("tests/py/guest_checks.py");
@@ -876,6 +896,11 @@ fn a_nas_unmounted_underneath_or_killed_keeps_serving_staged_models_over_nfs() {
 #[test]
 fn models_loaded_or_prefetched_load_through_the_kernel_nfs_client_with_the_nas_away() {
     assert_group("offline");
+}
+
+#[test]
+fn warm_loads_through_nfs_links_send_no_read_and_evictions_never_fail_a_reader() {
+    assert_group("links");
 }
 
 #[test]

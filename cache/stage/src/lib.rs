@@ -548,6 +548,11 @@ impl Stager {
         self.inner.store.redirect(&key, accept, handout)
     }
 
+    /// Whether the copy of `rel` is being taken back from NFS links, to be removed.
+    pub fn copy_taken_back(&self, rel: &Path) -> bool {
+        self.inner.store.taken_back(&Key::for_source_path(rel))
+    }
+
     /// An NFS client may keep the link attributes it has until `until` (see
     /// [`stagefs_store::Store::links_unsettled_until`]).
     pub fn links_unsettled_until(&self, until: std::time::Instant) {

@@ -986,6 +986,12 @@ impl Store {
         self.ledger.pin_locked(&mut lock(&self.ledger.state), key)
     }
 
+    /// Whether the copy for `key` is being taken back from NFS links, to be removed
+    /// once no client can follow them to it: a new reader should not hold it.
+    pub fn taken_back(&self, key: &Key) -> bool {
+        lock(&self.ledger.state).links.retracting(key)
+    }
+
     /// What keeps the copy for `key` from being removed now, if anything.
     pub fn hold_of(&self, key: &Key) -> Option<Hold> {
         lock(&self.ledger.state).hold(key, self.redirect_grace)

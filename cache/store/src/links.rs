@@ -59,6 +59,11 @@ impl LinkHolds {
         }
     }
 
+    /// Whether `key`'s copy is being taken back.
+    pub(crate) fn retracting(&self, key: &Key) -> bool {
+        self.retracting.contains(key)
+    }
+
     /// Names `key`'s copy again: it was not removed after all.
     pub(crate) fn restore(&mut self, key: &Key) {
         self.retracting.remove(key);

@@ -107,10 +107,16 @@ async fn a_copy_removed_is_taken_back_first_and_the_link_leads_to_the_alias_agai
         copy.exists(),
         "removed before the clients could see the link move"
     );
+    // A reader that follows the alias meanwhile reads the source, and does not
+    // hold the copy there.
+    let opens = f.metrics().source_opens;
+    let read = f.read_through(f.alias()).await.expect("read");
+    assert_eq!(read, f.source_bytes(&f.blob));
+    assert_eq!(f.metrics().source_opens, opens + 1);
     let asked = Instant::now();
     remover.await.expect("joined").expect("removed");
     assert!(
-        asked.elapsed() > Duration::from_secs(1),
+        asked.elapsed() > Duration::from_millis(500),
         "waited out the link hold"
     );
     assert!(!copy.exists());
