@@ -540,11 +540,12 @@ fn render_status(r: &StatusReport, names: &Names) -> String {
     if let Some(m) = &r.metrics {
         let _ = writeln!(
             out,
-            "activity  {}, {} ({} copied), {} to local copies followed, {} written through since the mount started",
+            "activity  {}, {} ({} copied), {} to local copies followed (reads through them never reach stagefs), {} served by stagefs, {} written through since the mount started",
             count(to_usize(m.stage_hits), "hit", "hits"),
             count(to_usize(m.stage_copies), "copy", "copies"),
             format_bytes(m.bytes_copied),
             count(to_usize(m.redirects), "link", "links"),
+            count(to_usize(m.daemon_reads), "read", "reads"),
             format_bytes(m.bytes_written)
         );
     }

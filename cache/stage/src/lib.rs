@@ -398,6 +398,15 @@ impl Stager {
             .map(drop)
     }
 
+    /// [`Stager::remove_copy`] without waiting for NFS links to the copy to be
+    /// taken back: it is refused as in use meanwhile, and goes at a later call.
+    pub fn remove_copy_now(&self, rel: &Path) -> Result<(), StoreError> {
+        self.inner
+            .store
+            .remove_or_take_back(&Key::for_source_path(rel))
+            .map(drop)
+    }
+
     /// Whether the store holds a copy of `rel`, of any version.
     pub fn has_copy(&self, rel: &Path) -> bool {
         self.inner.store.contains(&Key::for_source_path(rel))

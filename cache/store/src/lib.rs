@@ -916,6 +916,31 @@ impl Store {
         }
     }
 
+    /// [`Store::remove`] without waiting: a copy only NFS links hold is taken back
+    /// and refused as in use, and goes at a call once no client can follow the
+    /// links (for a caller that must not wait: one on a source thread).
+    pub fn remove_or_take_back(&self, key: &Key) -> Result<Option<Entry>, StoreError> {
+        self.commit_now();
+        let mut state = lock(&self.ledger.state);
+        let Some(entry) = state.index.get(key).cloned() else {
+            return Ok(None);
+        };
+        match state.hold(key, self.redirect_grace) {
+            None => {
+                let evicted = self.ledger.evict_locked(&mut state, key, "on request");
+                drop(state);
+                self.ledger.finish_evictions(evicted.into_iter().collect());
+                Ok(Some(entry))
+            }
+            Some(hold) => {
+                if matches!(hold, Hold::Link { .. }) {
+                    state.links.retract(key);
+                }
+                Err(StoreError::InUse { path: entry.source })
+            }
+        }
+    }
+
     /// Takes back links to copies that only links hold, least recently used first,
     /// until `bytes` of them are on their way out; how long until they can go.
     fn retract_links_for(&self, keep: Option<&Key>, bytes: u64) -> Option<Duration> {

@@ -636,7 +636,9 @@ impl Policy {
                 let Trust::RemoveFirst(generation) = self.taints.trust(path, copying) else {
                     return false;
                 };
-                let removed = self.stager.remove_copy(path);
+                // Maybe on a source thread: a copy NFS links still name is taken
+                // back now and removed at a later call, not waited for here.
+                let removed = self.stager.remove_copy_now(path);
                 if removed.is_ok() {
                     self.taints.cleared(path, generation);
                 }
