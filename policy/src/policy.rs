@@ -822,11 +822,8 @@ impl Policy {
             // Being written through the mount, or its copy still held by a reader of
             // the version before: the source has the only right bytes.
             self.open_source(&node.path).await?
-        } else if self.stager.copy_taken_back(&node.path) && !self.source_suspect() {
-            // Its copy goes once NFS clients stop following links to it; a reader
-            // that came by the link's other text meanwhile reads the source, so that
-            // it does not hold the copy there.
-            self.open_source(&node.path).await?
+        } else if let Some(opened) = self.open_copy_taken_back(&node, version).await {
+            opened
         } else {
             match self.stage_or_recall(&node, version).await {
                 Ok(staged) => Opened::staged(staged),
@@ -851,6 +848,32 @@ impl Policy {
             self.inodes.restamp(ino, opened.stamp);
         }
         Ok(opened)
+    }
+
+    /// `node`'s copy, if it is being taken back from NFS links (to be removed once
+    /// no client can follow them), opened without holding it in the cache: a
+    /// reader that came by the link's other text meanwhile reads the copy through
+    /// its descriptor, which keeps the bytes after the copy is removed, and does not
+    /// keep the removal waiting.
+    async fn open_copy_taken_back(self: &Arc<Self>, node: &Node, version: Stamp) -> Option<Opened> {
+        if !self.stager.copy_taken_back(&node.path) {
+            return None;
+        }
+        let this = Arc::clone(self);
+        let path = node.path.clone();
+        let file = self
+            .runtime
+            .spawn_blocking(move || {
+                let copy = this.stager.copy_path(&path, version, Handout::Peek)?;
+                File::open(copy).ok()
+            })
+            .await
+            .ok()??;
+        Some(Opened {
+            reader: Reader::Copy(Arc::new(file)),
+            stamp: version,
+            pin: None,
+        })
     }
 
     /// Stages `node`, or serves a stored copy of exactly this version while the source

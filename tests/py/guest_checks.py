@@ -56,6 +56,19 @@ the source directly. The groups (all by default):
             server with sshfs killed: each time both load as before (times in the
             details), and once the NAS is back a folder never read loads too
             (only with "mlx_lm": true)
+    links   blobs as links to their local copies, all inside the guest: an ordinary
+            user runs `stagefs serve --links` of a hub cache (downloaded from a
+            local Hub run in the guest) with its cache on the guest's tmpfs, root
+            mounts it with the kernel's client, and the user's programs
+            (tests/py/links_client.py) load through it: a warm MLX-pattern load
+            (mx.load of every shard, 8 threads of 32 MiB preads) and safe_open
+            send no READ (counted in the client's mountstats and by the server),
+            with every byte right; a new revision downloaded into the mount is
+            what loads next; cp -rL copies every byte; a shard evicted under a
+            reading loop (stagefs evict, and a budget of 1.5 shards) never fails
+            it; hf cache delete removes the repository on the source, by paths in
+            the mount; the reads through links, of the copies directly and
+            through the server, timed in one process (times in the details)
     full    two exports of one model whose shard is larger than their cache's
             --max-size: with --on-full read-source the shard reads right; with
             --on-full fail its read fails with ENOSPC ("No space left on device"),
@@ -1349,7 +1362,10 @@ def a_serve_restarted_with_the_nas_away_serves_both_then_takes_the_nas_back():
 
 LINKS = SPEC["links"]
 LROOT = LINKS["root"]
-LP = {n: os.path.join(LROOT, n) for n in ("src", "cache", "mnt", "made-a", "made-b", "home", "cache-full", "mnt-full")}
+LP = {
+    n: os.path.join(LROOT, n)
+    for n in ("src", "cache", "mnt", "home", "cache-full", "mnt-full", "cache-plain", "mnt-plain")
+}
 LREPO = "acme/linked"
 LREPO_DIR = "models--" + LREPO.replace("/", "--")
 LSTATE = {"serves": []}
@@ -1402,9 +1418,10 @@ def hub_up(made):
     return hub, f"http://127.0.0.1:{port}", commit
 
 
-def serve(cache, *flags):
+def serve(cache, *flags, links=True):
     log = os.path.join(SPEC["scratch"], f"links-serve-{len(LSTATE['serves'])}.log")
-    args = [SPEC["stagefs"], "--no-config", "serve", "--links", LP["src"], "--cache-dir", cache, "--min-free", "0", *flags]
+    args = [SPEC["stagefs"], "--no-config", "serve", *(["--links"] if links else []), LP["src"], "--cache-dir", cache,
+            "--min-free", "0", *flags]
     proc = user_popen(args, log)
     first = proc.stdout.readline()
     LSTATE["serves"].append(proc)
@@ -1454,9 +1471,9 @@ def an_ordinary_users_serve_with_links_is_mounted_by_the_kernel():
     for path in [LROOT, *LP.values()]:
         os.makedirs(path, exist_ok=True)
         os.chown(path, LINKS["uid"], LINKS["gid"])
-    LSTATE["a"] = client("make", LP["made-a"], "1")
-    LSTATE["b"] = client("make", LP["made-b"], "2")
-    hub, endpoint, commit = hub_up(LP["made-a"])
+    # The models were made on the host (numpy under TCG takes a while).
+    LSTATE["a"], LSTATE["b"] = LINKS["a"], LINKS["b"]
+    hub, endpoint, commit = hub_up(LINKS["a"]["dir"])
     try:
         got = client("download", LREPO, env={"HF_HOME": LP["src"], "HF_ENDPOINT": endpoint})
     finally:
@@ -1471,12 +1488,28 @@ def an_ordinary_users_serve_with_links_is_mounted_by_the_kernel():
 
 
 @check("links")
+def a_cold_load_through_links_costs_what_one_through_the_server_does():
+    """The same cold load through a server without links (today's path) first, then
+    (in the next check) through links: a link costs a LOOKUP and a READLINK more."""
+    _, port = serve(LP["cache-plain"], links=False)
+    kernel_mount(port, LP["mnt-plain"])
+    snap = lsnap(LP["mnt-plain"], LSTATE["commit_a"])
+    cold = client("mlx", snap, env=offline_env(LP["mnt-plain"]))
+    rc, out, _ = sh(["umount", LP["mnt-plain"]], 30)
+    assert rc == 0, f"umount: {tail(out)}"
+    assert not cold["errors"] and cold["sha256"] == LSTATE["a"]["sha256"], cold
+    LSTATE["cold_plain"] = cold
+    return f"cold through the server without links: mx.load {cold['load_seconds']} s, reads {cold['read_seconds']} s"
+
+
+@check("links")
 def a_warm_load_through_links_sends_no_read_and_reads_right():
-    snap, src_snap = lsnap(LP["mnt"], LSTATE["commit_a"]), lsnap(LP["src"], LSTATE["commit_a"])
+    snap = lsnap(LP["mnt"], LSTATE["commit_a"])
     want = LSTATE["a"]["sha256"]
     cold = client("mlx", snap, env=offline_env(LP["mnt"]))
     assert not cold["errors"] and cold["sha256"] == want, cold
-    source_tensors = client("mmap", src_snap)["tensors"]
+    # Of the model as made, which the source holds byte for byte.
+    source_tensors = LSTATE["a"]["tensors"]
     # The client looks at a link's attributes again 1 s after it last did.
     time.sleep(2)
     calls, served = read_calls(LP["mnt"]), served_reads(LP["cache"])["daemon_reads"]
@@ -1493,7 +1526,10 @@ def a_warm_load_through_links_sends_no_read_and_reads_right():
         assert text.startswith(cache), f"blob link reads {text}"
     for name in want:
         assert os.path.realpath(os.path.join(snap, name)).startswith(cache), name
-    return (f"cold {cold['read_seconds']} s, warm {warm['read_seconds']} s, mmap {mapped['seconds']} s; "
+    plain = LSTATE.get("cold_plain", {})
+    return (f"cold: mx.load {cold['load_seconds']} s, reads {cold['read_seconds']} s (without links: "
+            f"{plain.get('load_seconds')} s, {plain.get('read_seconds')} s); "
+            f"warm {warm['read_seconds']} s, mmap {mapped['seconds']} s; "
             f"READ calls during the warm loads: {calls} sent by the client, {served} served")
 
 
@@ -1518,7 +1554,7 @@ def loop_result(proc, timeout):
 
 @check("links")
 def a_new_revision_downloaded_into_the_mount_is_what_loads():
-    hub, endpoint, commit = hub_up(LP["made-b"])
+    hub, endpoint, commit = hub_up(LINKS["b"]["dir"])
     try:
         got = client("download", LREPO, env={"HF_HOME": LP["mnt"], "HF_ENDPOINT": endpoint}, timeout=200)
     finally:
@@ -1538,8 +1574,9 @@ def cp_rL_of_a_snapshot_through_links_copies_every_byte():
     out_dir = os.path.join(LP["home"], "copied")
     rc, out, took = as_user(["cp", "-rL", snap, out_dir], 120)
     assert rc == 0, f"cp -rL: {tail(out)}"
-    for name in os.listdir(LP["made-b"]):
-        assert sha256(os.path.join(out_dir, name)) == sha256(os.path.join(LP["made-b"], name)), name
+    made = LINKS["b"]["dir"]
+    for name in os.listdir(made):
+        assert sha256(os.path.join(out_dir, name)) == sha256(os.path.join(made, name)), name
     assert not any(os.path.islink(os.path.join(out_dir, n)) for n in os.listdir(out_dir))
     return f"{len(os.listdir(out_dir))} files in {took} s"
 
@@ -1564,7 +1601,7 @@ def a_linked_shard_evicted_under_a_reading_loop_never_fails():
 @check("links")
 def a_full_cache_evicts_a_linked_shard_under_a_reading_loop():
     shards = sorted(LSTATE["a"]["sha256"].items())
-    size = os.stat(os.path.join(LP["made-a"], shards[0][0])).st_size
+    size = os.stat(os.path.join(LINKS["a"]["dir"], shards[0][0])).st_size
     # A copy that cannot have room is read from the source: the reader of a shard
     # evicted for another's copy goes on, and sees no ENOSPC.
     _, port = serve(LP["cache-full"], "--max-size", str(size * 3 // 2), "--on-full", "read-source")
@@ -1603,16 +1640,13 @@ def warm_reads_through_links_run_at_the_local_copies_speed():
             link = os.path.join(d, name)
             if not os.path.lexists(link):
                 os.symlink(target, link)
-    times = {"links": [], "copies": [], "server": []}
     calls = read_calls(LP["mnt"])
-    for _ in range(3):
-        for way, path, extra in (("links", snap, []), ("copies", direct, []), ("server", served, ["fadvise"])):
-            got = client("mlx", path, *extra, env=offline_env(LP["mnt"]))
-            assert not got["errors"] and got["sha256"] == want, (way, got["errors"])
-            times[way].append(got["read_seconds"])
+    got = client("bench", "3", f"links={snap}", f"copies={direct}", f"server={served}", env=offline_env(LP["mnt"]))
     calls = read_calls(LP["mnt"]) - calls
+    assert all(digests == want for digests in got["sha256"].values()), "bytes differ"
+    times = got["times"]
     median = {w: sorted(t)[1] for w, t in times.items()}
-    mib = sum(os.stat(os.path.join(direct, n)).st_size for n in want) / (1 << 20)
+    mib = got["bytes"] / (1 << 20)
     rate = {w: round(mib / t, 1) for w, t in median.items()}
     assert calls > 0, "the server path's reads sent no READ: they measured nothing"
     return (f"{mib:.0f} MiB, median of 3 (MiB/s): links {rate['links']}, copies {rate['copies']}, "

@@ -12,6 +12,9 @@ tests/py/guest_checks.py. Each mode prints one JSON line.
                                               server)
     links_client.py mmap SNAP                 safe_open (mmap) of every shard, every
                                               tensor; a digest of each shard's tensors
+    links_client.py bench ROUNDS NAME=DIR...  `mlx` of each DIR (fadvise for a NAME
+                                              starting with "server"), in turn, ROUNDS
+                                              times: each one's read seconds
     links_client.py loop PATH SECONDS SHA256  opens and reads PATH whole, again and
                                               again; every error and wrong digest
     links_client.py delete HUB REPO           scan_cache_dir + delete every revision
@@ -27,7 +30,7 @@ import threading
 import time
 
 SHARDS = 4
-SHARD_BYTES = 8 << 20
+SHARD_BYTES = 4 << 20
 CHUNK = 32 << 20
 THREADS = 8
 
@@ -113,6 +116,24 @@ def mlx(snap, fadvise=None):
     }
 
 
+def bench(rounds, *ways):
+    """The same reads (`mlx`) of each way in turn, `rounds` times, in one process:
+    the ways share its warm-up, and each round sees the others' effect alike."""
+    named = [way.split("=", 1) for way in ways]
+    times = {name: [] for name, _ in named}
+    digests = {}
+    for _ in range(int(rounds)):
+        for name, snap in named:
+            got = mlx(snap, "fadvise" if name.startswith("server") else None)
+            if got["errors"]:
+                raise AssertionError(f"{name}: {got['errors']}")
+            digests.setdefault(name, got["sha256"])
+            if got["sha256"] != digests[name]:
+                raise AssertionError(f"{name}: the bytes changed between rounds")
+            times[name].append(got["read_seconds"])
+    return {"times": times, "sha256": digests, "bytes": got["bytes"]}
+
+
 def mmap_load(snap):
     from safetensors import safe_open
 
@@ -168,6 +189,7 @@ MODES = {
     "download": download,
     "mlx": mlx,
     "mmap": mmap_load,
+    "bench": bench,
     "loop": loop,
     "delete": delete,
 }

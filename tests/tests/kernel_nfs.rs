@@ -12,7 +12,7 @@
 //! kernel does MOUNT itself, no mount.nfs) through qemu's user network, whose
 //! forwards are `socat` runs that connect from a reserved port, as the server wants
 //! of a Linux client. There tests/py/guest_checks.py runs every check once, in groups
-//! (mount, read, own, doctor, write, save, posix, hub, mlx, nas, offline, full, slow,
+//! (mount, read, own, doctor, write, save, posix, hub, mlx, nas, offline, links, full, slow,
 //! fault; see its docstring), and each test below asserts that its group passed. The
 //! fault, nas, offline and slow groups are dialogues with this process through files
 //! in the scratch directory: the guest asks, the host kills the server (SIGKILL),
@@ -57,7 +57,7 @@ const BIG_DIR: usize = 3000;
 /// Files of the directory the guest lists while adding to it.
 const GROW_DIR: usize = 500;
 /// The guest's whole run, boot to power-off (run-guest.sh's GUEST_TIMEOUT).
-const GUEST_LIMIT: Duration = Duration::from_secs(600);
+const GUEST_LIMIT: Duration = Duration::from_secs(780);
 /// The guest's mount points (in its own /tmp, a tmpfs).
 const HF_MNT: &str = "/tmp/nfs-hf";
 const PLAIN_MNT: &str = "/tmp/nfs-plain";
@@ -314,7 +314,7 @@ fn boot() -> Result<Run, String> {
             "call_delay": SLOW_CALL.as_secs(),
         },
         "save": {"dir": "models/acme/saved"},
-        "links": links_spec(&links_area),
+        "links": links_spec(&links_area, &scratch),
         "offline": {
             "mnt": OFFLINE_MNT,
             "weights": offline.made.join("model.safetensors"),
@@ -738,10 +738,13 @@ fn fill_dir(dir: &Path, count: usize, prefix: &str) {
 /// with stagefs's own Linux options, and runs the checks.
 /// The links group's part of the spec: the ordinary user who serves and reads (its
 /// ids, and how it starts Python) and the guest-local directory it all happens in.
-fn links_spec(area: &Scratch) -> Value {
+fn links_spec(area: &Scratch, scratch: &Path) -> Value {
     let user = area.user();
     let (python, pythonpath) = user.python_parts();
     json!({
+        // Two revisions of one model, made here: numpy under TCG takes a while.
+        "a": links_model(&scratch.join("links-made-a"), 1),
+        "b": links_model(&scratch.join("links-made-b"), 2),
         "root": "/tmp/links",
         "user": user.name,
         "uid": user.uid,
@@ -751,6 +754,27 @@ fn links_spec(area: &Scratch) -> Value {
         "client": workspace_root().join("tests/py/links_client.py"),
         "hub_server": workspace_root().join("tests/py/hub_server.py"),
     })
+}
+
+/// A model of four shards made by tests/py/links_client.py in `dir`: its files'
+/// sha256s and its tensors' digests, as that script's `make` and `mmap` give them.
+fn links_model(dir: &Path, seed: u32) -> Value {
+    let client = workspace_root().join("tests/py/links_client.py");
+    let run = |args: &[&str]| -> Value {
+        let out = Command::new(stagefs_tests::python())
+            .arg(&client)
+            .args(args)
+            .output()
+            .expect("running links_client.py");
+        assert!(out.status.success(), "links_client.py {args:?}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.lines().last().unwrap_or_default()).expect("its JSON line")
+    };
+    let dir_text = dir.to_str().expect("a UTF-8 scratch path");
+    let mut made = run(&["make", dir_text, &seed.to_string()]);
+    made["tensors"] = run(&["mmap", dir_text])["tensors"].clone();
+    made["dir"] = json!(dir);
+    made
 }
 
 fn guest_script(scratch: &Path) -> String {

@@ -107,12 +107,11 @@ async fn a_copy_removed_is_taken_back_first_and_the_link_leads_to_the_alias_agai
         copy.exists(),
         "removed before the clients could see the link move"
     );
-    // A reader that follows the alias meanwhile reads the source, and does not
-    // hold the copy there.
-    let opens = f.metrics().source_opens;
-    let read = f.read_through(f.alias()).await.expect("read");
-    assert_eq!(read, f.source_bytes(&f.blob));
-    assert_eq!(f.metrics().source_opens, opens + 1);
+    // A reader that follows the alias meanwhile reads the copy without holding it
+    // there: its descriptor keeps the bytes once the copy is removed.
+    let opened = f.open(f.alias()).await.expect("open");
+    assert!(opened.pin.is_none(), "the copy is not held");
+    let fh = f.policy.register(opened, None);
     let asked = Instant::now();
     remover.await.expect("joined").expect("removed");
     assert!(
@@ -120,6 +119,10 @@ async fn a_copy_removed_is_taken_back_first_and_the_link_leads_to_the_alias_agai
         "waited out the link hold"
     );
     assert!(!copy.exists());
+    let size = f.source_bytes(&f.blob).len() as u32;
+    let read = f.policy.read(fh, 0, size).await.expect("read");
+    assert_eq!(read, f.source_bytes(&f.blob), "read from the removed copy");
+    f.policy.release(fh);
     assert_eq!(
         f.text(warm.ino).await,
         f.alias().file_name().expect("name").as_bytes()
