@@ -180,7 +180,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:0", value_parser = parse_listen)]
     pub(crate) listen: std::net::SocketAddr,
     /// Present staged HF blobs as links to their local copies, so the client's kernel
-    /// reads them itself (as `stagefs mount --backend nfs` does). Only for an NFS
+    /// reads them itself (as an NFS mount made by `stagefs mount` does). Only for an NFS
     /// client on this machine, mounted by the user serving: the links name paths
     /// of this machine's cache.
     #[arg(long)]

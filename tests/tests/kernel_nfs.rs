@@ -27,7 +27,9 @@
 //! run, and their tests then fail, saying so;
 //! `STAGEFS_KEEP_GUEST=1` keeps the scratch directory (console.log, dmesg.txt,
 //! checks.log, results.json); `STAGEFS_GUEST_GROUPS="full slow"` runs only those
-//! groups, while iterating (the other groups' tests then fail: none ran).
+//! groups, while iterating (the other groups' tests then fail: none ran);
+//! `STAGEFS_LINKS_COLD_ROUNDS=N` times N pairs of cold loads with and without NFS
+//! links (the links group's benchmark; one pair by default).
 //!
 //! The whole boot is bounded ([`GUEST_LIMIT`]); a missing guest image is a failure
 //! that names `bash scripts/setup-tests.sh`, not a skip.
@@ -753,6 +755,12 @@ fn links_spec(area: &Scratch, scratch: &Path) -> Value {
         "pythonpath": pythonpath,
         "client": workspace_root().join("tests/py/links_client.py"),
         "hub_server": workspace_root().join("tests/py/hub_server.py"),
+        // Rounds of cold loads with and without links (`STAGEFS_LINKS_COLD_ROUNDS`,
+        // for the benchmark; one pair otherwise).
+        "cold_rounds": std::env::var("STAGEFS_LINKS_COLD_ROUNDS")
+            .ok()
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(1),
     })
 }
 
