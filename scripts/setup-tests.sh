@@ -3,7 +3,7 @@
 # sshd (the network source), iproute2 (its network namespace), systemd (systemd-analyze
 # checks the login unit), libnfs-utils (user-space NFS clients for the NFS backend),
 # qemu, busybox-static, socat, kmod and cpio (the Linux guest whose kernel NFS client
-# mounts the NFS backend: tests/vm/), and a .venv with huggingface_hub, safetensors,
+# mounts the NFS backend: tests/vm/), rsync (a copy out of the guest's mount), and a .venv with huggingface_hub, safetensors,
 # numpy and mlx-lm. The tests themselves create their unprivileged test user. Safe to
 # run again.
 set -euo pipefail
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq fuse3 sshfs openssh-server openssh-client iproute2 systemd libnfs-utils \
-    qemu-system-x86 busybox-static socat kmod cpio >/dev/null
+    qemu-system-x86 busybox-static socat kmod cpio rsync >/dev/null
 python3 -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
 # The guest's kernel and initramfs, from Debian's stock kernel package (skipped when

@@ -64,7 +64,7 @@ the source directly. The groups (all by default):
             (mx.load of every shard, 8 threads of 32 MiB preads) and safe_open
             send no READ (counted in the client's mountstats and by the server),
             with every byte right; a new revision downloaded into the mount is
-            what loads next; cp -rL copies every byte; a shard evicted under a
+            what loads next; cp -rL, rsync -aL and tar -h copy every byte; a shard evicted under a
             reading loop (stagefs evict, and a budget of 1.5 shards) never fails
             it; hf cache delete removes the repository on the source, by paths in
             the mount; the reads through links, of the copies directly and
@@ -1588,16 +1588,27 @@ def a_new_revision_downloaded_into_the_mount_is_what_loads():
 
 
 @check("links")
-def cp_rL_of_a_snapshot_through_links_copies_every_byte():
+def cp_rL_rsync_aL_and_tar_h_of_a_snapshot_through_links_copy_every_byte():
     snap = lsnap(LP["mnt"], LSTATE["commit_b"])
-    out_dir = os.path.join(LP["home"], "copied")
-    rc, out, took = as_user(["cp", "-rL", snap, out_dir], 120)
-    assert rc == 0, f"cp -rL: {tail(out)}"
     made = LINKS["b"]["dir"]
-    for name in os.listdir(made):
-        assert sha256(os.path.join(out_dir, name)) == sha256(os.path.join(made, name)), name
-    assert not any(os.path.islink(os.path.join(out_dir, n)) for n in os.listdir(out_dir))
-    return f"{len(os.listdir(out_dir))} files in {took} s"
+    # Each copies the snapshot into {out}, following its links.
+    copies = {
+        "cp -rL": ["cp", "-rL", snap, "{out}"],
+        "rsync -aL": ["rsync", "-aL", snap + "/", "{out}/"],
+        "tar -h": ["sh", "-c", f"mkdir -p {{out}} && tar -chf - -C {snap} . | tar -xf - -C {{out}}"],
+    }
+    took = {}
+    for how, args in copies.items():
+        out_dir = os.path.join(LP["home"], "copied-" + how.split()[0])
+        rc, out, took[how] = as_user([a.replace("{out}", out_dir) for a in args], 120)
+        assert rc == 0, f"{how}: {tail(out)}"
+        names = sorted(os.listdir(out_dir))
+        assert names == sorted(os.listdir(made)), (how, names)
+        for name in names:
+            path = os.path.join(out_dir, name)
+            assert not os.path.islink(path), f"{how} copied {name} as a link"
+            assert sha256(path) == sha256(os.path.join(made, name)), f"{how}: {name} differs"
+    return ", ".join(f"{how} {t} s" for how, t in took.items()) + f": {len(os.listdir(made))} files each"
 
 
 @check("links")
