@@ -500,6 +500,20 @@ impl Policy {
         version: Stamp,
         followed: bool,
     ) -> (Attr, Vec<u8>) {
+        let (text, changed_ns) = self.link_text(base.ino, path, version, followed);
+        let attr = Attr {
+            atime_ns: changed_ns,
+            mtime_ns: changed_ns,
+            ctime_ns: changed_ns,
+            ..link_attr_of(base, text.len())
+        };
+        (attr, text)
+    }
+
+    /// The text NFS link `ino` to version `version` of blob `path` shows now, and
+    /// when that text last changed: recorded before any attributes carrying that
+    /// time are handed out.
+    fn link_text(&self, ino: u64, path: &Path, version: Stamp, followed: bool) -> (Vec<u8>, i64) {
         let copy = match self.copy_trusted_blocking(path) {
             true => self
                 .stager
@@ -513,15 +527,8 @@ impl Policy {
             || links::alias_text(path),
             |c| c.into_os_string().into_vec(),
         );
-        // Recorded before any attributes carrying its time are handed out.
-        let changed_ns = self.links.show(base.ino, &text);
-        let attr = Attr {
-            atime_ns: changed_ns,
-            mtime_ns: changed_ns,
-            ctime_ns: changed_ns,
-            ..link_attr_of(base, text.len())
-        };
-        (attr, text)
+        let changed_ns = self.links.show(ino, &text);
+        (text, changed_ns)
     }
 
     /// [`Policy::shown_link`] off the async runtime (it may stat the copy).
@@ -649,11 +656,17 @@ impl Policy {
     /// The target of link `ino`: the source's verbatim, or a redirect's copy.
     pub async fn readlink(self: &Arc<Self>, ino: u64) -> Result<Vec<u8>, FsError> {
         let node = self.node(ino)?;
-        if node.redirect
-            && self.links.enabled()
-            && let Some(base) = self.inodes.known_attr(ino)
-        {
-            return Ok(self.shown_link_async(base, node, true).await?.1);
+        if node.redirect && self.links.enabled() {
+            // Only the text: it needs no attributes remembered (a handle kept across
+            // a restart may be read before any GETATTR answered).
+            let version = node.stamp.ok_or(FsError::Stale)?;
+            let this = Arc::clone(self);
+            let text = self
+                .runtime
+                .spawn_blocking(move || this.link_text(ino, &node.path, version, true).0)
+                .await
+                .map_err(|e| FsError::Read(io::Error::other(e)))?;
+            return Ok(text);
         }
         if node.redirect {
             // Needs only the store, never the source: answered even while it is away.

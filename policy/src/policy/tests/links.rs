@@ -146,3 +146,15 @@ async fn a_mount_served_by_root_presents_no_nfs_links() {
         EntryKind::File
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_link_read_before_any_attributes_were_asked_shows_its_text() {
+    // As a client's handle kept across a restart (the inode journal gives the number
+    // back) whose first call is a READLINK: nothing about the link is remembered.
+    let f = nfs_links();
+    let file = f.lookup(f.alias()).await.expect("alias");
+    let version = f.policy.version_of(file.ino).expect("a version");
+    let link = f.policy.inodes.intern_redirect(&f.blob, version);
+    let alias = f.alias().file_name().expect("name").as_bytes().to_vec();
+    assert_eq!(f.text(link).await, alias);
+}
