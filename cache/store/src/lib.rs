@@ -894,12 +894,7 @@ impl Store {
                 return Ok(None);
             };
             match state.hold(key, self.redirect_grace) {
-                None => {
-                    let evicted = self.ledger.evict_locked(&mut state, key, "on request");
-                    drop(state);
-                    self.ledger.finish_evictions(evicted.into_iter().collect());
-                    return Ok(Some(entry));
-                }
+                None => return Ok(Some(self.evict_on_request(state, key, entry))),
                 // Named by NFS links only: taken back, and removed once no client
                 // can follow them to it.
                 Some(Hold::Link { .. }) if Instant::now() < deadline => {
@@ -926,12 +921,7 @@ impl Store {
             return Ok(None);
         };
         match state.hold(key, self.redirect_grace) {
-            None => {
-                let evicted = self.ledger.evict_locked(&mut state, key, "on request");
-                drop(state);
-                self.ledger.finish_evictions(evicted.into_iter().collect());
-                Ok(Some(entry))
-            }
+            None => Ok(Some(self.evict_on_request(state, key, entry))),
             Some(hold) => {
                 if matches!(hold, Hold::Link { .. }) {
                     state.links.retract(key);
@@ -939,6 +929,20 @@ impl Store {
                 Err(StoreError::InUse { path: entry.source })
             }
         }
+    }
+
+    /// Evicts `key`'s copy, described by `entry`, under `state`'s lock; unlinks it
+    /// after letting go of the lock.
+    fn evict_on_request(
+        &self,
+        mut state: std::sync::MutexGuard<'_, State>,
+        key: &Key,
+        entry: Entry,
+    ) -> Entry {
+        let evicted = self.ledger.evict_locked(&mut state, key, "on request");
+        drop(state);
+        self.ledger.finish_evictions(evicted.into_iter().collect());
+        entry
     }
 
     /// Takes back links to copies that only links hold, least recently used first,
