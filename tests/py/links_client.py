@@ -29,6 +29,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hub_client import sha256  # noqa: E402
+
 SHARDS = 4
 SHARD_BYTES = 4 << 20
 CHUNK = 32 << 20
@@ -51,7 +54,7 @@ def make(d, seed):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump({"model_type": "linked", "seed": int(seed)}, f)
-    return {"shards": names, "sha256": {n: sha256_file(os.path.join(d, n)) for n in names}}
+    return {"shards": names, "sha256": {n: sha256(os.path.join(d, n)) for n in names}}
 
 
 def download(repo):
@@ -174,14 +177,6 @@ def delete(hub, repo):
     strategy = info.delete_revisions(*[rev.commit_hash for rev in found.revisions])
     strategy.execute()
     return {"blob_paths": blobs, "freed": strategy.expected_freed_size}
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 MODES = {
